@@ -1,0 +1,123 @@
+"""Rewards → leaf advantages → backed-up edge advantages (DESIGN §1). Pure functions.
+
+Groups are given as integer ids per element (``group[i]`` ∈ [0, n_groups)); statistics are
+population statistics (``std`` with correction 0) within each group.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class RewardError(ValueError):
+    """A reward model returned something unusable (non-finite values, wrong shape)."""
+
+
+def segment_mean(x: torch.Tensor, group: torch.Tensor, n: int) -> torch.Tensor:
+    """(n,) means of ``x`` (E,) over ``group`` ids."""
+    cnt = torch.zeros(n, dtype=x.dtype, device=x.device).index_add_(0, group, torch.ones_like(x))
+    return torch.zeros(n, dtype=x.dtype, device=x.device).index_add_(0, group, x) / cnt.clamp_min(1)
+
+
+def segment_std(x: torch.Tensor, group: torch.Tensor, n: int) -> torch.Tensor:
+    """(n,) population standard deviations of ``x`` over ``group`` ids."""
+    m = segment_mean(x, group, n)
+    return segment_mean((x - m[group]) ** 2, group, n).sqrt()
+
+
+def zscore(x: torch.Tensor, group: torch.Tensor, n: int, eps: float) -> torch.Tensor:
+    """``(x − mean_g)/(std_g + eps)`` within each group; a constant group gives zeros."""
+    return (x - segment_mean(x, group, n)[group]) / (segment_std(x, group, n)[group] + eps)
+
+
+def segment_softmax(logits: torch.Tensor, group: torch.Tensor, n: int) -> torch.Tensor:
+    """Softmax of ``logits`` (E,) within each group (numerically stable)."""
+    mx = torch.full((n,), float("-inf"), dtype=logits.dtype, device=logits.device)
+    mx = mx.scatter_reduce(0, group, logits, reduce="amax", include_self=True)
+    e = torch.exp(logits - mx[group])
+    return e / torch.zeros(n, dtype=e.dtype, device=e.device).index_add_(0, group, e)[group]
+
+
+def check_rewards(raw: dict[str, torch.Tensor], n: int) -> None:
+    """Every reward must be a finite (n,) tensor; the error names the reward and the bad leaves."""
+    for name, r in raw.items():
+        if r.shape != (n,):
+            raise RewardError(f"reward {name!r} returned shape {tuple(r.shape)}, expected ({n},) (one per leaf)")
+        bad = (~torch.isfinite(r)).nonzero().flatten()
+        if bad.numel():
+            raise RewardError(f"reward {name!r} returned non-finite values {r[bad][:5].tolist()} for leaves "
+                              f"{bad[:10].tolist()}; check the reward model and the decoded images")
+
+
+def aggregate_rewards(raw: dict[str, torch.Tensor], weights: dict[str, float], group: torch.Tensor,
+                      n_groups: int, eps: float) -> torch.Tensor:
+    """``r_i = Σ_j λ_j·(R_j,i − mean_j)/(std_j + eps)``, statistics within ``group`` (tree or prompt)."""
+    n = group.numel()
+    check_rewards(raw, n)
+    r = torch.zeros(n, dtype=torch.float32, device=group.device)
+    for name, vals in raw.items():
+        r += float(weights[name]) * zscore(vals.float().to(group.device), group, n_groups, eps)
+    return r
+
+
+def weighted_raw(raw: dict[str, torch.Tensor], weights: dict[str, float]) -> torch.Tensor:
+    """``Σ_j λ_j·R_j`` per leaf, unstandardised (what the user reads as "the reward")."""
+    return sum(float(weights[k]) * v.float() for k, v in raw.items())
+
+
+def leaf_advantages(r: torch.Tensor, tree: torch.Tensor, n_trees: int, eps: float) -> torch.Tensor:
+    """``A_leaf,i = (r_i − mean r)/(std r + eps)`` within each tree; (n_leaves,)."""
+    return zscore(r, tree, n_trees, eps)
+
+
+def backup(parents: list[torch.Tensor], logp_old: list[torch.Tensor], leaf_adv: torch.Tensor,
+           mode: str = "softmax", temperature: float = 1.0) -> list[torch.Tensor]:
+    """Back leaf advantages up the window, deepest level first.
+
+    ``parents[j]`` (n_{j+1},) and ``logp_old[j]`` (n_{j+1},) describe the edges from window level j to
+    level j+1 (j = 0..w−1); ``leaf_adv`` is (n_w,). Returns the edge advantages per level: ``out[j]`` is
+    (n_{j+1},), with ``out[w−1] = leaf_adv`` and for an internal node u at level j+1
+    ``A_edge(into u) = A_node(u) = Σ_{children e} π(e)·A_edge(e)``,
+    ``π = softmax(logp_old/τ)`` over u's children (``softmax``) or ``1/|children|`` (``mean``)."""
+    if mode not in ("softmax", "mean"):
+        raise ValueError(f"backup must be 'softmax' or 'mean', got {mode!r}")
+    w = len(parents)
+    out: list[torch.Tensor] = [None] * w  # type: ignore[list-item]
+    out[w - 1] = leaf_adv
+    for j in range(w - 1, 0, -1):
+        n_u = parents[j - 1].numel()  # nodes at level j
+        if mode == "softmax":
+            pi = segment_softmax(logp_old[j].float() / temperature, parents[j], n_u)
+        else:
+            cnt = torch.zeros(n_u, device=leaf_adv.device).index_add_(0, parents[j], torch.ones_like(out[j]))
+            pi = 1.0 / cnt[parents[j]]
+        out[j - 1] = torch.zeros(n_u, dtype=out[j].dtype, device=out[j].device).index_add_(0, parents[j], pi * out[j])
+    return out
+
+
+def assign_advantages(batch, raw: dict[str, torch.Tensor], weights: dict[str, float], cfg) -> dict:
+    """Fill ``batch.advantages`` / ``batch.trainable`` / ``batch.rewards`` from raw leaf rewards.
+
+    ``batch`` is a :class:`treegrpo.tree.TreeBatch`, ``cfg`` an :class:`AdvantageConfig`. Trees whose
+    weighted raw reward has a spread (std) below ``cfg.flat_floor`` get zero advantages and are
+    marked untrainable. Returns summary statistics."""
+    leaf_tree = batch.leaf_tree
+    n_leaves = leaf_tree.numel()
+    raw = {k: v.detach().float().reshape(-1).to(leaf_tree.device) for k, v in raw.items()}
+    check_rewards(raw, n_leaves)
+    if cfg.reward_stats == "prompt":
+        group, n_groups = batch.prompt_ids.to(leaf_tree.device)[leaf_tree], int(batch.prompt_ids.max()) + 1
+    else:
+        group, n_groups = leaf_tree, batch.n_trees
+    r = aggregate_rewards(raw, weights, group, n_groups, cfg.eps)
+    a_leaf = leaf_advantages(r, leaf_tree, batch.n_trees, cfg.eps)
+    total = weighted_raw(raw, weights)
+    spread = segment_std(total, leaf_tree, batch.n_trees)
+    trainable = spread >= cfg.flat_floor if cfg.flat_floor > 0 else torch.ones_like(spread, dtype=torch.bool)
+    a_leaf = torch.where(trainable[leaf_tree], a_leaf, torch.zeros_like(a_leaf))
+    edge_adv = backup(batch.parents, batch.logp_old, a_leaf, cfg.backup, cfg.temperature)
+    from .loss import clip_advantages
+    batch.advantages = [clip_advantages(a, cfg.adv_clip) for a in edge_adv]
+    batch.trainable = trainable
+    batch.rewards = raw
+    return {"reward": float(total.mean()), "reward_std": float(total.std(correction=0)),
+            "flat_trees": int((~trainable).sum()), **{f"reward/{k}": float(v.mean()) for k, v in raw.items()}}

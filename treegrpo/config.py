@@ -1,0 +1,291 @@
+"""Configuration dataclasses. Each validates itself on construction and names the bad field.
+
+One dataclass per concern (trl style); the CLI flags are generated from the field metadata
+(``help``), so CLI, config files and node widgets share one set of defaults.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+
+class ConfigError(ValueError):
+    """A configuration value is out of range. The message names the field and the allowed range."""
+
+
+def _f(default, help: str, **kw):
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: json.loads(json.dumps(d)), metadata={"help": help, **kw})
+    return field(default=default, metadata={"help": help, **kw})
+
+
+def _require(ok: bool, cls: str, name: str, msg: str) -> None:
+    if not ok:
+        raise ConfigError(f"{cls}.{name}: {msg}")
+
+
+def _choice(obj, name: str, choices) -> None:
+    v = getattr(obj, name)
+    _require(v in choices, type(obj).__name__, name, f"must be one of {list(choices)}, got {v!r}")
+
+
+@dataclass
+class TreeConfig:
+    """Shape of the search tree (DESIGN §1). ``method='trajectory'`` turns the same machinery into
+    trajectory GRPO: ``group_size`` independent SDE trajectories from the shared noise."""
+
+    steps: int = _f(10, "number of denoising steps T")
+    window_start: int = _f(2, "first SDE (branching) step s; steps < s are shared ODE steps")
+    window_width: int = _f(3, "number of SDE steps w in the window")
+    branch: int = _f(2, "children per node at every window step k (tree method)")
+    method: str = _f("tree", "tree | trajectory (the GRPO baseline run by the same code)")
+    group_size: int = _f(0, "trajectory method: trajectories per group G (0 = branch**window_width)")
+    window_schedule: str = _f("fixed", "fixed | sliding | random: where the window sits at each iteration")
+    window_shift: int = _f(1, "sliding schedule: steps the window moves each time")
+    window_every: int = _f(1, "sliding schedule: iterations between moves")
+    window_max_start: int = _f(-1, "sliding/random: last allowed window start (-1 = steps - width)")
+    leaf_cap: int = _f(0, "keep only the first N leaves of each tree (0 = all k**w)")
+    noise_level: float = _f(0.7, "flow SDE noise level a (Flow-GRPO form)")
+    eta: float = _f(1.0, "epsilon models: DDIM eta of the SDE steps")
+    logprob_reduction: str = _f("mean", "mean | sum of the per-dimension Gaussian log-density")
+    tail_solver: str = _f("euler", "ODE solver after the window: euler | heun (2nd order, 2 NFE/step)")
+    tail_steps: int = _f(0, "ODE steps after the window (0 = the remaining steps of the schedule)")
+
+    def __post_init__(self) -> None:
+        c = "TreeConfig"
+        _require(self.steps >= 1, c, "steps", f"must be >= 1, got {self.steps}")
+        _require(self.window_width >= 1, c, "window_width", f"must be >= 1, got {self.window_width}")
+        _require(self.branch >= 1, c, "branch", f"must be >= 1, got {self.branch}")
+        _require(self.window_start >= 0, c, "window_start", f"must be >= 0, got {self.window_start}")
+        _require(self.window_start + self.window_width <= self.steps, c, "window_start",
+                 f"window_start + window_width must be <= steps ({self.steps}), got "
+                 f"{self.window_start} + {self.window_width}; allowed window_start: 0..{self.steps - self.window_width}"
+                 if self.window_width <= self.steps else
+                 f"window_width {self.window_width} exceeds steps {self.steps}")
+        _choice(self, "method", ("tree", "trajectory"))
+        _choice(self, "window_schedule", ("fixed", "sliding", "random"))
+        _choice(self, "logprob_reduction", ("mean", "sum"))
+        _choice(self, "tail_solver", ("euler", "heun"))
+        _require(self.group_size >= 0, c, "group_size", f"must be >= 0, got {self.group_size}")
+        _require(self.method == "trajectory" or self.group_size == 0, c, "group_size",
+                 f"only used by method='trajectory' (got {self.group_size} with method='tree'); set it to 0")
+        _require(self.window_shift >= 1, c, "window_shift", f"must be >= 1, got {self.window_shift}")
+        _require(self.window_every >= 1, c, "window_every", f"must be >= 1, got {self.window_every}")
+        mx = self.max_start
+        _require(self.window_start <= mx, c, "window_max_start",
+                 f"must be >= window_start ({self.window_start}) and <= steps - window_width "
+                 f"({self.steps - self.window_width}), got {self.window_max_start}")
+        _require(mx <= self.steps - self.window_width, c, "window_max_start",
+                 f"must be <= steps - window_width = {self.steps - self.window_width}, got {mx}")
+        _require(self.leaf_cap >= 0, c, "leaf_cap", f"must be >= 0, got {self.leaf_cap}")
+        _require(self.noise_level > 0 and math.isfinite(self.noise_level), c, "noise_level",
+                 f"must be > 0, got {self.noise_level}")
+        _require(0 < self.eta <= 1, c, "eta", f"must be in (0, 1], got {self.eta}")
+        _require(self.tail_steps >= 0, c, "tail_steps", f"must be >= 0, got {self.tail_steps}")
+        _require(self.leaves > 1, c, "branch",
+                 "the tree must have at least 2 leaves to compare (branch**window_width or group_size)")
+
+    @property
+    def max_start(self) -> int:
+        return self.steps - self.window_width if self.window_max_start < 0 else self.window_max_start
+
+    @property
+    def leaves_full(self) -> int:
+        return self.branch ** self.window_width
+
+    @property
+    def branching(self) -> list[int]:
+        """Children per node at each window step: ``[k]*w`` (tree) or ``[G, 1, ..., 1]`` (trajectory)."""
+        if self.method == "trajectory":
+            g = self.group_size or self.leaves_full
+            return [g] + [1] * (self.window_width - 1)
+        return [self.branch] * self.window_width
+
+    @property
+    def leaves(self) -> int:
+        n = math.prod(self.branching)
+        return min(n, self.leaf_cap) if self.leaf_cap else n
+
+
+@dataclass
+class AdvantageConfig:
+    """Reward aggregation, leaf z-scores and the backup to internal nodes (DESIGN §1)."""
+
+    backup: str = _f("softmax", "softmax | mean: how child-edge advantages combine into a node's")
+    temperature: float = _f(1.0, "softmax backup temperature tau on the old log-probs")
+    reward_stats: str = _f("tree", "tree | prompt: group over which each reward is standardised")
+    eps: float = _f(1e-6, "added to standard deviations")
+    adv_clip: float = _f(5.0, "clip edge advantages to [-adv_clip, adv_clip] (0 = off)")
+    flat_floor: float = _f(1e-3, "trees whose aggregated-reward spread (std) is below this are not trained")
+
+    def __post_init__(self) -> None:
+        c = "AdvantageConfig"
+        _choice(self, "backup", ("softmax", "mean"))
+        _choice(self, "reward_stats", ("tree", "prompt"))
+        _require(self.temperature > 0, c, "temperature", f"must be > 0, got {self.temperature}")
+        _require(self.eps > 0, c, "eps", f"must be > 0, got {self.eps}")
+        _require(self.adv_clip >= 0, c, "adv_clip", f"must be >= 0, got {self.adv_clip}")
+        _require(self.flat_floor >= 0, c, "flat_floor", f"must be >= 0, got {self.flat_floor}")
+
+
+@dataclass
+class RewardSpec:
+    """One reward model and its weight in the aggregate."""
+
+    name: str = _f("demo_adherence", "registered reward name (see `treegrpo rewards`)")
+    weight: float = _f(1.0, "weight lambda in the aggregate")
+    path: Optional[str] = _f(None, "local file/folder with the reward model's weights")
+
+    def __post_init__(self) -> None:
+        _require(math.isfinite(self.weight) and self.weight >= 0, "RewardSpec", "weight",
+                 f"must be finite and >= 0, got {self.weight} (reward {self.name!r})")
+
+
+@dataclass
+class LoraConfig:
+    """LoRA adapter on the policy (PEFT)."""
+
+    rank: int = _f(32, "LoRA rank r")
+    alpha: float = _f(64.0, "LoRA alpha (scale = alpha / rank)")
+    targets: list = _f(["to_q", "to_k", "to_v", "to_out"], "module names (suffixes) that get LoRA")
+    init_from: Optional[str] = _f(None, "start from this LoRA file (ComfyUI or PEFT keys)")
+
+    def __post_init__(self) -> None:
+        _require(self.rank >= 1, "LoraConfig", "rank", f"must be >= 1, got {self.rank}")
+        _require(self.alpha > 0, "LoraConfig", "alpha", f"must be > 0, got {self.alpha}")
+        _require(len(self.targets) > 0, "LoraConfig", "targets", "must name at least one module")
+
+
+@dataclass
+class OptimConfig:
+    """GRPO update (DESIGN §1 Loss) and AdamW."""
+
+    lr: float = _f(3e-4, "AdamW learning rate")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    clip_range: float = _f(1e-4, "PPO ratio clip epsilon")
+    kl_beta: float = _f(0.0, "weight of the KL term to the LoRA-disabled reference")
+    max_grad_norm: float = _f(1.0, "gradient clipping norm (0 = off)")
+    microbatch: int = _f(64, "parent nodes per forward/backward (gradient accumulation over microbatches)")
+    updates_per_batch: int = _f(1, "optimiser passes over each batch of trees")
+
+    def __post_init__(self) -> None:
+        c = "OptimConfig"
+        _require(self.lr > 0 and math.isfinite(self.lr), c, "lr", f"must be > 0, got {self.lr}")
+        _require(self.weight_decay >= 0, c, "weight_decay", f"must be >= 0, got {self.weight_decay}")
+        _require(self.clip_range > 0, c, "clip_range", f"must be > 0, got {self.clip_range}")
+        _require(self.kl_beta >= 0, c, "kl_beta", f"must be >= 0, got {self.kl_beta}")
+        _require(self.max_grad_norm >= 0, c, "max_grad_norm", f"must be >= 0, got {self.max_grad_norm}")
+        _require(self.microbatch >= 1, c, "microbatch", f"must be >= 1, got {self.microbatch}")
+        _require(self.updates_per_batch >= 1, c, "updates_per_batch", f"must be >= 1, got {self.updates_per_batch}")
+
+
+@dataclass
+class TrainConfig:
+    """The whole run: model, prompts, rewards, tree, advantages, LoRA, optimiser, loop and output."""
+
+    backend: str = _f("demo", "demo | diffusers: which policy adapter loads the model")
+    model: Optional[str] = _f(None, "model path (diffusers folder / single file); demo: None = shipped weights")
+    prompts: list = _f([], "training prompts (or use prompts_file)")
+    prompts_file: Optional[str] = _f(None, "text file, one prompt per line")
+    negative_prompt: str = _f("", "negative prompt for CFG")
+    cfg: float = _f(1.0, "classifier-free guidance scale (1 = off)")
+    rewards: list = _f([{"name": "demo_adherence", "weight": 1.0}], "reward models: list of RewardSpec")
+    tree: TreeConfig = field(default_factory=TreeConfig, metadata={"help": "tree shape"})
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig, metadata={"help": "advantages"})
+    lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": "LoRA adapter"})
+    optim: OptimConfig = field(default_factory=OptimConfig, metadata={"help": "optimiser"})
+    iterations: int = _f(100, "training iterations (sample -> score -> update)")
+    prompts_per_iter: int = _f(8, "prompts sampled per iteration")
+    trees_per_prompt: int = _f(1, "trees (initial noises) per prompt per iteration")
+    seed: int = _f(0, "seed of the prompt and noise schedule")
+    eval_every: int = _f(10, "evaluate on fixed (prompt, noise) pairs every N iterations (0 = off)")
+    eval_prompts: list = _f([], "evaluation prompts (default: the training prompts)")
+    eval_seeds: int = _f(4, "fixed noises per evaluation prompt")
+    checkpoint_every: int = _f(50, "write a checkpoint every N iterations (0 = only at the end)")
+    keep_checkpoints: int = _f(2, "checkpoints kept on disk")
+    output_dir: str = _f("treegrpo_out", "folder for the LoRA, logs, plots and checkpoints")
+    run_name: str = _f("treegrpo", "name of the run (file names, checkpoint identity)")
+    device: str = _f("auto", "auto | cpu | cuda[:N]")
+    max_prompts: int = _f(100000, "refuse prompt lists longer than this")
+    time_budget_s: float = _f(0.0, "stop after this many seconds of training (0 = no limit)")
+
+    def __post_init__(self) -> None:
+        c = "TrainConfig"
+        if isinstance(self.tree, dict):
+            self.tree = TreeConfig(**self.tree)
+        if isinstance(self.advantage, dict):
+            self.advantage = AdvantageConfig(**self.advantage)
+        if isinstance(self.lora, dict):
+            self.lora = LoraConfig(**self.lora)
+        if isinstance(self.optim, dict):
+            self.optim = OptimConfig(**self.optim)
+        self.rewards = [r if isinstance(r, RewardSpec) else RewardSpec(**r) for r in self.rewards]
+        _choice(self, "backend", ("demo", "diffusers"))
+        _require(len(self.rewards) > 0, c, "rewards", "name at least one reward model")
+        _require(sum(r.weight for r in self.rewards) > 0, c, "rewards",
+                 "the reward weights are all zero; give at least one a weight > 0")
+        names = [r.name for r in self.rewards]
+        _require(len(set(names)) == len(names), c, "rewards", f"duplicate reward names in {names}")
+        _require(self.prompts or self.prompts_file, c, "prompts", "empty prompt list: give prompts or prompts_file")
+        _require(len(self.prompts) <= self.max_prompts, c, "prompts",
+                 f"{len(self.prompts)} prompts exceed max_prompts={self.max_prompts}")
+        _require(all(isinstance(p, str) and p.strip() for p in self.prompts), c, "prompts",
+                 "every prompt must be a non-empty string")
+        _require(self.cfg >= 1.0, c, "cfg", f"must be >= 1, got {self.cfg}")
+        _require(self.iterations >= 1, c, "iterations", f"must be >= 1, got {self.iterations}")
+        _require(self.prompts_per_iter >= 1, c, "prompts_per_iter", f"must be >= 1, got {self.prompts_per_iter}")
+        _require(self.trees_per_prompt >= 1, c, "trees_per_prompt", f"must be >= 1, got {self.trees_per_prompt}")
+        _require(self.eval_every >= 0, c, "eval_every", f"must be >= 0, got {self.eval_every}")
+        _require(self.eval_seeds >= 1, c, "eval_seeds", f"must be >= 1, got {self.eval_seeds}")
+        _require(self.checkpoint_every >= 0, c, "checkpoint_every", f"must be >= 0, got {self.checkpoint_every}")
+        _require(self.keep_checkpoints >= 1, c, "keep_checkpoints", f"must be >= 1, got {self.keep_checkpoints}")
+        _require(self.time_budget_s >= 0, c, "time_budget_s", f"must be >= 0, got {self.time_budget_s}")
+        _require(bool(self.run_name) and all(ch.isalnum() or ch in "-_." for ch in self.run_name), c, "run_name",
+                 f"use letters, digits, '-', '_' or '.', got {self.run_name!r}")
+
+    def load_prompts(self) -> list[str]:
+        """The training prompts (inline list, else the prompts file), validated."""
+        if self.prompts:
+            return list(self.prompts)
+        try:
+            with open(self.prompts_file, encoding="utf-8") as fh:
+                prompts = [ln.strip() for ln in fh if ln.strip()]
+        except OSError as e:
+            raise ConfigError(f"TrainConfig.prompts_file: cannot read {self.prompts_file!r}: {e}") from e
+        _require(len(prompts) > 0, "TrainConfig", "prompts_file", f"{self.prompts_file!r} has no prompts")
+        _require(len(prompts) <= self.max_prompts, "TrainConfig", "prompts_file",
+                 f"{len(prompts)} prompts exceed max_prompts={self.max_prompts}")
+        return prompts
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"TrainConfig: unknown field(s) {unknown}; known: {sorted(known)}")
+        for sub, klass in (("tree", TreeConfig), ("advantage", AdvantageConfig), ("lora", LoraConfig),
+                           ("optim", OptimConfig)):
+            if isinstance(d.get(sub), dict):
+                kn = {f.name for f in dataclasses.fields(klass)}
+                bad = sorted(set(d[sub]) - kn)
+                if bad:
+                    raise ConfigError(f"{klass.__name__}: unknown field(s) {bad}; known: {sorted(kn)}")
+        return cls(**d)
+
+    @classmethod
+    def from_file(cls, path: str) -> "TrainConfig":
+        """Read a JSON (or, when PyYAML is installed, YAML) config file."""
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+        if path.endswith((".yaml", ".yml")):
+            import yaml  # optional
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+        return cls.from_dict(data)

@@ -1,0 +1,24 @@
+"""GRPO edge loss and the KL term (DESIGN §1 Loss). Pure functions, per edge / per parent."""
+from __future__ import annotations
+
+import torch
+
+
+def clip_advantages(adv: torch.Tensor, adv_clip: float) -> torch.Tensor:
+    """Clamp to [−adv_clip, adv_clip]; ``adv_clip = 0`` leaves them alone."""
+    return adv.clamp(-adv_clip, adv_clip) if adv_clip > 0 else adv
+
+
+def grpo_edge_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, clip_range: float):
+    """Per-edge clipped surrogate ``max(−A·ratio, −A·clip(ratio, 1−ε, 1+ε))`` and the ratio, both (E,)."""
+    ratio = torch.exp(logp_new - logp_old)
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - clip_range, 1.0 + clip_range)
+    return torch.maximum(unclipped, clipped), ratio
+
+
+def kl_to_reference(mean: torch.Tensor, mean_ref: torch.Tensor, std: torch.Tensor, reduction: str = "mean"):
+    """KL between two Gaussians with equal ``std``: ``‖μ_θ − μ_ref‖²/(2·std²)``, reduced over
+    dimensions like the log-probs (mean or sum); returns (B,)."""
+    d = ((mean.float() - mean_ref.float()) ** 2 / (2 * std.float() ** 2)).flatten(1)
+    return d.mean(1) if reduction == "mean" else d.sum(1)

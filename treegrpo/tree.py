@@ -1,0 +1,238 @@
+"""The batched tree sampler (DESIGN §1).
+
+A batch of trees is stored per *level*: level j of the window (j = 0..w) holds the nodes of every
+tree at noise level ``σ[s + j]``, tree-major (node ``i`` of tree ``t`` has global index
+``t·n_j + i``). ``parents[j]`` maps level j+1 to level j. One denoiser call evaluates a whole level of
+all trees; the shared ODE prefix is computed once per tree; the ODE tail runs once per leaf.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+from .backends.base import Policy, select_cond
+from .config import TreeConfig
+from .sde import gaussian_logprob, ode_step, sde_mean_std
+
+
+@dataclass
+class NFECounter:
+    """Denoiser evaluations per sample (CFG counts 2) and batched calls."""
+
+    nfe: int = 0
+    calls: int = 0
+    rows: list = field(default_factory=list)
+
+    def add(self, batch: int, cfg: float) -> None:
+        self.nfe += batch * (2 if cfg != 1.0 else 1)
+        self.calls += 1
+        self.rows.append(batch)
+
+
+@dataclass
+class TreeBatch:
+    """A batch of sampled trees, ready for scoring and training. Shapes: ``n_j`` nodes per level."""
+
+    sigmas: torch.Tensor                  # (T+1,) schedule used
+    window_start: int                     # s
+    branching: list[int]                  # children per node at each window step
+    cond: Any                             # conditioning pytree, leading dim = tree
+    prompts: list[str]                    # (n_trees,)
+    prompt_ids: torch.Tensor              # (n_trees,) long, index of each tree's prompt
+    latents: list[torch.Tensor]           # w+1 levels: (n_j, C, H, W) at σ[s+j]
+    parents: list[torch.Tensor]           # w: (n_{j+1},) long, parent index in level j
+    logp_old: list[torch.Tensor]          # w: (n_{j+1},) behaviour log-prob of the edge into each node
+    std: list[torch.Tensor]               # w: (n_j,) SDE std of the step out of level j (per parent)
+    leaves: torch.Tensor                  # (n_w, C, H, W) clean latents after the ODE tail
+    nfe: int = 0
+    calls: int = 0
+    prediction: str = "flow"
+    reduction: str = "mean"
+    advantages: Optional[list[torch.Tensor]] = None   # w: (n_{j+1},) edge advantages (after backup)
+    trainable: Optional[torch.Tensor] = None          # (n_trees,) bool, False for flat trees
+    rewards: Optional[dict] = None                    # name -> (n_leaves,) raw rewards
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def n_trees(self) -> int:
+        return len(self.prompts)
+
+    @property
+    def width(self) -> int:
+        return len(self.parents)
+
+    def tree_of(self, level: int) -> torch.Tensor:
+        """(n_level,) tree index of each node at ``level``."""
+        n = self.latents[level].shape[0] // self.n_trees
+        return torch.arange(self.n_trees, device=self.leaves.device).repeat_interleave(n)
+
+    @property
+    def leaf_tree(self) -> torch.Tensor:
+        return self.tree_of(self.width)
+
+    @property
+    def leaf_prompts(self) -> list[str]:
+        per = self.leaves.shape[0] // self.n_trees
+        return [p for p in self.prompts for _ in range(per)]
+
+
+def level_sizes(branching: list[int], leaf_cap: int = 0) -> list[int]:
+    """Nodes per tree at each window level, keeping the first ``leaf_cap`` leaves and their ancestors."""
+    full = [math.prod(branching[:j]) for j in range(len(branching) + 1)]
+    if not leaf_cap or leaf_cap >= full[-1]:
+        return full
+    return [min(full[j], math.ceil(leaf_cap / math.prod(branching[j:]))) for j in range(len(full))]
+
+
+def expected_nfe(cfg: TreeConfig, window_start: Optional[int] = None, guidance: float = 1.0) -> int:
+    """Denoiser evaluations of one tree: ``s + Σ_j n_j + n_w·tail`` (×2 with CFG).
+
+    Without a leaf cap and with the default tail this is ``s + Σ_{j<w} k^j + k^w·(T−s−w)``."""
+    s = cfg.window_start if window_start is None else window_start
+    n = level_sizes(cfg.branching, cfg.leaf_cap)
+    tail = tail_nfe(cfg, s)
+    per = s + sum(n[:-1]) + n[-1] * tail
+    return per * (2 if guidance != 1.0 else 1)
+
+
+def tail_sigmas(sigmas: torch.Tensor, start: int, tail_steps: int) -> torch.Tensor:
+    """Noise levels of the ODE tail from ``sigmas[start]`` to 0: the schedule's own, or ``tail_steps``
+    steps re-spaced uniformly in the schedule's index (keeps its shift)."""
+    rest = sigmas[start:]
+    if tail_steps <= 0 or tail_steps == rest.numel() - 1:
+        return rest
+    pos = torch.linspace(0, rest.numel() - 1, tail_steps + 1, dtype=torch.float64)
+    lo = pos.floor().long().clamp(max=rest.numel() - 2)
+    frac = (pos - lo).to(rest.dtype)
+    return rest[lo] + frac * (rest[lo + 1] - rest[lo])
+
+
+def tail_nfe(cfg: TreeConfig, window_start: int) -> int:
+    n_steps = cfg.tail_steps or (cfg.steps - window_start - cfg.window_width)
+    if cfg.tail_solver == "heun":
+        return max(0, 2 * n_steps - 1)  # the last step (to σ = 0) is Euler
+    return n_steps
+
+
+def window_start_at(cfg: TreeConfig, iteration: int, rng: Optional[random.Random] = None) -> int:
+    """Window position for an iteration: fixed, sliding (move by ``window_shift`` every
+    ``window_every`` iterations, wrapping within [window_start, max_start]) or random."""
+    lo, hi = cfg.window_start, cfg.max_start
+    if cfg.window_schedule == "fixed" or hi == lo:
+        return lo
+    if cfg.window_schedule == "sliding":
+        return lo + (iteration // cfg.window_every * cfg.window_shift) % (hi - lo + 1)
+    return (rng or random).randint(lo, hi)
+
+
+class Denoiser:
+    """Policy ``denoise`` with NFE counting and optional chunking of huge levels."""
+
+    def __init__(self, policy: Policy, cond: Any, guidance: float, counter: NFECounter, max_batch: int = 0):
+        self.policy, self.cond, self.guidance, self.counter, self.max_batch = policy, cond, guidance, counter, max_batch
+
+    def __call__(self, x: torch.Tensor, sigma: float | torch.Tensor, tree_idx: torch.Tensor) -> torch.Tensor:
+        sig = torch.as_tensor(sigma, dtype=torch.float32, device=x.device).expand(x.shape[0]).contiguous()
+        chunk = self.max_batch or x.shape[0]
+        outs = []
+        for i in range(0, x.shape[0], chunk):
+            sl = slice(i, i + chunk)
+            self.counter.add(x[sl].shape[0], self.guidance)
+            outs.append(self.policy.denoise(x[sl], sig[sl], select_cond(self.cond, tree_idx[sl]), self.guidance))
+        return torch.cat(outs) if len(outs) > 1 else outs[0]
+
+
+def ode_solve(den: Denoiser, x: torch.Tensor, sigmas: torch.Tensor, tree_idx: torch.Tensor, solver: str,
+              callback: Optional[Callable[[], None]] = None) -> torch.Tensor:
+    """Deterministic solve along ``sigmas`` (Euler, or Heun with an Euler last step to σ = 0)."""
+    for i in range(sigmas.numel() - 1):
+        s, sn = sigmas[i], sigmas[i + 1]
+        x0 = den(x, s, tree_idx)
+        if solver == "heun" and sn > 0:
+            d = (x - x0) / s
+            x_e = x + (sn - s) * d
+            d2 = (x_e - den(x_e, sn, tree_idx)) / sn
+            x = x + (sn - s) * (d + d2) / 2
+        else:
+            x = ode_step(x, x0, s, sn)
+        if callback:
+            callback()
+    return x
+
+
+@torch.no_grad()
+def sample_trees(policy: Policy, prompts: list[str], cfg: TreeConfig, *, cond: Any = None,
+                 prompt_ids: Optional[torch.Tensor] = None, window_start: Optional[int] = None,
+                 guidance: float = 1.0, generator: Optional[torch.Generator] = None,
+                 noise: Optional[torch.Tensor] = None, max_batch: int = 0,
+                 callback: Optional[Callable[[], None]] = None) -> TreeBatch:
+    """Sample one tree per entry of ``prompts`` (repeat a prompt for several trees).
+
+    ``cond``: conditioning per tree (default: ``policy.encode_prompts(prompts)``).
+    ``noise``: initial noise (n_trees, C, H, W) (default: drawn from ``generator``).
+    ``callback`` is called after every step (progress bars, interrupt checks)."""
+    n_trees = len(prompts)
+    if n_trees == 0:
+        raise ValueError("sample_trees: empty prompt list")
+    s = cfg.window_start if window_start is None else window_start
+    w = cfg.window_width
+    if s + w > cfg.steps:
+        raise ValueError(f"window_start {s} + window_width {w} exceeds steps {cfg.steps}")
+    dev = policy.device
+    sigmas = policy.sigmas(cfg.steps).to(dev, torch.float32)
+    if cond is None:
+        cond = policy.encode_prompts(prompts)
+    shape = policy.latent_shape()
+    if noise is None:
+        noise = torch.randn((n_trees, *shape), generator=generator, device="cpu").to(dev)
+    counter = NFECounter()
+    den = Denoiser(policy, cond, guidance, counter, max_batch)
+    trees = torch.arange(n_trees, device=dev)
+
+    # shared ODE prefix, once per tree
+    x = noise.float() * sigmas[0]
+    x = ode_solve(den, x, sigmas[: s + 1], trees, "euler", callback)
+
+    # the SDE window: every frontier node gets b_j children
+    branching = cfg.branching
+    sizes = level_sizes(branching, cfg.leaf_cap)
+    latents, parents, logps, stds = [x], [], [], []
+    sig1_next = sigmas[1] if sigmas.numel() > 1 else None
+    for j, b in enumerate(branching):
+        sig, sig_n = sigmas[s + j], sigmas[s + j + 1]
+        tree_idx = torch.arange(n_trees, device=dev).repeat_interleave(sizes[j])
+        x0 = den(x, sig, tree_idx)
+        n_j = x.shape[0]
+        mean, std = sde_mean_std(policy.prediction, x, x0, sig.expand(n_j), sig_n.expand(n_j),
+                                 noise_level=cfg.noise_level,
+                                 eta=cfg.eta, sigma_1_next=sig1_next)
+        if not bool((std > 0).all()):
+            raise ValueError(f"SDE std is 0 at window step {s + j} (sigma {float(sig):.4g} -> {float(sig_n):.4g}): "
+                             "move the window away from the final step")
+        local = torch.arange(sizes[j + 1], device=dev) // b                        # parent within its tree
+        parent = (torch.arange(n_trees, device=dev)[:, None] * sizes[j] + local[None]).flatten()
+        eps = torch.randn((parent.numel(), *shape), generator=generator, device="cpu").to(dev)
+        x_child = mean[parent] + std[parent] * eps
+        logps.append(gaussian_logprob(x_child, mean[parent], std[parent], cfg.logprob_reduction))
+        parents.append(parent)
+        stds.append(std.flatten())
+        x = x_child
+        latents.append(x)
+        if callback:
+            callback()
+
+    # ODE tail, one per leaf
+    tail = tail_sigmas(sigmas, s + w, cfg.tail_steps)
+    leaf_tree = torch.arange(n_trees, device=dev).repeat_interleave(sizes[-1])
+    leaves = ode_solve(den, x, tail, leaf_tree, cfg.tail_solver, callback)
+
+    return TreeBatch(
+        sigmas=sigmas, window_start=s, branching=branching, cond=cond, prompts=list(prompts),
+        prompt_ids=prompt_ids if prompt_ids is not None else torch.arange(n_trees),
+        latents=latents, parents=parents, logp_old=logps, std=stds, leaves=leaves,
+        nfe=counter.nfe, calls=counter.calls, prediction=policy.prediction, reduction=cfg.logprob_reduction,
+    )

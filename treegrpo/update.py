@@ -1,0 +1,155 @@
+"""The amortized GRPO update over the edges of a batch of trees (DESIGN §1).
+
+All children of a parent share ``μ_θ(x_parent)``: one forward at the parent gives the log-probs of
+all its child edges, so a pass costs one forward+backward per internal window node, microbatched
+over parents with gradient accumulation. The loss is ``mean over trained edges`` of the clipped
+surrogate plus ``β·KL`` to the LoRA-disabled reference.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from .backends.base import Policy, select_cond
+from .config import OptimConfig
+from .loss import grpo_edge_loss, kl_to_reference
+from .sde import gaussian_logprob, sde_mean_std
+from .tree import TreeBatch
+
+
+@dataclass
+class EdgeSet:
+    """The trained edges of a TreeBatch flattened over levels. P parents, E edges (sorted by parent)."""
+
+    x_parent: torch.Tensor    # (P, C, H, W)
+    sigma: torch.Tensor       # (P,)
+    sigma_next: torch.Tensor  # (P,)
+    parent_tree: torch.Tensor  # (P,) tree index (for the conditioning)
+    edge_parent: torch.Tensor  # (E,) index into the P parents, non-decreasing
+    x_child: torch.Tensor     # (E, C, H, W)
+    logp_old: torch.Tensor    # (E,)
+    adv: torch.Tensor         # (E,)
+
+    @property
+    def n_parents(self) -> int:
+        return self.sigma.numel()
+
+    @property
+    def n_edges(self) -> int:
+        return self.adv.numel()
+
+
+def collect_edges(batch: TreeBatch, skip_zero_adv: bool = True) -> EdgeSet:
+    """Flatten the window edges of trainable trees; drop parents none of whose edges can move the loss."""
+    if batch.advantages is None:
+        raise ValueError("the tree batch has no advantages yet: run the advantage backup first")
+    s = batch.window_start
+    trainable = batch.trainable if batch.trainable is not None else torch.ones(batch.n_trees, dtype=torch.bool)
+    xs, sig, sig_n, ptree, eparent, xc, lo, ad = [], [], [], [], [], [], [], []
+    offset = 0
+    for j in range(batch.width):
+        par = batch.parents[j]
+        keep_e = trainable.to(par.device)[batch.tree_of(j + 1)]
+        if skip_zero_adv:
+            keep_e &= batch.advantages[j] != 0
+        n_j = batch.latents[j].shape[0]
+        used = torch.zeros(n_j, dtype=torch.bool, device=par.device)
+        used[par[keep_e]] = True
+        remap = torch.cumsum(used.long(), 0) - 1 + offset
+        xs.append(batch.latents[j][used])
+        n_used = int(used.sum())
+        sig.append(batch.sigmas[s + j].expand(n_used))
+        sig_n.append(batch.sigmas[s + j + 1].expand(n_used))
+        ptree.append(batch.tree_of(j)[used])
+        eparent.append(remap[par[keep_e]])
+        xc.append(batch.latents[j + 1][keep_e])
+        lo.append(batch.logp_old[j][keep_e])
+        ad.append(batch.advantages[j][keep_e])
+        offset += n_used
+    cat = torch.cat
+    return EdgeSet(cat(xs), cat(sig), cat(sig_n), cat(ptree), cat(eparent), cat(xc), cat(lo), cat(ad))
+
+
+def policy_mean(policy: Policy, batch: TreeBatch, x, sigma, sigma_next, tree_idx, noise_level, eta, guidance):
+    """μ_θ and std of the SDE step out of parents ``x`` (P, ...)."""
+    x0 = policy.denoise(x, sigma, select_cond(batch.cond, tree_idx), guidance)
+    sig1 = batch.sigmas[1] if batch.sigmas.numel() > 1 else None
+    return sde_mean_std(batch.prediction, x, x0, sigma, sigma_next, noise_level=noise_level, eta=eta,
+                        sigma_1_next=sig1)
+
+
+def backward_edges(policy: Policy, batch: TreeBatch, edges: EdgeSet, cfg: OptimConfig, *, noise_level: float,
+                   eta: float, guidance: float = 1.0, callback: Optional[Callable[[], None]] = None) -> dict:
+    """Accumulate ∇(loss) into the parameters' ``.grad``: one forward per parent, microbatched.
+
+    The loss is ``Σ_edges [surrogate_e + β·KL_e] / E``, so microbatches add up to the full-batch gradient."""
+    out = {"loss": 0.0, "kl": 0.0, "ratio_mean": 1.0, "clip_frac": 0.0, "forwards": 0}
+    if edges.n_edges == 0:
+        return out
+    bounds = torch.searchsorted(edges.edge_parent, torch.arange(edges.n_parents + 1, device=edges.edge_parent.device))
+    tot_loss = tot_kl = tot_ratio = tot_clip = 0.0
+    for p0 in range(0, edges.n_parents, cfg.microbatch):
+        p1 = min(p0 + cfg.microbatch, edges.n_parents)
+        e0, e1 = int(bounds[p0]), int(bounds[p1])
+        sl = slice(p0, p1)
+        args = (edges.x_parent[sl], edges.sigma[sl], edges.sigma_next[sl], edges.parent_tree[sl], noise_level, eta,
+                guidance)
+        mean, std = policy_mean(policy, batch, *args)
+        out["forwards"] += p1 - p0
+        local = edges.edge_parent[e0:e1] - p0
+        logp = gaussian_logprob(edges.x_child[e0:e1], mean[local], std[local], batch.reduction)
+        per_edge, ratio = grpo_edge_loss(logp, edges.logp_old[e0:e1], edges.adv[e0:e1], cfg.clip_range)
+        loss = per_edge.sum() / edges.n_edges
+        if cfg.kl_beta > 0:
+            with torch.no_grad(), policy.lora_disabled():
+                mean_ref, _ = policy_mean(policy, batch, *args)
+            kl = kl_to_reference(mean, mean_ref, std, batch.reduction)[local]
+            loss = loss + cfg.kl_beta * kl.sum() / edges.n_edges
+            tot_kl += float(kl.detach().sum())
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"non-finite GRPO loss ({float(loss)}) on parents {p0}..{p1 - 1}; "
+                                     "lower the learning rate or check the rewards")
+        loss.backward()
+        tot_loss += float(loss.detach())
+        tot_ratio += float(ratio.detach().sum())
+        tot_clip += float(((ratio.detach() - 1).abs() > cfg.clip_range).float().sum())
+        if callback:
+            callback()
+    out.update(loss=tot_loss, kl=tot_kl / edges.n_edges, ratio_mean=tot_ratio / edges.n_edges,
+               clip_frac=tot_clip / edges.n_edges)
+    return out
+
+
+def grpo_update(policy: Policy, batch: TreeBatch, optimizer: torch.optim.Optimizer, cfg: OptimConfig, *,
+                noise_level: float, eta: float, guidance: float = 1.0,
+                params: Optional[list[torch.nn.Parameter]] = None,
+                callback: Optional[Callable[[], None]] = None, all_reduce: Optional[Callable] = None,
+                edges: Optional[EdgeSet] = None) -> dict:
+    """Run ``cfg.updates_per_batch`` optimiser steps on the batch's edges; returns statistics.
+
+    ``all_reduce`` (optional) averages the parameters' gradients across processes (data parallel)."""
+    edges = edges if edges is not None else collect_edges(batch, skip_zero_adv=cfg.kl_beta == 0)
+    params = params if params is not None else [p for p in policy.model.parameters() if p.requires_grad]
+    stats = {"edges": edges.n_edges, "parents": edges.n_parents, "grad_norm": 0.0}
+    for _ in range(cfg.updates_per_batch):
+        optimizer.zero_grad(set_to_none=False)
+        stats.update(backward_edges(policy, batch, edges, cfg, noise_level=noise_level, eta=eta,
+                                    guidance=guidance, callback=callback))
+        if all_reduce is not None:
+            all_reduce(params)
+        if edges.n_edges == 0 and all_reduce is None:
+            break
+        grads = [p.grad for p in params if p.grad is not None]
+        gn = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])) if grads \
+            else torch.zeros(())
+        if not torch.isfinite(gn):
+            raise FloatingPointError(f"non-finite gradient norm ({float(gn)}) in the GRPO update; "
+                                     "lower the learning rate or check the rewards")
+        if cfg.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        optimizer.step()
+        stats["grad_norm"] = float(gn)
+    optimizer.zero_grad(set_to_none=True)
+    return stats
