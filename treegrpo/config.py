@@ -51,7 +51,7 @@ class TreeConfig:
     noise_level: float = _f(0.7, "flow SDE noise level a (Flow-GRPO form)")
     eta: float = _f(1.0, "epsilon models: DDIM eta of the SDE steps")
     logprob_reduction: str = _f("mean", "mean | sum of the per-dimension Gaussian log-density")
-    tail_solver: str = _f("euler", "ODE solver after the window: euler | heun (2nd order, 2 NFE/step)")
+    tail_solver: str = _f("euler", "ODE solver after the window: euler | heun (2 NFE/step) | dpmpp_2m (2nd order, 1 NFE/step)")
     tail_steps: int = _f(0, "ODE steps after the window (0 = the remaining steps of the schedule)")
 
     def __post_init__(self) -> None:
@@ -68,7 +68,7 @@ class TreeConfig:
         _choice(self, "method", ("tree", "trajectory"))
         _choice(self, "window_schedule", ("fixed", "sliding", "random"))
         _choice(self, "logprob_reduction", ("mean", "sum"))
-        _choice(self, "tail_solver", ("euler", "heun"))
+        _choice(self, "tail_solver", ("euler", "heun", "dpmpp_2m"))
         _require(self.group_size >= 0, c, "group_size", f"must be >= 0, got {self.group_size}")
         _require(self.method == "trajectory" or self.group_size == 0, c, "group_size",
                  f"only used by method='trajectory' (got {self.group_size} with method='tree'); set it to 0")

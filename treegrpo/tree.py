@@ -146,13 +146,31 @@ class Denoiser:
         return torch.cat(outs) if len(outs) > 1 else outs[0]
 
 
+def _log_snr(sigma: torch.Tensor, prediction: str) -> torch.Tensor:
+    """λ = log(α/σ): α = 1 − σ for flow models, α = 1 in the sigma space of epsilon models."""
+    alpha = 1 - sigma if prediction == "flow" else torch.ones_like(sigma)
+    return torch.log(alpha) - torch.log(sigma)
+
+
 def ode_solve(den: Denoiser, x: torch.Tensor, sigmas: torch.Tensor, tree_idx: torch.Tensor, solver: str,
-              callback: Optional[Callable[[], None]] = None) -> torch.Tensor:
-    """Deterministic solve along ``sigmas`` (Euler, or Heun with an Euler last step to σ = 0)."""
+              callback: Optional[Callable[[], None]] = None, prediction: str = "flow") -> torch.Tensor:
+    """Deterministic solve along ``sigmas``: ``euler`` (1 NFE/step), ``heun`` (2 NFE/step, Euler last step
+    to σ = 0) or ``dpmpp_2m`` (DPM-Solver++(2M) in data prediction, 1 NFE/step, first order at the first
+    and the last step)."""
+    old_x0, old_h = None, None
     for i in range(sigmas.numel() - 1):
         s, sn = sigmas[i], sigmas[i + 1]
         x0 = den(x, s, tree_idx)
-        if solver == "heun" and sn > 0:
+        if solver == "dpmpp_2m":
+            if sn == 0:
+                x = x0
+            else:
+                h = _log_snr(sn, prediction) - _log_snr(s, prediction)
+                d = x0 if old_x0 is None else x0 + (x0 - old_x0) * (h / old_h) / 2  # (1 + 1/2r)·D − 1/2r·D_old
+                x = (sn / s) * x + (1 - sn / s) * d  # exact exponential-integrator form (both model types)
+                old_h = h
+            old_x0 = x0
+        elif solver == "heun" and sn > 0:
             d = (x - x0) / s
             x_e = x + (sn - s) * d
             d2 = (x_e - den(x_e, sn, tree_idx)) / sn
@@ -228,7 +246,7 @@ def sample_trees(policy: Policy, prompts: list[str], cfg: TreeConfig, *, cond: A
     # ODE tail, one per leaf
     tail = tail_sigmas(sigmas, s + w, cfg.tail_steps)
     leaf_tree = torch.arange(n_trees, device=dev).repeat_interleave(sizes[-1])
-    leaves = ode_solve(den, x, tail, leaf_tree, cfg.tail_solver, callback)
+    leaves = ode_solve(den, x, tail, leaf_tree, cfg.tail_solver, callback, policy.prediction)
 
     return TreeBatch(
         sigmas=sigmas, window_start=s, branching=branching, cond=cond, prompts=list(prompts),

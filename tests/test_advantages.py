@@ -1,0 +1,110 @@
+"""Reward aggregation, leaf z-scores and the backup on hand-computed trees."""
+import math
+import statistics as st
+
+import pytest
+import torch
+
+from treegrpo.advantages import RewardError, aggregate_rewards, assign_advantages, backup, leaf_advantages
+from treegrpo.config import AdvantageConfig, TreeConfig
+from treegrpo.tree import sample_trees
+
+from analytic import AnalyticPolicy
+
+EPS = 1e-6
+
+
+def z(xs):
+    m, s = st.fmean(xs), st.pstdev(xs)
+    return [(x - m) / (s + EPS) for x in xs]
+
+
+def test_k2_w2_hand_computed_mean_and_softmax():
+    rewards = [1.0, 2.0, 3.0, 6.0]                      # one tree, leaves in order
+    a = z(rewards)                                       # [-2,-1,0,3]/sqrt(3.5)
+    assert a[0] == pytest.approx(-2 / math.sqrt(3.5), rel=1e-5)
+    parents = [torch.tensor([0, 0]), torch.tensor([0, 0, 1, 1])]
+    logp = [torch.tensor([0.3, -0.2]), torch.tensor([0.0, math.log(3.0), 0.0, 0.0])]
+    leaf = leaf_advantages(torch.tensor(rewards), torch.zeros(4, dtype=torch.long), 1, EPS)
+    assert leaf.tolist() == pytest.approx(a, rel=1e-5)
+
+    mean = backup(parents, logp, leaf, "mean")
+    assert mean[1].tolist() == pytest.approx(a, rel=1e-5)
+    assert mean[0].tolist() == pytest.approx([(a[0] + a[1]) / 2, (a[2] + a[3]) / 2], rel=1e-5)
+
+    soft = backup(parents, logp, leaf, "softmax", 1.0)
+    # children of u0 have log-probs 0 and log 3 -> weights 1/4, 3/4; u1's children are equal
+    assert soft[0].tolist() == pytest.approx([0.25 * a[0] + 0.75 * a[1], 0.5 * a[2] + 0.5 * a[3]], rel=1e-5)
+    soft_t2 = backup(parents, logp, leaf, "softmax", 2.0)
+    w1 = math.sqrt(3) / (1 + math.sqrt(3))
+    assert soft_t2[0][0].item() == pytest.approx((1 - w1) * a[0] + w1 * a[1], rel=1e-5)
+
+
+def test_k3_w1_hand_computed():
+    rewards = [0.0, 1.0, 5.0]
+    leaf = leaf_advantages(torch.tensor(rewards), torch.zeros(3, dtype=torch.long), 1, EPS)
+    out = backup([torch.tensor([0, 0, 0])], [torch.tensor([0.1, 0.2, 0.3])], leaf, "softmax")
+    assert len(out) == 1 and out[0].tolist() == pytest.approx(z(rewards), rel=1e-5)
+    assert sum(out[0].tolist()) == pytest.approx(0, abs=1e-5)
+
+
+def test_two_rewards_weighted_and_two_trees():
+    r1 = torch.tensor([1.0, 2.0, 3.0, 6.0, 10.0, 10.0, 0.0, 4.0])
+    r2 = torch.tensor([0.0, 0.0, 1.0, 1.0, 2.0, 0.0, 2.0, 0.0])
+    tree = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    agg = aggregate_rewards({"a": r1, "b": r2}, {"a": 1.0, "b": 0.5}, tree, 2, EPS)
+    exp0 = [x + 0.5 * y for x, y in zip(z([1, 2, 3, 6]), z([0, 0, 1, 1]))]
+    exp1 = [x + 0.5 * y for x, y in zip(z([10, 10, 0, 4]), z([2, 0, 2, 0]))]
+    assert agg.tolist() == pytest.approx(exp0 + exp1, rel=1e-5)
+    leaf = leaf_advantages(agg, tree, 2, EPS)
+    assert leaf.tolist() == pytest.approx(z(exp0) + z(exp1), rel=1e-5)
+
+
+def test_constant_rewards_give_zero_advantages_and_nan_raises():
+    leaf = leaf_advantages(torch.full((4,), 0.7), torch.zeros(4, dtype=torch.long), 1, EPS)
+    assert torch.equal(leaf, torch.zeros(4))
+    agg = aggregate_rewards({"a": torch.full((4,), 3.0)}, {"a": 1.0}, torch.zeros(4, dtype=torch.long), 1, EPS)
+    assert torch.equal(agg, torch.zeros(4)) and not torch.isnan(agg).any()
+    with pytest.raises(RewardError, match=r"reward 'aesthetic' returned non-finite values .* leaves \[2\]"):
+        aggregate_rewards({"aesthetic": torch.tensor([1.0, 2.0, float("nan"), 0.0])}, {"aesthetic": 1.0},
+                          torch.zeros(4, dtype=torch.long), 1, EPS)
+    with pytest.raises(RewardError, match="expected \\(4,\\)"):
+        aggregate_rewards({"a": torch.ones(3)}, {"a": 1.0}, torch.zeros(4, dtype=torch.long), 1, EPS)
+
+
+def _batch():
+    pol = AnalyticPolicy("flow", shape=(2, 1, 1))
+    cfg = TreeConfig(steps=6, window_start=1, window_width=3, branch=2)
+    return sample_trees(pol, ["p0", "p1", "p0"], cfg, generator=torch.Generator().manual_seed(0))
+
+
+def test_assign_advantages_on_sampled_trees_flat_tree_and_invariants():
+    tb = _batch()
+    g = torch.Generator().manual_seed(1)
+    r = torch.rand(24, generator=g)
+    r[8:16] = 0.5                                        # tree 1 is flat
+    stats = assign_advantages(tb, {"demo": r}, {"demo": 1.0}, AdvantageConfig(backup="mean", adv_clip=0))
+    assert stats["flat_trees"] == 1 and tb.trainable.tolist() == [True, False, True]
+    leaf = tb.advantages[-1]
+    assert torch.equal(leaf[8:16], torch.zeros(8))
+    for t in (0, 2):
+        assert leaf[8 * t:8 * t + 8].mean().item() == pytest.approx(0, abs=1e-6)
+        assert leaf[8 * t:8 * t + 8].std(correction=0).item() == pytest.approx(1, abs=1e-4)
+    # mean backup: a node's advantage is the average of its children's edges, at every level
+    for j in range(1, 3):
+        child, par = tb.advantages[j], tb.parents[j]
+        for u in range(tb.advantages[j - 1].numel()):
+            assert tb.advantages[j - 1][u].item() == pytest.approx(child[par == u].mean().item(), abs=1e-6)
+
+
+def test_adv_clip_and_prompt_level_stats():
+    tb = _batch()
+    r = torch.zeros(24)
+    r[0] = 100.0                                          # one outlier leaf -> z = sqrt(7) ≈ 2.65
+    assign_advantages(tb, {"x": r}, {"x": 1.0}, AdvantageConfig(adv_clip=2.0, flat_floor=0))
+    assert tb.advantages[-1].max().item() == pytest.approx(2.0)
+    tb2 = _batch()
+    tb2.prompt_ids = torch.tensor([0, 1, 0])
+    r2 = torch.arange(24, dtype=torch.float32)
+    assign_advantages(tb2, {"x": r2}, {"x": 1.0}, AdvantageConfig(reward_stats="prompt", flat_floor=0))
+    assert tb2.advantages[-1][:8].mean().item() == pytest.approx(0, abs=1e-5)
