@@ -1,0 +1,178 @@
+"""LoRA on the policy with PEFT, and LoRA files in ComfyUI and diffusers/PEFT key formats.
+
+ComfyUI keys (what its SaveLoRA writes and LoraLoader reads), per adapted Linear ``<module>``:
+``diffusion_model.<module>.lora_down.weight`` (r, in) = PEFT ``lora_A``,
+``diffusion_model.<module>.lora_up.weight`` (out, r) = PEFT ``lora_B``,
+``diffusion_model.<module>.alpha`` (scalar). The scale applied is ``alpha / r``.
+PEFT/diffusers keys: ``<prefix><module>.lora_A.weight`` / ``.lora_B.weight`` (prefix e.g. ``unet.``).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .config import LoraConfig
+from .io import atomic_write
+
+COMFY_PREFIX = "diffusion_model."
+
+
+class LoraFileError(ValueError):
+    """A LoRA file is missing, corrupt, or does not fit the model."""
+
+
+@dataclass
+class LoraWeights:
+    """Adapter weights per module path: ``down`` (r, in) and ``up`` (out, r), with ``alpha``."""
+
+    down: dict[str, torch.Tensor]
+    up: dict[str, torch.Tensor]
+    alpha: dict[str, float]
+
+    @property
+    def modules(self) -> list[str]:
+        return sorted(self.down)
+
+
+def add_lora(model: nn.Module, cfg: LoraConfig, adapter_name: str = "default") -> list[nn.Parameter]:
+    """Inject PEFT LoRA layers into ``model`` (in place), freeze the base; returns the LoRA parameters."""
+    from peft import LoraConfig as PeftLoraConfig, inject_adapter_in_model
+
+    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    hit = [n for n in names if any(n == t or n.endswith("." + t) for t in cfg.targets)]
+    if not hit:
+        sample = ", ".join(names[:8]) + (" ..." if len(names) > 8 else "")
+        raise ValueError(f"LoraConfig.targets {cfg.targets} match no nn.Linear in the model; Linear modules are: {sample}")
+    model.requires_grad_(False)
+    inject_adapter_in_model(PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, target_modules=list(cfg.targets),
+                                           lora_dropout=0.0, init_lora_weights=True), model, adapter_name=adapter_name)
+    params = [p for n, p in model.named_parameters() if "lora_" in n]
+    for p in params:
+        p.requires_grad_(True)
+    return params
+
+
+def _lora_layers(model: nn.Module, adapter_name: str = "default"):
+    from peft.tuners.lora import LoraLayer
+
+    for name, m in model.named_modules():
+        if isinstance(m, LoraLayer) and adapter_name in m.lora_A:
+            yield name, m
+
+
+def extract_lora(model: nn.Module, adapter_name: str = "default") -> LoraWeights:
+    """Current adapter weights of a PEFT-injected model (detached float32 copies on the CPU)."""
+    down, up, alpha = {}, {}, {}
+    for name, m in _lora_layers(model, adapter_name):
+        down[name] = m.lora_A[adapter_name].weight.detach().float().cpu().clone()
+        up[name] = m.lora_B[adapter_name].weight.detach().float().cpu().clone()
+        alpha[name] = float(m.scaling[adapter_name] * m.r[adapter_name])
+    if not down:
+        raise ValueError("the model has no LoRA layers (call add_lora first)")
+    return LoraWeights(down, up, alpha)
+
+
+def load_into_model(model: nn.Module, w: LoraWeights, adapter_name: str = "default") -> None:
+    """Copy ``w`` into the model's LoRA layers; every module must exist and every shape must match."""
+    layers = dict(_lora_layers(model, adapter_name))
+    missing = sorted(set(w.down) - set(layers))
+    if missing:
+        raise LoraFileError(f"LoRA names {len(missing)} module(s) the model does not have LoRA layers for, e.g. "
+                            f"{missing[:3]}; was it trained for another base model or other targets?")
+    bad = []
+    for name in w.down:
+        m = layers[name]
+        A, B = m.lora_A[adapter_name].weight, m.lora_B[adapter_name].weight
+        if A.shape != w.down[name].shape or B.shape != w.up[name].shape:
+            bad.append(f"{name}: file {tuple(w.down[name].shape)}/{tuple(w.up[name].shape)} vs model "
+                       f"{tuple(A.shape)}/{tuple(B.shape)}")
+    if bad:
+        raise LoraFileError("LoRA shapes do not match the model (another base model or rank?): " + "; ".join(bad[:3]))
+    with torch.no_grad():
+        for name in w.down:
+            m = layers[name]
+            m.lora_A[adapter_name].weight.copy_(w.down[name])
+            m.lora_B[adapter_name].weight.copy_(w.up[name])
+            r = m.r[adapter_name]
+            m.scaling[adapter_name] = w.alpha[name] / r
+    untouched = sorted(set(layers) - set(w.down))
+    if untouched:
+        raise LoraFileError(f"the LoRA file lacks {len(untouched)} adapted module(s), e.g. {untouched[:3]}")
+
+
+def to_comfy(w: LoraWeights, prefix: str = COMFY_PREFIX, name_map: Optional[dict[str, str]] = None) -> dict:
+    """ComfyUI key format. ``name_map`` renames module paths (e.g. diffusers → ComfyUI names)."""
+    out = {}
+    for n in w.modules:
+        k = prefix + (name_map[n] if name_map else n)
+        out[k + ".lora_down.weight"] = w.down[n].contiguous()
+        out[k + ".lora_up.weight"] = w.up[n].contiguous()
+        out[k + ".alpha"] = torch.tensor(float(w.alpha[n]))
+    return out
+
+
+def to_peft(w: LoraWeights, prefix: str = "") -> dict:
+    """PEFT/diffusers key format (``lora_A``/``lora_B``); alpha goes into the metadata."""
+    out = {}
+    for n in w.modules:
+        out[f"{prefix}{n}.lora_A.weight"] = w.down[n].contiguous()
+        out[f"{prefix}{n}.lora_B.weight"] = w.up[n].contiguous()
+    return out
+
+
+def from_state_dict(sd: dict[str, torch.Tensor], metadata: Optional[dict] = None, prefix: Optional[str] = None) -> LoraWeights:
+    """Parse ComfyUI (``lora_down/lora_up/alpha``) or PEFT (``lora_A/lora_B``) keys; strips ``prefix``
+    (default: ``diffusion_model.`` for ComfyUI keys, none for PEFT keys)."""
+    down, up, alpha = {}, {}, {}
+    comfy = any(k.endswith(".lora_down.weight") for k in sd)
+    peft_alpha = json.loads((metadata or {}).get("treegrpo.lora_alpha", "null") or "null")
+    for k, v in sd.items():
+        for suf, store in ((".lora_down.weight", down), (".lora_up.weight", up), (".lora_A.weight", down),
+                           (".lora_B.weight", up)):
+            if k.endswith(suf):
+                store[k[: -len(suf)]] = v.float()
+        if comfy and k.endswith(".alpha"):
+            alpha[k[: -len(".alpha")]] = float(v)
+    if not down:
+        raise LoraFileError("no LoRA tensors found (expected keys ending in .lora_down.weight/.lora_up.weight "
+                            "or .lora_A.weight/.lora_B.weight)")
+    if set(down) != set(up):
+        raise LoraFileError(f"unpaired LoRA tensors: {sorted(set(down) ^ set(up))[:3]}")
+    for n in down:
+        if n not in alpha:
+            alpha[n] = float(peft_alpha) if peft_alpha is not None else float(down[n].shape[0])
+    pre = COMFY_PREFIX if (prefix is None and comfy) else (prefix or "")
+
+    def strip(d):
+        return {(k[len(pre):] if pre and k.startswith(pre) else k): v for k, v in d.items()}
+
+    return LoraWeights(strip(down), strip(up), strip(alpha))
+
+
+def save_lora_file(path: str, tensors: dict[str, torch.Tensor], metadata: Optional[dict] = None) -> str:
+    """Write a safetensors LoRA atomically; metadata values are stored as strings (JSON for non-strings)."""
+    from safetensors.torch import save_file
+
+    meta = {k: v if isinstance(v, str) else json.dumps(v, default=str) for k, v in (metadata or {}).items()}
+    return atomic_write(path, lambda tmp: save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()},
+                                                    tmp, metadata=meta))
+
+
+def read_lora_file(path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors and metadata of a safetensors file, with a clear error when it is missing or corrupt."""
+    from safetensors import safe_open
+
+    if not os.path.isfile(path):
+        raise LoraFileError(f"LoRA file not found: {path}")
+    try:
+        with safe_open(path, framework="pt") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # safetensors raises its own error types for truncated/corrupt headers
+        raise LoraFileError(f"{path} is not a readable safetensors file (truncated or corrupt?): {e}") from e
+    return tensors, meta

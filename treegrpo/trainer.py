@@ -1,0 +1,311 @@
+"""The training loop: sample trees → decode → score → advantages → update → log → checkpoint.
+
+Backend-free: it drives a :class:`~treegrpo.backends.base.Policy` and reward models. The prompts and
+noises of iteration ``i`` depend only on ``(seed, i)``, so methods compared with the same seed see the
+same prompts and initial noises, and a resumed run continues exactly where it stopped.
+"""
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import math
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+from .advantages import RewardError, assign_advantages, weighted_raw
+from .backends.base import Policy
+from .config import TrainConfig
+from .io import atomic_write, atomic_write_json
+from .lora import add_lora, extract_lora, from_state_dict, load_into_model, read_lora_file, save_lora_file, to_comfy
+from .tree import Denoiser, NFECounter, ode_solve, sample_trees, window_start_at
+from .update import grpo_update
+
+
+class TrainingInterrupted(RuntimeError):
+    """Raised when the stop callback asks to stop; a checkpoint was written first."""
+
+
+def iteration_generator(seed: int, iteration: int, salt: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed((seed * 1_000_003 + iteration * 7919 + salt) % (2**63 - 1))
+
+
+def iteration_prompts(prompts: list[str], n: int, seed: int, iteration: int) -> list[int]:
+    """Indices of the ``n`` prompts of an iteration (without replacement while n ≤ len(prompts))."""
+    rng = random.Random(seed * 1_000_003 + iteration)
+    if n <= len(prompts):
+        return rng.sample(range(len(prompts)), n)
+    return [rng.randrange(len(prompts)) for _ in range(n)]
+
+
+@dataclass
+class IterationLog:
+    iteration: int
+    stats: dict = field(default_factory=dict)
+
+
+class Trainer:
+    """TreeGRPO (or trajectory GRPO) LoRA training on one policy.
+
+    ``rewards``: name → reward model (callable ``(images, prompts) -> (B,)``).
+    ``stop``: optional callable returning True to stop (interrupt); checked at every step.
+    ``step_callback``: called after every denoiser/update step (progress bars, interrupt checks).
+    ``dist``: optional data-parallel helper with ``rank``, ``world``, ``all_reduce_grads(params)``."""
+
+    def __init__(self, cfg: TrainConfig, policy: Policy, rewards: dict[str, Callable], *,
+                 progress: bool = True, stop: Optional[Callable[[], bool]] = None,
+                 step_callback: Optional[Callable[[], None]] = None, dist: Any = None,
+                 lora_params: Optional[list] = None, base_model_name: str = ""):
+        self.cfg, self.policy, self.rewards = cfg, policy, rewards
+        missing = [r.name for r in cfg.rewards if r.name not in rewards]
+        if missing:
+            raise ValueError(f"no reward model given for {missing}")
+        self.weights = {r.name: r.weight for r in cfg.rewards if r.weight > 0}
+        self.prompts = cfg.load_prompts()
+        self.eval_prompts = list(cfg.eval_prompts) or self.prompts
+        self.progress, self.stop, self.step_callback, self.dist = progress, stop, step_callback, dist
+        self.rank = getattr(dist, "rank", 0)
+        self.world = getattr(dist, "world", 1)
+        self.base_model_name = base_model_name or (cfg.model or cfg.backend)
+        self.params = lora_params if lora_params is not None else add_lora(policy.model, cfg.lora)
+        if cfg.lora.init_from:
+            t, meta = read_lora_file(cfg.lora.init_from)
+            load_into_model(policy.model, from_state_dict(t, meta))
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+        self.iteration = 0
+        self.history: list[dict] = []
+        self.evals: list[dict] = []
+        self.train_time = 0.0
+        self.total_nfe = 0
+        self.out = cfg.output_dir
+
+    # ------------------------------------------------------------------ one iteration
+    def _check_stop(self) -> None:
+        if self.stop is not None and self.stop():
+            raise TrainingInterrupted("training stopped by request")
+
+    def _cb(self) -> None:
+        if self.step_callback:
+            self.step_callback()
+        self._check_stop()
+
+    def score(self, images: torch.Tensor, prompts: list[str]) -> dict[str, torch.Tensor]:
+        """Raw reward per model, (B,) float32 each; non-finite values raise naming the model."""
+        out = {}
+        for name in self.weights:
+            r = self.rewards[name](images, prompts)
+            r = torch.as_tensor(r, dtype=torch.float32).reshape(-1).cpu()
+            if r.numel() != len(prompts) or not torch.isfinite(r).all():
+                raise RewardError(f"reward {name!r} returned {'non-finite values' if r.numel() == len(prompts) else f'{r.numel()} values for {len(prompts)} images'}"
+                                  f" at iteration {self.iteration}")
+            out[name] = r
+        return out
+
+    def train_step(self) -> dict:
+        """One iteration; returns its statistics (timings in seconds, NFE, reward, loss)."""
+        cfg, it = self.cfg, self.iteration
+        t0 = time.perf_counter()
+        idx = iteration_prompts(self.prompts, cfg.prompts_per_iter, cfg.seed, it)
+        # data parallel: each rank takes its share of the trees
+        tree_prompts = [self.prompts[i] for i in idx for _ in range(cfg.trees_per_prompt)]
+        tree_pids = torch.tensor([i for i in idx for _ in range(cfg.trees_per_prompt)])
+        gen = iteration_generator(cfg.seed, it)
+        noise = torch.randn((len(tree_prompts), *self.policy.latent_shape()), generator=gen)
+        mine = list(range(self.rank, len(tree_prompts), self.world))
+        tree_prompts = [tree_prompts[i] for i in mine]
+        tree_pids, noise = tree_pids[mine], noise[mine]
+        s = window_start_at(cfg.tree, it, random.Random(cfg.seed * 31 + it))
+        sde_gen = iteration_generator(cfg.seed, it, salt=1 + self.rank)
+        self.policy.model.eval()
+        batch = sample_trees(self.policy, tree_prompts, cfg.tree, prompt_ids=tree_pids, window_start=s,
+                             guidance=cfg.cfg, generator=sde_gen, noise=noise.to(self.policy.device),
+                             callback=self._cb)
+        t1 = time.perf_counter()
+        with torch.no_grad():
+            images = self.policy.decode(batch.leaves)
+        t2 = time.perf_counter()
+        raw = self.score(images, batch.leaf_prompts)
+        t3 = time.perf_counter()
+        adv_stats = assign_advantages(batch, raw, self.weights, cfg.advantage)
+        self.policy.model.train()
+        upd = grpo_update(self.policy, batch, self.optimizer, cfg.optim, noise_level=cfg.tree.noise_level,
+                          eta=cfg.tree.eta, guidance=cfg.cfg, params=self.params, callback=self._cb,
+                          all_reduce=getattr(self.dist, "all_reduce_grads", None))
+        self.policy.model.eval()
+        t4 = time.perf_counter()
+        self.total_nfe += batch.nfe
+        self.train_time += t4 - t0
+        stats = {"iteration": it, "window_start": s, **adv_stats, **{k: v for k, v in upd.items()},
+                 "nfe": batch.nfe, "calls": batch.calls, "t_sample": t1 - t0, "t_decode": t2 - t1,
+                 "t_reward": t3 - t2, "t_update": t4 - t3, "t_iter": t4 - t0, "train_time": self.train_time,
+                 "total_nfe": self.total_nfe}
+        if not math.isfinite(stats["loss"]):
+            raise FloatingPointError(f"non-finite loss at iteration {it}")
+        self.iteration += 1
+        return stats
+
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def evaluate(self, prompts: Optional[list[str]] = None, seeds: Optional[int] = None,
+                 return_images: bool = False) -> dict:
+        """Deterministic ODE samples on fixed (prompt, noise) pairs: mean reward and diversity
+        (mean pairwise RMS distance between the images of one prompt). Not counted as training time."""
+        prompts = prompts or self.eval_prompts
+        seeds = seeds or self.cfg.eval_seeds
+        cfg = self.cfg
+        was_training = self.policy.model.training
+        self.policy.model.eval()
+        all_p = [p for p in prompts for _ in range(seeds)]
+        gen = torch.Generator().manual_seed(987654321)
+        noise = torch.randn((len(all_p), *self.policy.latent_shape()), generator=gen).to(self.policy.device)
+        cond = self.policy.encode_prompts(all_p)
+        sig = self.policy.sigmas(cfg.tree.steps).to(self.policy.device)
+        den = Denoiser(self.policy, cond, cfg.cfg, NFECounter())
+        x = ode_solve(den, noise * sig[0], sig, torch.arange(len(all_p)), "euler", prediction=self.policy.prediction)
+        images = self.policy.decode(x)
+        raw = self.score(images, all_p)
+        total = weighted_raw(raw, self.weights)
+        flat = images.flatten(1).reshape(len(prompts), seeds, -1)
+        if seeds > 1:
+            d = torch.cdist(flat, flat) / math.sqrt(flat.shape[-1])
+            div = float(d.sum() / (len(prompts) * seeds * (seeds - 1)))
+        else:
+            div = 0.0
+        self.policy.model.train(was_training)
+        out = {"iteration": self.iteration, "eval_reward": float(total.mean()), "eval_diversity": div,
+               **{f"eval/{k}": float(v.mean()) for k, v in raw.items()}}
+        if return_images:
+            out["images"] = images.cpu()
+        return out
+
+    # ------------------------------------------------------------------ files
+    def lora_tensors(self, fmt: str = "comfy") -> dict:
+        w = extract_lora(self.policy.model)
+        if fmt == "comfy":
+            return to_comfy(w)
+        from .lora import to_peft
+        return to_peft(w)
+
+    def metadata(self) -> dict:
+        return {"treegrpo.method": self.cfg.tree.method, "treegrpo.tree_config": self.cfg.tree.__dict__,
+                "treegrpo.step": str(self.iteration), "treegrpo.base_model": self.base_model_name,
+                "treegrpo.run_name": self.cfg.run_name, "treegrpo.lora_alpha": str(self.cfg.lora.alpha),
+                "treegrpo.lora_rank": str(self.cfg.lora.rank), "treegrpo.backend": self.cfg.backend}
+
+    def save_lora(self, path: Optional[str] = None, fmt: str = "comfy") -> str:
+        path = path or os.path.join(self.out, f"{self.cfg.run_name}.safetensors")
+        if self.rank != 0:
+            return path
+        return save_lora_file(path, self.lora_tensors(fmt), self.metadata())
+
+    def checkpoint_state(self) -> dict:
+        return {"iteration": self.iteration, "lora": {k: v.detach().cpu().clone() for k, v in
+                                                       zip(self._param_names(), self.params)},
+                "optimizer": self.optimizer.state_dict(), "history": json.dumps(self.history),
+                "evals": json.dumps(self.evals), "train_time": self.train_time, "total_nfe": self.total_nfe,
+                "config": json.dumps(self.cfg.to_dict(), default=str), "run_name": self.cfg.run_name,
+                "torch_rng": torch.get_rng_state(), "python_rng": json.dumps(random.getstate())}
+
+    def _param_names(self) -> list[str]:
+        ids = {id(p): n for n, p in self.policy.model.named_parameters()}
+        return [ids.get(id(p), f"param{i}") for i, p in enumerate(self.params)]
+
+    def save_checkpoint(self) -> Optional[str]:
+        """Write ``checkpoints/<run>-<iteration>.pt`` atomically and keep the last ``keep_checkpoints``."""
+        if self.rank != 0:
+            return None
+        folder = os.path.join(self.out, "checkpoints")
+        path = os.path.join(folder, f"{self.cfg.run_name}-{self.iteration:07d}.pt")
+        state = self.checkpoint_state()
+        atomic_write(path, lambda tmp: torch.save(state, tmp))
+        old = sorted(glob.glob(os.path.join(folder, f"{self.cfg.run_name}-*.pt")))
+        for p in old[: -self.cfg.keep_checkpoints]:
+            os.unlink(p)
+        return path
+
+    def latest_checkpoint(self) -> Optional[str]:
+        found = sorted(glob.glob(os.path.join(self.out, "checkpoints", f"{self.cfg.run_name}-*.pt")))
+        return found[-1] if found else None
+
+    def load_checkpoint(self, path: str) -> None:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if state.get("run_name") != self.cfg.run_name:
+            raise ValueError(f"checkpoint {path} belongs to run {state.get('run_name')!r}, not {self.cfg.run_name!r}")
+        names = self._param_names()
+        with torch.no_grad():
+            for n, p in zip(names, self.params):
+                if n not in state["lora"] or state["lora"][n].shape != p.shape:
+                    raise ValueError(f"checkpoint {path} does not fit the model: parameter {n}")
+                p.copy_(state["lora"][n])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.iteration = int(state["iteration"])
+        self.history = json.loads(state["history"])
+        self.evals = json.loads(state["evals"])
+        self.train_time = float(state["train_time"])
+        self.total_nfe = int(state["total_nfe"])
+        torch.set_rng_state(state["torch_rng"])
+        st = json.loads(state["python_rng"])
+        random.setstate((st[0], tuple(st[1]), st[2]))
+
+    def _write_logs(self) -> None:
+        if self.rank != 0 or not self.history:
+            return
+        os.makedirs(self.out, exist_ok=True)
+        keys = sorted({k for h in self.history for k in h})
+        def w(tmp):
+            with open(tmp, "w", newline="", encoding="utf-8") as fh:
+                wr = csv.DictWriter(fh, fieldnames=keys)
+                wr.writeheader()
+                wr.writerows(self.history)
+        atomic_write(os.path.join(self.out, "log.csv"), w)
+        atomic_write_json(os.path.join(self.out, "log.json"), {"train": self.history, "eval": self.evals})
+
+    # ------------------------------------------------------------------ the loop
+    def train(self, iterations: Optional[int] = None, resume: bool = False) -> dict:
+        """Run until ``iterations`` (default ``cfg.iterations``) or the time budget; returns a summary.
+
+        On interrupt or error a checkpoint of the last completed iteration is written before raising."""
+        cfg = self.cfg
+        total = iterations or cfg.iterations
+        if resume:
+            ck = self.latest_checkpoint()
+            if ck:
+                self.load_checkpoint(ck)
+        bar = None
+        if self.progress and self.rank == 0:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=total, initial=self.iteration, desc=f"{cfg.tree.method}", unit="it")
+        try:
+            if cfg.eval_every and self.iteration == 0 and not self.evals:
+                self.evals.append(self.evaluate())
+            while self.iteration < total:
+                if cfg.time_budget_s and self.train_time >= cfg.time_budget_s:
+                    break
+                self._check_stop()
+                stats = self.train_step()
+                self.history.append(stats)
+                if bar:
+                    bar.update(1)
+                    bar.set_postfix(reward=f"{stats['reward']:.3f}", loss=f"{stats['loss']:.2e}")
+                if cfg.eval_every and self.iteration % cfg.eval_every == 0:
+                    self.evals.append(self.evaluate())
+                if cfg.checkpoint_every and self.iteration % cfg.checkpoint_every == 0:
+                    self.save_checkpoint()
+                    self._write_logs()
+        except BaseException:
+            self.save_checkpoint()
+            self._write_logs()
+            raise
+        finally:
+            if bar:
+                bar.close()
+        if cfg.eval_every and (not self.evals or self.evals[-1]["iteration"] != self.iteration):
+            self.evals.append(self.evaluate())
+        self._write_logs()
+        return {"iterations": self.iteration, "train_time": self.train_time, "total_nfe": self.total_nfe,
+                "final_eval": self.evals[-1] if self.evals else None}
