@@ -186,7 +186,7 @@ class OptimConfig:
 class TrainConfig:
     """The whole run: model, prompts, rewards, tree, advantages, LoRA, optimiser, loop and output."""
 
-    backend: str = _f("demo", "demo | diffusers: which policy adapter loads the model")
+    backend: str = _f("demo", "policy adapter: demo (the embedded model); comfy is set by the ComfyUI nodes")
     model: Optional[str] = _f(None, "model path (diffusers folder / single file); demo: None = shipped weights")
     prompts: list = _f([], "training prompts (or use prompts_file)")
     prompts_file: Optional[str] = _f(None, "text file, one prompt per line")
@@ -223,7 +223,7 @@ class TrainConfig:
         if isinstance(self.optim, dict):
             self.optim = OptimConfig(**self.optim)
         self.rewards = [r if isinstance(r, RewardSpec) else RewardSpec(**r) for r in self.rewards]
-        _choice(self, "backend", ("demo", "diffusers"))
+        _choice(self, "backend", ("demo", "comfy"))
         _require(len(self.rewards) > 0, c, "rewards", "name at least one reward model")
         _require(sum(r.weight for r in self.rewards) > 0, c, "rewards",
                  "the reward weights are all zero; give at least one a weight > 0")

@@ -14,6 +14,9 @@ def atomic_write(path: str, write: Callable[[str], None]) -> str:
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path) + "-", dir=folder)
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; give the usual permissions
     try:
         write(tmp)
         with open(tmp, "rb+") as fh:

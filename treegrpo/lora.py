@@ -176,3 +176,11 @@ def read_lora_file(path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     except Exception as e:  # safetensors raises its own error types for truncated/corrupt headers
         raise LoraFileError(f"{path} is not a readable safetensors file (truncated or corrupt?): {e}") from e
     return tensors, meta
+
+
+class LoraDict(dict):
+    """A ComfyUI-key LoRA state dict (ComfyUI's LORA_MODEL type) that carries its file metadata."""
+
+    def __init__(self, tensors: dict, metadata: Optional[dict] = None):
+        super().__init__(tensors)
+        self.metadata = dict(metadata or {})

@@ -23,7 +23,7 @@ from .backends.base import Policy
 from .config import TrainConfig
 from .io import atomic_write, atomic_write_json
 from .lora import add_lora, extract_lora, from_state_dict, load_into_model, read_lora_file, save_lora_file, to_comfy
-from .tree import Denoiser, NFECounter, ode_solve, sample_trees, window_start_at
+from .tree import Denoiser, NFECounter, initial_latent, ode_solve, sample_trees, window_start_at
 from .update import grpo_update
 
 
@@ -55,12 +55,14 @@ class Trainer:
     ``rewards``: name → reward model (callable ``(images, prompts) -> (B,)``).
     ``stop``: optional callable returning True to stop (interrupt); checked at every step.
     ``step_callback``: called after every denoiser/update step (progress bars, interrupt checks).
+    ``iteration_callback``: called with each iteration's statistics.
     ``dist``: optional data-parallel helper with ``rank``, ``world``, ``all_reduce_grads(params)``."""
 
     def __init__(self, cfg: TrainConfig, policy: Policy, rewards: dict[str, Callable], *,
                  progress: bool = True, stop: Optional[Callable[[], bool]] = None,
                  step_callback: Optional[Callable[[], None]] = None, dist: Any = None,
-                 lora_params: Optional[list] = None, base_model_name: str = ""):
+                 lora_params: Optional[list] = None, base_model_name: str = "",
+                 iteration_callback: Optional[Callable[[dict], None]] = None):
         self.cfg, self.policy, self.rewards = cfg, policy, rewards
         missing = [r.name for r in cfg.rewards if r.name not in rewards]
         if missing:
@@ -69,13 +71,22 @@ class Trainer:
         self.prompts = cfg.load_prompts()
         self.eval_prompts = list(cfg.eval_prompts) or self.prompts
         self.progress, self.stop, self.step_callback, self.dist = progress, stop, step_callback, dist
+        self.iteration_callback = iteration_callback
         self.rank = getattr(dist, "rank", 0)
         self.world = getattr(dist, "world", 1)
         self.base_model_name = base_model_name or (cfg.model or cfg.backend)
-        self.params = lora_params if lora_params is not None else add_lora(policy.model, cfg.lora)
+        self.own_lora = getattr(policy, "lora", None)  # backends with their own LoRA (ComfyUI) vs PEFT
+        if lora_params is not None:
+            self.params = lora_params
+        elif self.own_lora is not None:
+            self.params = [p for p in self.own_lora.parameters()]
+        else:
+            with torch.random.fork_rng(devices=[]):  # the LoRA init depends on the run's seed only
+                torch.manual_seed(cfg.seed)
+                self.params = add_lora(policy.model, cfg.lora)
         if cfg.lora.init_from:
             t, meta = read_lora_file(cfg.lora.init_from)
-            load_into_model(policy.model, from_state_dict(t, meta))
+            self.load_lora_weights(from_state_dict(t, meta))
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
         self.iteration = 0
         self.history: list[dict] = []
@@ -88,6 +99,11 @@ class Trainer:
     def _check_stop(self) -> None:
         if self.stop is not None and self.stop():
             raise TrainingInterrupted("training stopped by request")
+
+    def _run(self, fn):
+        """Run ``fn`` inside the backend's model context when it has one (ComfyUI: a sampling session)."""
+        run = getattr(self.policy, "run", None)
+        return run(fn) if run is not None else fn()
 
     def _cb(self) -> None:
         if self.step_callback:
@@ -122,9 +138,9 @@ class Trainer:
         s = window_start_at(cfg.tree, it, random.Random(cfg.seed * 31 + it))
         sde_gen = iteration_generator(cfg.seed, it, salt=1 + self.rank)
         self.policy.model.eval()
-        batch = sample_trees(self.policy, tree_prompts, cfg.tree, prompt_ids=tree_pids, window_start=s,
-                             guidance=cfg.cfg, generator=sde_gen, noise=noise.to(self.policy.device),
-                             callback=self._cb)
+        batch = self._run(lambda: sample_trees(
+            self.policy, tree_prompts, cfg.tree, prompt_ids=tree_pids, window_start=s, guidance=cfg.cfg,
+            generator=sde_gen, noise=noise.to(self.policy.device), callback=self._cb))
         t1 = time.perf_counter()
         with torch.no_grad():
             images = self.policy.decode(batch.leaves)
@@ -133,9 +149,10 @@ class Trainer:
         t3 = time.perf_counter()
         adv_stats = assign_advantages(batch, raw, self.weights, cfg.advantage)
         self.policy.model.train()
-        upd = grpo_update(self.policy, batch, self.optimizer, cfg.optim, noise_level=cfg.tree.noise_level,
-                          eta=cfg.tree.eta, guidance=cfg.cfg, params=self.params, callback=self._cb,
-                          all_reduce=getattr(self.dist, "all_reduce_grads", None))
+        upd = self._run(lambda: grpo_update(
+            self.policy, batch, self.optimizer, cfg.optim, noise_level=cfg.tree.noise_level, eta=cfg.tree.eta,
+            guidance=cfg.cfg, params=self.params, callback=self._cb,
+            all_reduce=getattr(self.dist, "all_reduce_grads", None)))
         self.policy.model.eval()
         t4 = time.perf_counter()
         self.total_nfe += batch.nfe
@@ -166,7 +183,8 @@ class Trainer:
         cond = self.policy.encode_prompts(all_p)
         sig = self.policy.sigmas(cfg.tree.steps).to(self.policy.device)
         den = Denoiser(self.policy, cond, cfg.cfg, NFECounter())
-        x = ode_solve(den, noise * sig[0], sig, torch.arange(len(all_p)), "euler", prediction=self.policy.prediction)
+        x = self._run(lambda: ode_solve(den, initial_latent(self.policy, noise, sig[0]), sig, torch.arange(len(all_p)),
+                                        "euler", prediction=self.policy.prediction))
         images = self.policy.decode(x)
         raw = self.score(images, all_p)
         total = weighted_raw(raw, self.weights)
@@ -177,15 +195,25 @@ class Trainer:
         else:
             div = 0.0
         self.policy.model.train(was_training)
-        out = {"iteration": self.iteration, "eval_reward": float(total.mean()), "eval_diversity": div,
+        out = {"iteration": self.iteration, "train_time": self.train_time, "total_nfe": self.total_nfe,
+               "eval_reward": float(total.mean()), "eval_diversity": div,
                **{f"eval/{k}": float(v.mean()) for k, v in raw.items()}}
         if return_images:
             out["images"] = images.cpu()
         return out
 
     # ------------------------------------------------------------------ files
+    def lora_weights(self):
+        return self.own_lora.weights() if self.own_lora is not None else extract_lora(self.policy.model)
+
+    def load_lora_weights(self, w) -> None:
+        if self.own_lora is not None:
+            self.own_lora.load(w)
+        else:
+            load_into_model(self.policy.model, w)
+
     def lora_tensors(self, fmt: str = "comfy") -> dict:
-        w = extract_lora(self.policy.model)
+        w = self.lora_weights()
         if fmt == "comfy":
             return to_comfy(w)
         from .lora import to_peft
@@ -289,6 +317,8 @@ class Trainer:
                 self._check_stop()
                 stats = self.train_step()
                 self.history.append(stats)
+                if self.iteration_callback:
+                    self.iteration_callback(stats)
                 if bar:
                     bar.update(1)
                     bar.set_postfix(reward=f"{stats['reward']:.3f}", loss=f"{stats['loss']:.2e}")

@@ -182,6 +182,12 @@ def ode_solve(den: Denoiser, x: torch.Tensor, sigmas: torch.Tensor, tree_idx: to
     return x
 
 
+def initial_latent(policy: Policy, noise: torch.Tensor, sigma0: torch.Tensor) -> torch.Tensor:
+    """``σ_0·noise`` unless the backend scales noise itself (ComfyUI: ``model_sampling.noise_scaling``)."""
+    scale = getattr(policy, "noise_scaling", None)
+    return scale(sigma0, noise) if scale is not None else noise * sigma0
+
+
 @torch.no_grad()
 def sample_trees(policy: Policy, prompts: list[str], cfg: TreeConfig, *, cond: Any = None,
                  prompt_ids: Optional[torch.Tensor] = None, window_start: Optional[int] = None,
@@ -212,7 +218,7 @@ def sample_trees(policy: Policy, prompts: list[str], cfg: TreeConfig, *, cond: A
     trees = torch.arange(n_trees, device=dev)
 
     # shared ODE prefix, once per tree
-    x = noise.float() * sigmas[0]
+    x = initial_latent(policy, noise.float(), sigmas[0])
     x = ode_solve(den, x, sigmas[: s + 1], trees, "euler", callback)
 
     # the SDE window: every frontier node gets b_j children

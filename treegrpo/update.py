@@ -109,7 +109,7 @@ def backward_edges(policy: Policy, batch: TreeBatch, edges: EdgeSet, cfg: OptimC
             loss = loss + cfg.kl_beta * kl.sum() / edges.n_edges
             tot_kl += float(kl.detach().sum())
         if not torch.isfinite(loss):
-            raise FloatingPointError(f"non-finite GRPO loss ({float(loss)}) on parents {p0}..{p1 - 1}; "
+            raise FloatingPointError(f"non-finite GRPO loss ({float(loss.detach())}) on parents {p0}..{p1 - 1}; "
                                      "lower the learning rate or check the rewards")
         loss.backward()
         tot_loss += float(loss.detach())

@@ -1,0 +1,25 @@
+"""Policy adapters. ``load_policy(cfg)`` builds the one a TrainConfig asks for."""
+from __future__ import annotations
+
+import torch
+
+from .base import Policy, select_cond  # noqa: F401
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available; use --device cpu")
+    return dev
+
+
+def load_policy(cfg) -> tuple[Policy, str]:
+    """(policy, base-model name) for ``cfg.backend``; ``cfg.model`` is a local path or None."""
+    device = resolve_device(cfg.device)
+    if cfg.backend == "demo":
+        from .demo import DemoPolicy
+        return DemoPolicy.load(cfg.model, device=device), "treegrpo-demo-shapes16"
+    raise ValueError(f"backend {cfg.backend!r} cannot be loaded from the CLI (the 'comfy' backend is driven by the "
+                     "ComfyUI nodes); use backend 'demo'")

@@ -56,13 +56,14 @@ class DemoConfig:
     resolution: int = RESOLUTION
     in_channels: int = 3
     patch_size: int = 2
-    hidden: int = 96
+    hidden: int = 64
     depth: int = 4
     heads: int = 4
     mlp_ratio: float = 4.0
     vocab_size: int = 1 + len(COLOURS) + len(SHAPES)
     text_len: int = TEXT_LEN
     freq_dim: int = 64
+    pooled_text: bool = True  # also add the mean word embedding to the adaLN conditioning (as SD3's pooled text)
 
     def __post_init__(self):
         if self.hidden % self.heads:
@@ -94,6 +95,21 @@ def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -
     return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
 
 
+def sincos_pos_embed_2d(dim: int, grid: int) -> torch.Tensor:
+    """(1, grid*grid, dim) fixed 2-D sine-cosine position embedding (as in DiT / MAE)."""
+    quarter = dim // 4
+    omega = 1.0 / 10000 ** (torch.arange(quarter, dtype=torch.float64) / quarter)
+    pos = torch.arange(grid, dtype=torch.float64)
+    yy, xx = torch.meshgrid(pos, pos, indexing="ij")
+    parts = []
+    for coord in (yy.reshape(-1), xx.reshape(-1)):
+        ang = coord[:, None] * omega[None]
+        parts += [torch.sin(ang), torch.cos(ang)]
+    emb = torch.cat(parts, dim=1)
+    emb = F.pad(emb, (0, dim - emb.shape[1]))
+    return emb.float().unsqueeze(0)
+
+
 def _modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1)
 
@@ -116,7 +132,7 @@ class Attention(nn.Module):
 
         q, k, v = split(self.to_q(x)), split(self.to_k(x)), split(self.to_v(x))
         # Plain softmax attention: on CPU at these sizes (66 tokens) it beats SDPA's kernels.
-        att = torch.softmax((q @ k.transpose(-1, -2)) * (d // h) ** -0.5, dim=-1)
+        att = torch.softmax((q * (d // h) ** -0.5) @ k.transpose(-1, -2), dim=-1)
         o = att @ v
         return self.to_out(o.transpose(1, 2).reshape(b, n, d))
 
@@ -150,6 +166,8 @@ class DemoDiT(nn.Module):
         self.token_embed = nn.Embedding(cfg.vocab_size, d)
         self.text_pos = nn.Parameter(torch.zeros(1, cfg.text_len, d))
         self.t_embed = nn.Sequential(nn.Linear(cfg.freq_dim, d), nn.SiLU(), nn.Linear(d, d))
+        if cfg.pooled_text:
+            self.text_pool = nn.Sequential(nn.Linear(d, d), nn.SiLU(), nn.Linear(d, d))
         self.blocks = nn.ModuleList([Block(d, cfg.heads, cfg.mlp_ratio) for _ in range(cfg.depth)])
         self.norm_out = nn.LayerNorm(d, elementwise_affine=False, eps=1e-6)
         self.adaLN_out = nn.Linear(d, 2 * d)
@@ -161,7 +179,8 @@ class DemoDiT(nn.Module):
             if isinstance(m, nn.Linear):
                 nn.init.xavier_uniform_(m.weight)
                 nn.init.zeros_(m.bias)
-        nn.init.normal_(self.pos_embed, std=0.02)
+        with torch.no_grad():  # learnable, initialised to the 2-D sin-cos embedding
+            self.pos_embed.copy_(sincos_pos_embed_2d(self.config.hidden, self.config.resolution // self.config.patch_size))
         nn.init.normal_(self.text_pos, std=0.02)
         nn.init.normal_(self.token_embed.weight, std=0.5)
         nn.init.normal_(self.t_embed[0].weight, std=0.02)
@@ -190,12 +209,49 @@ class DemoDiT(nn.Module):
         txt = self.token_embed(tokens.to(x.device)) + self.text_pos
         n_txt = txt.shape[1]
         h = torch.cat([txt, img], dim=1)
-        c = F.silu(self.t_embed(timestep_embedding(sigma * 1000.0, cfg.freq_dim)))
+        c = self.t_embed(timestep_embedding(sigma * 1000.0, cfg.freq_dim))
+        if cfg.pooled_text:
+            c = c + self.text_pool(txt.mean(dim=1))
+        c = F.silu(c)
         for blk in self.blocks:
             h = blk(h, c)
         shift, scale = self.adaLN_out(c).chunk(2, dim=-1)
         out = self.proj_out(_modulate(self.norm_out(h[:, n_txt:]), shift, scale))
         return out.view(b, hp, wp, ch, p, p).permute(0, 3, 1, 4, 2, 5).reshape(b, ch, hgt, wid)
+
+
+def flow_sigmas(steps: int, shift: float = 1.0) -> torch.Tensor:
+    """(steps + 1,) float32: ``linspace(1, 0)`` mapped through ``σ' = shift·σ / (1 + (shift − 1)·σ)``."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    if shift <= 0:
+        raise ValueError(f"shift must be > 0, got {shift}")
+    s = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
+    return (shift * s / (1 + (shift - 1) * s)).float()
+
+
+@torch.no_grad()
+def euler_sample(
+    model: nn.Module, noise: torch.Tensor, tokens: torch.Tensor, steps: int = 10, cfg: float = 1.0, shift: float = 1.0
+) -> torch.Tensor:
+    """Euler ODE sampling from ``x = noise`` at σ = 1: ``x ← x + (σ' − σ)·v``; returns x at σ = 0 (in [-1, 1]).
+
+    With ``cfg != 1`` cond and uncond (null tokens) run as one batched forward.
+    """
+    sigmas = flow_sigmas(steps, shift).to(noise.device)
+    x = noise.float()
+    b = x.shape[0]
+    tokens = tokens.to(noise.device)
+    null = torch.full_like(tokens, NULL_TOKEN)
+    for i in range(steps):
+        sigma = sigmas[i].expand(b)
+        if cfg == 1.0:
+            v = model(x, sigma, tokens)
+        else:
+            v_c, v_u = model(torch.cat([x, x]), torch.cat([sigma, sigma]), torch.cat([tokens, null])).chunk(2)
+            v = v_u + cfg * (v_c - v_u)
+        x = x + (sigmas[i + 1] - sigmas[i]) * v
+    return x
 
 
 def save_demo_model(model: DemoDiT, path: str | os.PathLike, extra_metadata: dict[str, str] | None = None) -> None:
@@ -209,6 +265,7 @@ def save_demo_model(model: DemoDiT, path: str | os.PathLike, extra_metadata: dic
     state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
     tmp = path.with_name(path.name + ".tmp")
     save_file(state, str(tmp), metadata=meta)
+    os.chmod(tmp, 0o644)  # safetensors creates the file owner-only
     os.replace(tmp, path)
 
 

@@ -1,0 +1,43 @@
+"""Advantage Backup node."""
+from __future__ import annotations
+
+import json
+
+from comfy_api.latest import io
+
+from treegrpo.backends.comfy_session import backup_tree
+from treegrpo.config import AdvantageConfig
+
+from .sockets import CATEGORY, Rewards, Tree
+
+
+class AdvantageBackup(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="TreeGRPOAdvantageBackup", display_name="TreeGRPO Advantage Backup", category=f"{CATEGORY}/training",
+            description="Leaf rewards -> z-scored leaf advantages -> advantages of every window edge, backed up "
+                        "deepest level first (softmax over sibling log-probs, or mean).",
+            inputs=[
+                Tree.Input("tree"),
+                Rewards.Input("rewards", tooltip="rewards of the tree's leaves, in leaf order"),
+                io.Combo.Input("backup", options=["softmax", "mean"], default="softmax",
+                               tooltip="how child-edge advantages combine into their parent's"),
+                io.Float.Input("temperature", default=1.0, min=0.01, max=100.0, step=0.01,
+                               tooltip="softmax temperature on the behaviour log-probs"),
+                io.Float.Input("adv_clip", default=5.0, min=0.0, max=100.0, step=0.1,
+                               tooltip="clip edge advantages to +-this (0 = off)"),
+                io.Float.Input("flat_floor", default=1e-3, min=0.0, max=10.0, step=0.0001,
+                               tooltip="trees whose reward spread is below this are not trained"),
+            ],
+            outputs=[Tree.Output(display_name="tree"), io.String.Output(display_name="stats")],
+        )
+
+    @classmethod
+    def execute(cls, tree, rewards, backup, temperature, adv_clip, flat_floor):
+        cfg = AdvantageConfig(backup=backup, temperature=temperature, adv_clip=adv_clip, flat_floor=flat_floor)
+        out = backup_tree(tree, rewards, cfg)
+        return io.NodeOutput(out, json.dumps(out.adv_stats, indent=1))
+
+
+NODES = [AdvantageBackup]

@@ -1,0 +1,99 @@
+"""Tree Sampler and Load Demo Model nodes."""
+from __future__ import annotations
+
+import comfy.samplers
+from comfy_api.latest import io
+
+from treegrpo.backends.comfy_demo import load_demo_comfy
+from treegrpo.backends.comfy_session import sample_tree
+from treegrpo.config import ConfigError, TreeConfig
+
+from .sockets import CATEGORY, Run, Tree
+
+
+def tree_inputs():
+    """Widgets of the tree shape, shared by the Tree Sampler and the Train node."""
+    return [
+        io.Int.Input("steps", default=10, min=1, max=200, tooltip="denoising steps T"),
+        io.Int.Input("window_start", default=1, min=0, max=199,
+                     tooltip="first SDE (branching) step; earlier steps are shared ODE steps. Keep it early (high noise)"),
+        io.Int.Input("window_width", default=3, min=1, max=10, tooltip="SDE steps in the window (tree depth)"),
+        io.Int.Input("branch", default=2, min=1, max=16, tooltip="children per node; a tree has branch^width leaves"),
+        io.Float.Input("noise_level", default=0.7, min=0.01, max=2.0, step=0.01,
+                       tooltip="SDE noise level (flow models) / DDIM eta (epsilon models, capped at 1)"),
+    ]
+
+
+def tree_config(steps, window_start, window_width, branch, noise_level, **kw) -> TreeConfig:
+    return TreeConfig(steps=steps, window_start=window_start, window_width=window_width, branch=branch,
+                      noise_level=noise_level, eta=min(1.0, noise_level), **kw)
+
+
+def validate_tree(**kw):
+    try:
+        tree_config(**{k: kw[k] for k in ("steps", "window_start", "window_width", "branch", "noise_level")})
+    except ConfigError as e:
+        return str(e)
+    except KeyError:  # linked inputs are validated at execution
+        return True
+    return True
+
+
+class TreeSampler(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="TreeGRPOTreeSampler", display_name="TreeGRPO Tree Sampler", category=f"{CATEGORY}/sampling",
+            description="Samples search trees: shared ODE prefix, an SDE window where every node branches, ODE "
+                        "tail per leaf. Outputs the TREE (for backup and training) and the leaf latents.",
+            inputs=[
+                io.Model.Input("model", tooltip="the model to sample (and train with the run's LoRA)"),
+                io.Conditioning.Input("positive", tooltip="prompt conditioning"),
+                io.Conditioning.Input("negative", tooltip="negative conditioning (used when cfg > 1)"),
+                io.Latent.Input("latent", tooltip="empty latent: its size sets the image size, its batch the trees"),
+                io.Int.Input("seed", default=0, min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True,
+                             tooltip="seed of the initial noises and the SDE noise"),
+                io.Float.Input("cfg", default=1.0, min=1.0, max=30.0, step=0.1, tooltip="classifier-free guidance"),
+                io.Combo.Input("scheduler", options=comfy.samplers.SCHEDULER_NAMES, default="simple",
+                               tooltip="sigma schedule (ComfyUI's schedulers, with the model's shift)"),
+                *tree_inputs(),
+                io.Int.Input("trees_per_latent", default=1, min=1, max=64,
+                             tooltip="trees per latent in the batch (each with its own initial noise)"),
+                io.String.Input("prompt", default="", multiline=True,
+                                tooltip="the prompt text, passed on to reward scorers"),
+                Run.Input("run", optional=True, tooltip="trainer state: sample with its current LoRA"),
+            ],
+            outputs=[Tree.Output(display_name="tree"), io.Latent.Output(display_name="leaves")],
+        )
+
+    @classmethod
+    def validate_inputs(cls, **kw):
+        return validate_tree(**kw)
+
+    @classmethod
+    def execute(cls, model, positive, negative, latent, seed, cfg, scheduler, steps, window_start, window_width,
+                branch, noise_level, trees_per_latent, prompt, run=None):
+        tcfg = tree_config(steps, window_start, window_width, branch, noise_level)
+        trees = latent["samples"].shape[0] * trees_per_latent
+        tree = sample_tree(model, positive, negative, latent, tcfg, seed=seed, cfg=cfg, scheduler=scheduler,
+                           trees=trees, prompt=prompt, run=run, iteration=run.iteration if run else 0)
+        return io.NodeOutput(tree, {"samples": tree.leaf_latents.cpu()})
+
+
+class LoadDemoModel(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="TreeGRPOLoadDemoModel", display_name="TreeGRPO Load Demo Model", category=f"{CATEGORY}/loaders",
+            description="The embedded 16x16 coloured-shapes flow model (no download): prompts like 'a red circle'. "
+                        "Use its CLIP with CLIPTextEncode and its VAE with VAEDecode.",
+            inputs=[],
+            outputs=[io.Model.Output(), io.Clip.Output(), io.Vae.Output()],
+        )
+
+    @classmethod
+    def execute(cls):
+        return io.NodeOutput(*load_demo_comfy())
+
+
+NODES = [TreeSampler, LoadDemoModel]

@@ -1,0 +1,167 @@
+"""Trainer State, GRPO LoRA Trainer Step and the full-loop Train node."""
+from __future__ import annotations
+
+import json
+import os
+
+import comfy.samplers
+import folder_paths
+from comfy_api.latest import io, ui
+
+from treegrpo.backends.comfy_session import RunState, patched_model, train_full, train_step
+from treegrpo.config import AdvantageConfig, LoraConfig, OptimConfig, TrainConfig
+from treegrpo.backends.comfy import DEFAULT_TARGETS
+from treegrpo.lora import LoraDict
+from treegrpo.report import curve_image, image_grid
+
+from .sampling import tree_config, tree_inputs, validate_tree
+from .sockets import CATEGORY, RewardModel, Run, Tree
+
+
+def run_folder(run_name: str) -> str:
+    if not run_name or any(not (c.isalnum() or c in "-_.") for c in run_name):
+        raise ValueError(f"run_name {run_name!r}: use letters, digits, '-', '_' or '.'")
+    return os.path.join(folder_paths.get_output_directory(), "treegrpo", run_name)
+
+
+def lora_inputs():
+    return [
+        io.Int.Input("lora_rank", default=16, min=1, max=256, tooltip="LoRA rank r"),
+        io.Float.Input("lora_alpha", default=16.0, min=0.01, max=1024.0, step=0.5, tooltip="LoRA alpha (scale alpha/r)"),
+        io.Float.Input("learning_rate", default=1e-3, min=1e-7, max=1.0, step=1e-5,
+                       tooltip="AdamW learning rate"),
+    ]
+
+
+class TrainerState(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="TreeGRPOTrainerState", display_name="TreeGRPO Trainer State", category=f"{CATEGORY}/training",
+            description="A named training run that survives between queued prompts (LoRA, optimiser, step). Saved "
+                        "to output/treegrpo/<run_name>/ after every step and resumed from there by name.",
+            inputs=[
+                io.String.Input("run_name", default="treegrpo_run", tooltip="runs with the same name continue"),
+                *lora_inputs(),
+                io.Float.Input("clip_range", default=1e-4, min=1e-6, max=1.0, step=1e-5, tooltip="PPO ratio clip"),
+                io.Float.Input("kl_beta", default=0.0, min=0.0, max=10.0, step=0.001,
+                               tooltip="KL weight to the base model (LoRA off)"),
+                io.Int.Input("seed", default=0, min=0, max=2**31 - 1, tooltip="seed of the LoRA initialisation"),
+            ],
+            outputs=[Run.Output(display_name="run")],
+        )
+
+    @classmethod
+    def execute(cls, run_name, lora_rank, lora_alpha, learning_rate, clip_range, kl_beta, seed):
+        st = RunState.get(run_name, run_folder(run_name),
+                          LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=DEFAULT_TARGETS),
+                          OptimConfig(lr=learning_rate, clip_range=clip_range, kl_beta=kl_beta), seed)
+        return io.NodeOutput(st)
+
+
+class TrainerStep(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="TreeGRPOTrainerStep", display_name="TreeGRPO GRPO LoRA Trainer Step",
+            category=f"{CATEGORY}/training",
+            description="One GRPO update of the run's LoRA on the tree's edges (one iteration per queued prompt: "
+                        "use auto-queue to watch it learn). Saves the run.",
+            inputs=[
+                Tree.Input("tree", tooltip="tree with advantages (from Advantage Backup)"),
+                Run.Input("run", tooltip="the same trainer state the Tree Sampler used"),
+                io.Model.Input("model", tooltip="base model, returned with the updated LoRA applied"),
+            ],
+            outputs=[io.Model.Output(display_name="model"), io.LoraModel.Output(display_name="lora"),
+                     io.String.Output(display_name="stats")],
+            is_output_node=True,
+        )
+
+    @classmethod
+    def execute(cls, tree, run, model):
+        stats = train_step(tree, run)
+        lora = LoraDict(run.lora_state_dict(), metadata=run.metadata())
+        text = json.dumps({k: (round(v, 5) if isinstance(v, float) else v) for k, v in stats.items()}, indent=1)
+        return io.NodeOutput(patched_model(model, run), lora, text, ui=ui.PreviewText(text))
+
+
+class Train(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="TreeGRPOTrain", display_name="TreeGRPO Train (full loop)", category=f"{CATEGORY}/training",
+            description="The whole TreeGRPO loop in one node: sample trees -> decode -> score -> backup -> GRPO "
+                        "update, for all iterations. Resumes the run's checkpoint; an interrupt saves one.",
+            inputs=[
+                io.Model.Input("model"), io.Clip.Input("clip"), io.Vae.Input("vae"),
+                io.String.Input("prompts", multiline=True, default="a red circle\na blue square",
+                                tooltip="training prompts, one per line"),
+                io.String.Input("negative", default="", multiline=False, tooltip="negative prompt (cfg > 1)"),
+                RewardModel.Input("reward_model"),
+                RewardModel.Input("reward_model_2", optional=True, tooltip="optional second reward"),
+                io.Float.Input("weight_2", default=1.0, min=0.0, max=100.0, step=0.05, tooltip="weight of reward 2"),
+                io.Int.Input("width", default=512, min=8, max=4096, step=8, tooltip="image width (pixels)"),
+                io.Int.Input("height", default=512, min=8, max=4096, step=8, tooltip="image height (pixels)"),
+                io.Float.Input("cfg", default=1.0, min=1.0, max=30.0, step=0.1),
+                io.Combo.Input("scheduler", options=comfy.samplers.SCHEDULER_NAMES, default="simple"),
+                *tree_inputs(),
+                io.Int.Input("iterations", default=50, min=1, max=100000),
+                io.Int.Input("prompts_per_iteration", default=4, min=1, max=256),
+                *lora_inputs(),
+                io.Int.Input("seed", default=0, min=0, max=2**31 - 1),
+                io.String.Input("run_name", default="treegrpo_run"),
+                io.Int.Input("eval_every", default=10, min=0, max=100000,
+                             tooltip="evaluate on fixed noises every N iterations (reward curve)"),
+            ],
+            outputs=[io.Model.Output(display_name="model"), io.LoraModel.Output(display_name="lora"),
+                     io.Image.Output(display_name="reward_curve"), io.Image.Output(display_name="samples")],
+            is_output_node=True,
+        )
+
+    @classmethod
+    def validate_inputs(cls, **kw):
+        return validate_tree(**kw)
+
+    @classmethod
+    def execute(cls, model, clip, vae, prompts, negative, reward_model, weight_2, width, height, cfg, scheduler,
+                steps, window_start, window_width, branch, noise_level, iterations, prompts_per_iteration,
+                lora_rank, lora_alpha, learning_rate, seed, run_name, eval_every, reward_model_2=None):
+        texts = [p.strip() for p in prompts.splitlines() if p.strip()]
+        rewards = {reward_model["name"]: reward_model["model"]}
+        specs = [{"name": reward_model["name"], "weight": 1.0}]
+        if reward_model_2 is not None:
+            if reward_model_2["name"] in rewards:
+                raise ValueError("reward_model and reward_model_2 are the same reward type")
+            rewards[reward_model_2["name"]] = reward_model_2["model"]
+            specs.append({"name": reward_model_2["name"], "weight": weight_2})
+        tcfg = tree_config(steps, window_start, window_width, branch, noise_level)
+        tc = TrainConfig(backend="comfy", prompts=texts, negative_prompt=negative, cfg=cfg, rewards=specs, tree=tcfg,
+                         advantage=AdvantageConfig(),
+                         lora=LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=DEFAULT_TARGETS),
+                         optim=OptimConfig(lr=learning_rate), iterations=iterations,
+                         prompts_per_iter=prompts_per_iteration, seed=seed, eval_every=eval_every,
+                         eval_seeds=2, checkpoint_every=max(1, min(25, iterations)), run_name=run_name)
+        conds = [(encode(clip, t), encode(clip, negative)) for t in texts]
+        c = model.model.latent_format.latent_channels
+        r = vae.spacial_compression_decode()
+        if width % r or height % r:
+            raise ValueError(f"width and height must be multiples of the VAE's scale factor {r}")
+        trainer = train_full(model, vae, texts, conds, rewards, tc, (c, height // r, width // r),
+                             run_folder=run_folder(run_name), scheduler=scheduler)
+        curve_vals = [e["eval_reward"] for e in trainer.evals] or [h["reward"] for h in trainer.history]
+        curve = curve_image(curve_vals)
+        ev = trainer.evaluate(prompts=texts[:8], seeds=2, return_images=True)
+        grid = image_grid(ev["images"], nrow=2, scale=max(1, 128 // max(1, ev["images"].shape[-1])))
+        grid = grid.movedim(0, -1)[None].float()
+        lora = LoraDict(trainer.lora_tensors("comfy"), metadata=trainer.metadata())
+        out_model = model.clone()
+        trainer.policy.lora.patch(out_model)
+        return io.NodeOutput(out_model, lora, curve, grid,
+                             ui=ui.PreviewImage(grid.cpu(), cls=cls))
+
+
+def encode(clip, text: str):
+    return clip.encode_from_tokens_scheduled(clip.tokenize(text))
+
+
+NODES = [TrainerState, TrainerStep, Train]

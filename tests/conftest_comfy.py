@@ -1,0 +1,54 @@
+"""pytest fixtures that run the pack inside a real ComfyUI (see comfy_harness.py).
+
+Registered from tests/conftest.py with ``pytest_plugins = ["conftest_comfy"]`` (tests/ is on pythonpath).
+
+* ``comfyui_dir``  -- session: path of the extracted ComfyUI 0.3.75 (downloaded/extracted on first use).
+* ``comfyui``      -- session: :class:`comfy_harness.ComfyRuntime`, ComfyUI booted in this process (--cpu,
+                      temp base dir) with this repo loaded as custom node pack ``comfyui-treegrpo``.  Loading
+                      the pack is NOT required to succeed here (``comfyui.pack.ok``); built-in graphs still run.
+* ``comfyui_pack``   -- session: the same runtime, but errors (with ComfyUI's logged traceback) if the pack did
+                      not load.  Use it for tests of the pack's nodes.
+* ``comfyui_server`` -- session: :class:`comfy_harness.ComfyServer`, a real ``main.py`` subprocess on
+                      127.0.0.1:<free port> with the pack in its custom_nodes; killed at session end.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+import comfy_harness  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def comfyui_dir():
+    return comfy_harness.ensure_comfyui()
+
+
+@pytest.fixture(scope="session")
+def comfyui(comfyui_dir, tmp_path_factory):
+    rt = comfy_harness.boot_comfy(comfy_harness.REPO_ROOT, tmp_path_factory.mktemp("comfy_base"),
+                                  comfy_dir=comfyui_dir, require_pack=False)
+    yield rt
+    rt.drain_events()  # ComfyUI itself stays imported: it cannot be unloaded from a process
+
+
+@pytest.fixture(scope="session")
+def comfyui_pack(comfyui):
+    if comfyui.pack is None:
+        comfyui.load_pack(comfy_harness.REPO_ROOT, require=False)
+    comfyui.pack.raise_if_failed()
+    return comfyui
+
+
+@pytest.fixture(scope="session")
+def comfyui_server(comfyui_dir, tmp_path_factory):
+    srv = comfy_harness.start_server(tmp_path_factory.mktemp("comfyui_server"), comfy_dir=comfyui_dir,
+                                     pack_dir=comfy_harness.REPO_ROOT)
+    try:
+        yield srv
+    finally:
+        srv.stop()

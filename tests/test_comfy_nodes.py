@@ -1,0 +1,234 @@
+"""The pack's nodes executing inside a real ComfyUI 0.3.75 (no mocks): step nodes on the demo model and
+on tiny random SD1.x-UNet / SD3-MMDiT models, the full-loop Train node, LoRA files through ComfyUI's
+own LoraLoaderModelOnly, interrupt + resume."""
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import comfy_harness as ch
+from treegrpo.lora import read_lora_file
+
+NO_FILE = "(none: built-in weights or none needed)"
+TEST_PACK = Path(__file__).parent / "comfy_test_pack"
+
+
+@pytest.fixture(scope="module")
+def rt(comfyui_pack):
+    if "TreeGRPOTestTinyModel" not in comfyui_pack.node_classes():
+        comfyui_pack.load_pack(TEST_PACK, name="treegrpo_test_pack")
+    return comfyui_pack
+
+
+def step_graph(run_name, seed, nodes, model, pos, neg, to_image, reward="demo_adherence", prompt="a red circle",
+               steps=6):
+    """API graph of one TreeGRPO iteration with the four step nodes (+ ``nodes`` that make the inputs)."""
+    g = json.loads(json.dumps(nodes))
+    g.update({
+        "run": {"class_type": "TreeGRPOTrainerState", "inputs": {
+            "run_name": run_name, "lora_rank": 4, "lora_alpha": 4.0, "learning_rate": 1e-2, "clip_range": 1e-4,
+            "kl_beta": 0.0, "seed": 0}},
+        "tree": {"class_type": "TreeGRPOTreeSampler", "inputs": {
+            "model": model, "positive": pos, "negative": neg, "latent": ["lat", 0], "seed": seed,
+            "cfg": 1.0, "scheduler": "simple", "steps": steps, "window_start": 1, "window_width": 2, "branch": 2,
+            "noise_level": 0.7, "trees_per_latent": 1, "prompt": prompt, "run": ["run", 0]}},
+        "img": to_image,
+        "rm": {"class_type": "TreeGRPORewardModelLoader", "inputs": {"reward": reward, "file": NO_FILE}},
+        "score": {"class_type": "TreeGRPORewardScorer", "inputs": {
+            "images": ["img", 0], "reward_model": ["rm", 0], "prompt": prompt, "weight": 1.0}},
+        "adv": {"class_type": "TreeGRPOAdvantageBackup", "inputs": {
+            "tree": ["tree", 0], "rewards": ["score", 0], "backup": "softmax", "temperature": 1.0, "adv_clip": 5.0,
+            "flat_floor": 0.0}},
+        "step": {"class_type": "TreeGRPOTrainerStep", "inputs": {"tree": ["adv", 0], "run": ["run", 0],
+                                                                 "model": model}},
+    })
+    return g
+
+
+DEMO_NODES = {
+    "d": {"class_type": "TreeGRPOLoadDemoModel", "inputs": {}},
+    "pos": {"class_type": "CLIPTextEncode", "inputs": {"clip": ["d", 1], "text": "a red circle"}},
+    "neg": {"class_type": "CLIPTextEncode", "inputs": {"clip": ["d", 1], "text": ""}},
+    "empty": {"class_type": "EmptyImage", "inputs": {"width": 16, "height": 16, "batch_size": 2, "color": 0}},
+    "lat": {"class_type": "VAEEncode", "inputs": {"pixels": ["empty", 0], "vae": ["d", 2]}},
+}
+DEMO_DECODE = {"class_type": "VAEDecode", "inputs": {"samples": ["tree", 1], "vae": ["d", 2]}}
+
+
+def demo_step_graph(run_name, seed):
+    return step_graph(run_name, seed, DEMO_NODES, ["d", 0], ["pos", 0], ["neg", 0], DEMO_DECODE)
+
+
+def _lora(rt, run):
+    path = Path(rt.base_dir) / "output" / "treegrpo" / run / f"{run}.safetensors"
+    return read_lora_file(str(path))
+
+
+def _step_stats(result):
+    return json.loads(result.outputs["step"]["text"][0])
+
+
+def test_pack_registers_nodes_with_categories_and_tooltips(rt):
+    classes = rt.node_classes()
+    ours = {k: v for k, v in classes.items() if k.startswith("TreeGRPO") and not k.startswith("TreeGRPOTest")}
+    assert set(ours) >= {"TreeGRPOTreeSampler", "TreeGRPORewardModelLoader", "TreeGRPORewardScorer",
+                         "TreeGRPOAdvantageBackup", "TreeGRPOTrainerStep", "TreeGRPOTrain", "TreeGRPOSaveLoRA",
+                         "TreeGRPOLoadDemoModel", "TreeGRPOTreePreview", "TreeGRPOTrainerState"}
+    for name, cls in ours.items():
+        assert cls.CATEGORY.startswith("TreeGRPO/"), name
+        for section in cls.INPUT_TYPES().values():
+            for inp, spec in section.items():
+                if isinstance(spec, tuple) and len(spec) > 1 and isinstance(spec[1], dict) and spec[0] in (
+                        "INT", "FLOAT"):
+                    assert "min" in spec[1] and "max" in spec[1], (name, inp)
+
+
+def test_step_nodes_two_queued_iterations_on_demo_model(rt):
+    g = demo_step_graph("demo_steps", 1)
+    r1 = rt.execute(g)
+    s1 = _step_stats(r1)
+    w1, _ = _lora(rt, "demo_steps")
+    g["tree"]["inputs"]["seed"] = 2
+    s2 = _step_stats(rt.execute(g))
+    w2, meta2 = _lora(rt, "demo_steps")
+    assert s2["iteration"] == s1["iteration"] + 1
+    assert s1["nfe"] == 2 * (1 + 1 + 2 + 4 * 3)          # 2 trees, T=6, s=1, w=2, k=2
+    assert meta2["treegrpo.step"] == str(s2["iteration"])
+    assert any(not torch.equal(w1[k], w2[k]) for k in w1)  # the LoRA moved
+    assert all(k.startswith("diffusion_model.") for k in w2)
+
+
+@pytest.mark.parametrize("arch", ["sd15", "sd3"])
+def test_step_nodes_on_tiny_real_architectures(rt, arch):
+    nodes = {"m": {"class_type": "TreeGRPOTestTinyModel", "inputs": {"arch": arch, "seed": 0}},
+             "lat": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 2}}}
+    g = step_graph(f"tiny_{arch}", 1, nodes, ["m", 0], ["m", 1], ["m", 2],
+                   {"class_type": "TreeGRPOTestLatentToImage", "inputs": {"samples": ["tree", 1]}},
+                   reward="jpeg_incompressibility", prompt="x")
+    s1 = _step_stats(rt.execute(g))
+    w1, _ = _lora(rt, f"tiny_{arch}")
+    g["tree"]["inputs"]["seed"] = 2
+    s2 = _step_stats(rt.execute(g))
+    w2, _ = _lora(rt, f"tiny_{arch}")
+    assert s2["iteration"] == s1["iteration"] + 1 and s1["edges"] > 0
+    assert any(not torch.equal(w1[k], w2[k]) for k in w1)
+    from comfy_test_pack import _tiny
+    patcher, _, _ = _tiny(arch, 0)
+    linear = {f"diffusion_model.{n}" for n, m in patcher.model.diffusion_model.named_modules()
+              if isinstance(m, torch.nn.Linear)}
+    for k in w2:
+        mod = k[: -len(".lora_up.weight")] if k.endswith(".lora_up.weight") else \
+            k[: -len(".lora_down.weight")] if k.endswith(".lora_down.weight") else k[: -len(".alpha")]
+        assert mod in linear, k
+
+
+class _LogLines(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def test_saved_lora_loads_in_lora_loader_with_no_missing_keys_and_changes_output(rt):
+    g = demo_step_graph("demo_save", 3)
+    g["save"] = {"class_type": "TreeGRPOSaveLoRA", "inputs": {"lora": ["step", 1], "filename_prefix": "treegrpo/t"}}
+    for seed in (3, 4, 5):
+        g["tree"]["inputs"]["seed"] = seed
+        r = rt.execute(g)
+    saved = r.outputs["save"]["text"][0].split("saved ", 1)[1]
+    assert os.path.dirname(saved).endswith(os.path.join("loras", "treegrpo"))
+    name = os.path.relpath(saved, os.path.join(rt.base_dir, "models", "loras"))
+
+    def sample(with_lora):
+        gg = {k: v for k, v in DEMO_NODES.items()}
+        model = ["d", 0]
+        if with_lora:
+            gg["lora"] = {"class_type": "LoraLoaderModelOnly", "inputs": {"model": ["d", 0], "lora_name": name,
+                                                                          "strength_model": 1.0}}
+            model = ["lora", 0]
+        gg["ks"] = {"class_type": "KSampler", "inputs": {
+            "model": model, "positive": ["pos", 0], "negative": ["neg", 0], "latent_image": ["lat", 0], "seed": 7,
+            "steps": 6, "cfg": 1.0, "sampler_name": "euler", "scheduler": "simple", "denoise": 1.0}}
+        gg["save"] = {"class_type": "SaveLatent", "inputs": {"samples": ["ks", 0],
+                                                             "filename_prefix": f"treegrpo_test/{int(with_lora)}"}}
+        return gg
+
+    h = _LogLines()
+    logging.getLogger().addHandler(h)
+    try:
+        rt.execute(sample(False))
+        rt.execute(sample(True))
+    finally:
+        logging.getLogger().removeHandler(h)
+    assert not [ln for ln in h.lines if "lora key not loaded" in ln], h.lines
+    out = Path(rt.base_dir) / "output" / "treegrpo_test"
+    import safetensors.torch
+    base = safetensors.torch.load_file(str(sorted(out.glob("0_*.latent"))[-1]))["latent_tensor"]
+    lora = safetensors.torch.load_file(str(sorted(out.glob("1_*.latent"))[-1]))["latent_tensor"]
+    assert (base - lora).abs().max() > 1e-4
+
+
+def train_graph(run_name, iterations, prompts="a red circle\na blue square\na green triangle"):
+    g = {k: v for k, v in DEMO_NODES.items() if k == "d"}
+    g["rm"] = {"class_type": "TreeGRPORewardModelLoader", "inputs": {"reward": "demo_adherence", "file": NO_FILE}}
+    g["train"] = {"class_type": "TreeGRPOTrain", "inputs": {
+        "model": ["d", 0], "clip": ["d", 1], "vae": ["d", 2], "prompts": prompts, "negative": "",
+        "reward_model": ["rm", 0], "weight_2": 1.0, "width": 16, "height": 16, "cfg": 1.0, "scheduler": "simple",
+        "steps": 6, "window_start": 1, "window_width": 2, "branch": 2, "noise_level": 0.7,
+        "iterations": iterations, "prompts_per_iteration": 2, "lora_rank": 4, "lora_alpha": 4.0,
+        "learning_rate": 1e-3, "seed": 0, "run_name": run_name, "eval_every": 2}}
+    g["save"] = {"class_type": "TreeGRPOSaveLoRA", "inputs": {"lora": ["train", 1],
+                                                              "filename_prefix": f"treegrpo/{run_name}"}}
+    g["curve"] = {"class_type": "PreviewImage", "inputs": {"images": ["train", 2]}}
+    return g
+
+
+def test_train_node_full_loop_writes_lora_and_images(rt):
+    r = rt.execute(train_graph("full_loop", 3))
+    assert r.outputs["curve"]["images"] and r.outputs["train"]["images"]
+    saved = r.outputs["save"]["text"][0].split("saved ", 1)[1]
+    tensors, meta = read_lora_file(saved)
+    assert meta["treegrpo.step"] == "3" and all(k.startswith("diffusion_model.") for k in tensors)
+    log = json.load(open(Path(rt.base_dir) / "output" / "treegrpo" / "full_loop" / "log.json"))
+    assert len(log["train"]) == 3
+
+
+def test_interrupt_saves_a_checkpoint_and_the_next_run_resumes(rt):
+    run = "interrupted"
+    folder = Path(rt.base_dir) / "output" / "treegrpo" / run
+    start = len(rt.progress)
+    fut = rt.submit(train_graph(run, 200))
+    deadline = time.time() + 240
+    # wait for two finished iterations (the Train node's ProgressBar counts iterations)
+    while time.time() < deadline:
+        done = [p for p in rt.progress[start:] if p.get("max") == 200]
+        if done and done[-1]["value"] >= 2:
+            break
+        time.sleep(0.2)
+    rt.interrupt()
+    with pytest.raises(ch.ComfyInterrupted):
+        fut.result(timeout=240)
+    ckpts = sorted((folder / "checkpoints").glob(f"{run}-*.pt"))
+    assert ckpts, "no checkpoint written on interrupt"
+    done_iters = int(ckpts[-1].stem.rsplit("-", 1)[1])
+    assert 2 <= done_iters < 200
+    r = rt.execute(train_graph(run, done_iters + 1))
+    log = json.load(open(folder / "log.json"))
+    assert len(log["train"]) == done_iters + 1          # resumed: only one more iteration ran
+    assert [h["iteration"] for h in log["train"]] == list(range(done_iters + 1))
+    assert r.outputs["save"]["text"][0].startswith("saved ")
+
+
+def test_real_server_runs_the_demo_graph(comfyui_server):
+    g = train_graph("server_run", 2)
+    pid = ch.post_prompt(comfyui_server.port, g)
+    entry = ch.wait_history(comfyui_server.port, pid, timeout=300)
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    assert entry["outputs"]["save"]["text"][0].startswith("saved ")

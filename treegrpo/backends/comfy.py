@@ -1,0 +1,283 @@
+"""Policy adapter for ComfyUI models (a ``ModelPatcher``), through ComfyUI's own denoiser path.
+
+Imported only inside ComfyUI. Sampling and training forwards run inside ``CFGGuider.sample`` with a
+custom ``comfy.samplers.Sampler`` (as ComfyUI's own LoRA trainer does), so model loading
+(``load_models_gpu``), patches, hooks and CFG are ComfyUI's: one code path for SD1.x/SDXL (epsilon,
+v-prediction) and SD3.x/Flux (flow) models.
+
+LoRA is applied in activation space per patcher: each target Linear's ``forward`` gets an object patch
+``y = W·x + (alpha/r)·up(down(x))`` (``ModelPatcher.add_object_patch``), so the shared base model is
+never modified and other patchers (and LoraLoader on top) keep working.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+from ..config import LoraConfig
+from ..lora import LoraWeights
+
+#: Linear-module name suffixes that get LoRA by default, per ComfyUI architecture.
+DEFAULT_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "qkv", "proj", "img_attn.qkv", "img_attn.proj",
+                   "txt_attn.qkv", "txt_attn.proj", "linear1", "linear2"]
+
+
+def _matches(name: str, targets: list[str]) -> bool:
+    return any(name == t or name.endswith("." + t) for t in targets)
+
+
+class ComfyLoRA(nn.Module):
+    """Activation-space LoRA over the Linear layers of a ComfyUI ``diffusion_model``.
+
+    ``down`` (r, in) is Kaiming-uniform initialised and ``up`` (out, r) zero (as PEFT), so a fresh
+    adapter is the identity. Module names are relative to ``diffusion_model`` (ComfyUI LoRA keys are
+    ``diffusion_model.<name>.lora_up.weight``)."""
+
+    def __init__(self, diffusion_model: nn.Module, cfg: LoraConfig, device=None, seed: int = 0):
+        super().__init__()
+        targets = list(cfg.targets)
+        self.names = [n for n, m in diffusion_model.named_modules() if isinstance(m, nn.Linear) and _matches(n, targets)]
+        if not self.names:
+            lin = [n for n, m in diffusion_model.named_modules() if isinstance(m, nn.Linear)][:8]
+            raise ValueError(f"LoRA targets {targets} match no Linear layer of this model; some Linear names: {lin}")
+        self.rank, self.alpha = cfg.rank, float(cfg.alpha)
+        self.enabled = True
+        g = torch.Generator().manual_seed(seed)
+        self.down, self.up = nn.ParameterDict(), nn.ParameterDict()
+        mods = dict(diffusion_model.named_modules())
+        for n in self.names:
+            lin = mods[n]
+            d = torch.empty(cfg.rank, lin.in_features)
+            bound = 1 / math.sqrt(lin.in_features)  # kaiming_uniform(a=sqrt(5)) as nn.Linear / PEFT
+            d.uniform_(-bound, bound, generator=g)
+            self.down[self._key(n)] = nn.Parameter(d)
+            self.up[self._key(n)] = nn.Parameter(torch.zeros(lin.out_features, cfg.rank))
+        if device is not None:
+            self.to(device)
+
+    @staticmethod
+    def _key(name: str) -> str:
+        return name.replace(".", "__")
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+    def forward_patch(self, module: nn.Linear, name: str) -> Callable:
+        """The replacement ``forward`` of one Linear (calls the class's own forward, then adds the LoRA)."""
+        orig = type(module).forward
+        k = self._key(name)
+
+        def forward(x, *args, **kwargs):
+            y = orig(module, x, *args, **kwargs)
+            if not self.enabled:
+                return y
+            d, u = self.down[k], self.up[k]
+            h = torch.nn.functional.linear(torch.nn.functional.linear(x.to(d.device, d.dtype), d), u)
+            return y + (self.scale * h).to(y.dtype)
+
+        return forward
+
+    def patch(self, model_patcher) -> None:
+        """Install the LoRA on ``model_patcher`` (a clone owned by the caller) as object patches."""
+        mods = dict(model_patcher.model.diffusion_model.named_modules())
+        for n in self.names:
+            model_patcher.add_object_patch(f"diffusion_model.{n}.forward", self.forward_patch(mods[n], n))
+
+    def weights(self) -> LoraWeights:
+        down = {n: self.down[self._key(n)].detach().float().cpu().clone() for n in self.names}
+        up = {n: self.up[self._key(n)].detach().float().cpu().clone() for n in self.names}
+        return LoraWeights(down, up, {n: self.alpha for n in self.names})
+
+    def load(self, w: LoraWeights) -> None:
+        from ..lora import LoraFileError
+        missing = sorted(set(self.names) - set(w.down))
+        extra = sorted(set(w.down) - set(self.names))
+        if extra or missing:
+            raise LoraFileError(f"LoRA modules do not match this model (missing {missing[:3]}, unknown {extra[:3]}): "
+                                "was it trained for another base model or other targets?")
+        with torch.no_grad():
+            for n in self.names:
+                k = self._key(n)
+                if self.down[k].shape != w.down[n].shape or self.up[k].shape != w.up[n].shape:
+                    raise LoraFileError(f"LoRA shape mismatch at {n}: file {tuple(w.down[n].shape)}/"
+                                        f"{tuple(w.up[n].shape)} vs model {tuple(self.down[k].shape)}/"
+                                        f"{tuple(self.up[k].shape)} (another base model or rank?)")
+                self.down[k].copy_(w.down[n])
+                self.up[k].copy_(w.up[n])
+                self.alpha = float(w.alpha[n])
+
+
+def make_trainable_tensors(module: nn.Module) -> int:
+    """Replace inference-mode parameters/buffers (made by loader nodes under the executor's
+    ``inference_mode``) with normal clones, so autograd can save them for backward. Returns the count."""
+    n = 0
+    with torch.inference_mode(False):
+        for m in module.modules():
+            for name, p in list(m._parameters.items()):
+                if p is not None and p.is_inference():
+                    m._parameters[name] = nn.Parameter(p.clone(), requires_grad=False)
+                    n += 1
+            for name, b in list(m._buffers.items()):
+                if b is not None and b.is_inference():
+                    m._buffers[name] = b.clone()
+                    n += 1
+    return n
+
+
+def _prediction(model) -> str:
+    import comfy.model_base as mb
+
+    t = model.model_type
+    if t in (mb.ModelType.FLOW,):
+        return "flow"
+    if t in (mb.ModelType.EPS, mb.ModelType.V_PREDICTION, mb.ModelType.EDM, mb.ModelType.V_PREDICTION_EDM):
+        return "epsilon"  # sigma space x = x0 + σ·n; ComfyUI turns the model output into x̂0 itself
+    raise ValueError(f"unsupported ComfyUI model type {t.name}: TreeGRPO supports epsilon/v-prediction "
+                     "(SD1.x, SD2.x, SDXL) and flow (SD3.x, Flux) models")
+
+
+class ComfyPolicy:
+    """A ComfyUI ``ModelPatcher`` (+ VAE, + per-prompt conditionings) behind the Policy protocol.
+
+    ``conds``: one ``(positive, negative)`` CONDITIONING pair per prompt in ``prompts``.
+    Call the sampler/update inside :meth:`run`, which opens ComfyUI's sampling context."""
+
+    def __init__(self, model_patcher, prompts: list[str], conds: list[tuple[Any, Any]], latent_shape: tuple,
+                 *, vae=None, lora_cfg: Optional[LoraConfig] = None, scheduler: str = "simple", seed: int = 0,
+                 lora: Optional[ComfyLoRA] = None):
+        import comfy.samplers
+
+        if len(prompts) != len(conds):
+            raise ValueError(f"{len(prompts)} prompts but {len(conds)} conditionings")
+        if scheduler not in comfy.samplers.SCHEDULER_NAMES:
+            raise ValueError(f"unknown scheduler {scheduler!r}; ComfyUI has {comfy.samplers.SCHEDULER_NAMES}")
+        self.base = model_patcher
+        self.patcher = model_patcher.clone()
+        self.prediction = _prediction(self.patcher.model)
+        self.device = torch.device(self.patcher.load_device)
+        with torch.inference_mode(False):
+            self.lora = lora if lora is not None else ComfyLoRA(self.patcher.model.diffusion_model,
+                                                                 lora_cfg or LoraConfig(targets=DEFAULT_TARGETS),
+                                                                 device=self.device, seed=seed)
+        self.lora.patch(self.patcher)
+        self.model = self.lora  # trainable parameters live here
+        self.prompts = list(prompts)
+        self._index = {p: i for i, p in enumerate(self.prompts)}
+        self.conds = conds
+        self.vae = vae
+        self.scheduler = scheduler
+        self.seed = seed
+        self._shape = tuple(int(s) for s in latent_shape)
+        self._wrap = None
+        self._extra: dict = {}
+        self.guider = _make_guider(self.patcher, conds)
+
+    # ---- Policy protocol
+    def sigmas(self, steps: int) -> torch.Tensor:
+        import comfy.samplers
+        ms = self.patcher.get_model_object("model_sampling")
+        return comfy.samplers.calculate_sigmas(ms, self.scheduler, steps).float().cpu()
+
+    def latent_shape(self):
+        return self._shape
+
+    def noise_scaling(self, sigma, noise):
+        """ComfyUI's initial latent for pure noise (``model_sampling.noise_scaling`` with max denoise)."""
+        ms = self.patcher.get_model_object("model_sampling")
+        s = torch.as_tensor(sigma, dtype=torch.float32, device=noise.device).reshape(1)
+        return ms.noise_scaling(s, noise, torch.zeros_like(noise), max_denoise=True)
+
+    def encode_prompts(self, prompts: list[str], negative: str = "") -> dict:
+        unknown = [p for p in prompts if p not in self._index]
+        if unknown:
+            raise ValueError(f"prompts {unknown[:3]} have no conditioning in this ComfyPolicy")
+        return {"prompt_idx": torch.tensor([self._index[p] for p in prompts], dtype=torch.long)}
+
+    def denoise(self, x: torch.Tensor, sigma: torch.Tensor, cond: dict, cfg: float) -> torch.Tensor:
+        if self._wrap is None:
+            raise RuntimeError("ComfyPolicy.denoise called outside ComfyPolicy.run(...)")
+        idx = cond["prompt_idx"].tolist()
+        groups, a = [], 0
+        for b in range(1, len(idx) + 1):
+            if b == len(idx) or idx[b] != idx[a]:
+                groups.append((a, b, idx[a]))
+                a = b
+        self.guider.groups = groups
+        self.guider.cfg = cfg
+        dt = self.patcher.model_dtype()
+        out = self._wrap(x.to(self.device), sigma.to(self.device), **self._extra)
+        return out.float() if dt != torch.float32 else out
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        if self.vae is None:
+            raise ValueError("no VAE given: connect a VAE to decode the leaves")
+        raw = self.patcher.model.process_latent_out(latents.float())
+        images = self.vae.decode(raw)  # (B, H, W, 3) in [0, 1]
+        if images.ndim == 5:  # video VAEs: (B, T, H, W, C)
+            images = images[:, 0]
+        return images.movedim(-1, 1).float().clamp(0, 1)
+
+    @contextlib.contextmanager
+    def lora_disabled(self):
+        was = self.lora.enabled
+        self.lora.enabled = False
+        try:
+            yield
+        finally:
+            self.lora.enabled = was
+
+    def run(self, fn: Callable[[], Any], max_batch: int = 1) -> Any:
+        """Call ``fn()`` inside ComfyUI's sampling context (models loaded, conds processed)."""
+        import comfy.samplers
+
+        policy, result = self, {}
+
+        class _RunSampler(comfy.samplers.Sampler):
+            def sample(self, model_wrap, sigmas, extra_args, callback, noise, latent_image=None,
+                       denoise_mask=None, disable_pbar=False):
+                make_trainable_tensors(model_wrap.inner_model)
+                policy._wrap, policy._extra = model_wrap, extra_args
+                try:
+                    result["value"] = fn()
+                finally:
+                    policy._wrap, policy._extra = None, {}
+                return noise
+
+        grad = torch.is_grad_enabled()  # inference_mode(False) would switch grad on: keep the caller's mode
+        with torch.inference_mode(False), torch.set_grad_enabled(grad):
+            noise = torch.zeros((max(1, max_batch), *self._shape))
+            self.guider.sample(noise, torch.zeros_like(noise), _RunSampler(), self.sigmas(2), seed=self.seed,
+                               disable_pbar=True)
+        return result["value"]
+
+
+def _make_guider(patcher, conds):
+    import comfy.samplers
+
+    class TreeGuider(comfy.samplers.CFGGuider):
+        """CFG guider holding one (positive, negative) pair per prompt; ``groups`` routes contiguous
+        row ranges of a batch to their prompt's conds (one batched model call per prompt group)."""
+
+        groups: list = []
+
+        def predict_noise(self, x, timestep, model_options={}, seed=None):
+            outs = []
+            for a, b, i in (self.groups or [(0, x.shape[0], 0)]):
+                outs.append(comfy.samplers.sampling_function(
+                    self.inner_model, x[a:b], timestep[a:b], self.conds.get(f"negative_{i}"),
+                    self.conds.get(f"positive_{i}"), self.cfg, model_options=model_options, seed=seed))
+            return torch.cat(outs) if len(outs) > 1 else outs[0]
+
+    g = TreeGuider(patcher)
+    d = {}
+    for i, (pos, neg) in enumerate(conds):
+        d[f"positive_{i}"] = pos
+        if neg is not None:
+            d[f"negative_{i}"] = neg
+    g.inner_set_conds(d)
+    return g

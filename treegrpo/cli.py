@@ -1,0 +1,310 @@
+"""Command line: ``treegrpo demo | train | sample | export | rewards | config``.
+
+Every field of :class:`~treegrpo.config.TrainConfig` (and its sub-configs) is a flag generated from the
+dataclasses, e.g. ``--iterations 50 --tree.branch 3 --optim.lr 1e-4``; their help texts are the fields'.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import Any, Optional
+
+from .config import ConfigError, TrainConfig
+
+_SUBS = ("tree", "advantage", "lora", "optim")
+
+
+def _parse_value(text: str, default: Any):
+    if isinstance(default, bool):
+        if text.lower() in ("1", "true", "yes", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "off"):
+            return False
+        raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+    if isinstance(default, int) and not isinstance(default, bool):
+        return int(text)
+    if isinstance(default, float):
+        return float(text)
+    if isinstance(default, list):
+        text = text.strip()
+        return json.loads(text) if text.startswith("[") else [t.strip() for t in text.split(",") if t.strip()]
+    if default is None:
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            return text
+    return text
+
+
+def add_config_flags(p: argparse.ArgumentParser) -> None:
+    """One ``--field`` / ``--sub.field`` flag per config field (default: unset, i.e. keep the config's)."""
+    base = TrainConfig.__dataclass_fields__
+    g = p.add_argument_group("run configuration (TrainConfig)")
+    for f in dataclasses.fields(TrainConfig):
+        if f.name in _SUBS:
+            continue
+        g.add_argument(f"--{f.name.replace('_', '-')}", dest=f"cfg:{f.name}", default=None, metavar="V",
+                       help=f"{f.metadata.get('help', '')} (default: {_show_default(f)})")
+    for sub in _SUBS:
+        klass = base[sub].default_factory
+        g = p.add_argument_group(f"{sub} ({klass.__name__})")
+        for f in dataclasses.fields(klass):
+            g.add_argument(f"--{sub}.{f.name}", dest=f"cfg:{sub}.{f.name}", default=None, metavar="V",
+                           help=f"{f.metadata.get('help', '')} (default: {_show_default(f)})")
+
+
+def _show_default(f) -> str:
+    if f.default is not dataclasses.MISSING:
+        return repr(f.default)
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        v = f.default_factory()
+        return repr(v) if not dataclasses.is_dataclass(v) else type(v).__name__
+    return "required"
+
+
+def apply_flags(d: dict, ns: argparse.Namespace) -> dict:
+    """Overlay the flags that were given onto a config dict (typed by the dataclass defaults)."""
+    fresh = TrainConfig.__dataclass_fields__
+    for key, val in vars(ns).items():
+        if not key.startswith("cfg:") or val is None:
+            continue
+        path = key[4:].split(".")
+        if len(path) == 1:
+            f = fresh[path[0]]
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            d[path[0]] = _parse_value(val, default)
+        else:
+            sub, name = path
+            klass = fresh[sub].default_factory
+            kf = klass.__dataclass_fields__[name]
+            default = kf.default if kf.default is not dataclasses.MISSING else kf.default_factory()
+            cur = d.setdefault(sub, {})
+            if dataclasses.is_dataclass(cur):
+                cur = dataclasses.asdict(cur)
+                d[sub] = cur
+            cur[name] = _parse_value(val, default)
+    return d
+
+
+def demo_config_dict() -> dict:
+    """The embedded demo run (DESIGN §5): shapes flow model, prompt-adherence reward."""
+    from .demo.shapes import all_prompts
+
+    return {
+        "backend": "demo", "prompts": all_prompts(), "cfg": 1.0,
+        "rewards": [{"name": "demo_adherence", "weight": 1.0}],
+        "tree": {"steps": 10, "window_start": 1, "window_width": 3, "branch": 2, "noise_level": 0.7},
+        "advantage": {"backup": "softmax", "flat_floor": 1e-3},
+        "lora": {"rank": 8, "alpha": 16.0, "targets": ["to_q", "to_k", "to_v", "to_out"]},
+        "optim": {"lr": 1e-3, "clip_range": 1e-4, "microbatch": 256},
+        "iterations": 60, "prompts_per_iter": 8, "trees_per_prompt": 1, "seed": 0,
+        "eval_every": 10, "eval_seeds": 4, "checkpoint_every": 0, "output_dir": "treegrpo_demo_out",
+        "run_name": "treegrpo_demo", "device": "cpu",
+    }
+
+
+def build_rewards(cfg: TrainConfig, device) -> dict:
+    from .rewards.base import available, load_reward
+
+    names = available()
+    unknown = [r.name for r in cfg.rewards if r.name not in names]
+    if unknown:
+        raise ConfigError(f"TrainConfig.rewards: unknown reward model(s) {unknown}; available: {names}")
+    return {r.name: load_reward(r.name, path=r.path, device=device) for r in cfg.rewards if r.weight > 0}
+
+
+def run_training(cfg: TrainConfig, resume: bool = False, progress: bool = True, write_lora: bool = True):
+    """Build policy + rewards from ``cfg``, train, save the LoRA; returns (trainer, summary)."""
+    from .backends import load_policy
+    from .trainer import Trainer
+
+    rewards_ready = build_rewards(cfg, "cpu")          # fail on reward names/files before loading the model
+    policy, base_name = load_policy(cfg)
+    trainer = Trainer(cfg, policy, rewards_ready, progress=progress, base_model_name=base_name)
+    summary = trainer.train(resume=resume)
+    if write_lora:
+        summary["lora"] = trainer.save_lora()
+    return trainer, summary
+
+
+def cmd_demo(ns) -> int:
+    from .report import before_after_grid, reward_curves
+    from .io import atomic_write_json
+    import torch
+
+    d = apply_flags(demo_config_dict(), ns)
+    cfg = TrainConfig.from_dict(d)
+    if ns.dump_config:
+        print(json.dumps(cfg.to_dict(), indent=2))
+        return 0
+    out = cfg.output_dir
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    t0 = time.perf_counter()
+    print(f"[treegrpo demo] TreeGRPO: {cfg.iterations} iterations, tree k={cfg.tree.branch} w={cfg.tree.window_width} "
+          f"({cfg.tree.leaves} leaves/tree), {cfg.prompts_per_iter} prompts/iteration -> {out}")
+    tree_tr, tree_sum = run_training(cfg, progress=not ns.quiet)
+    results = {"tree": {"evals": tree_tr.evals, "summary": tree_sum}}
+    prompts = tree_tr.eval_prompts[: ns.grid_prompts]
+    after = tree_tr.evaluate(prompts=prompts, seeds=4, return_images=True)
+    with tree_tr.policy.lora_disabled():
+        before = tree_tr.evaluate(prompts=prompts, seeds=4, return_images=True)
+    grid = before_after_grid(before["images"], after["images"], prompts, 4, os.path.join(out, "samples_before_after.png"))
+    curves = {"TreeGRPO": tree_tr.evals}
+    if not ns.no_baseline:
+        bd = dict(d, run_name=cfg.run_name + "_baseline", output_dir=os.path.join(out, "baseline"),
+                  time_budget_s=tree_tr.train_time, iterations=cfg.iterations * 100)
+        bd["tree"] = dict(d["tree"], method="trajectory")
+        bcfg = TrainConfig.from_dict(bd)
+        print(f"[treegrpo demo] baseline: trajectory GRPO (SDE window, {bcfg.tree.leaves} trajectories/prompt) "
+              f"for the same training wall-clock ({tree_tr.train_time:.1f} s)")
+        base_tr, base_sum = run_training(bcfg, progress=not ns.quiet, write_lora=False)
+        results["trajectory_baseline"] = {"evals": base_tr.evals, "summary": base_sum}
+        curves["trajectory GRPO"] = base_tr.evals
+    curve_png = reward_curves(curves, os.path.join(out, "reward_curve.png"), "eval reward (prompt adherence)")
+    summary = {
+        "lora": tree_sum["lora"], "reward_curve": curve_png, "sample_grid": grid,
+        "base_reward": tree_tr.evals[0]["eval_reward"] if tree_tr.evals else None,
+        "tree_final_reward": tree_sum["final_eval"]["eval_reward"] if tree_sum["final_eval"] else None,
+        "tree_train_time_s": tree_tr.train_time, "tree_iterations": tree_tr.iteration,
+        "wall_time_s": time.perf_counter() - t0, "config": cfg.to_dict(),
+    }
+    if "trajectory_baseline" in results:
+        bs = results["trajectory_baseline"]["summary"]
+        summary.update(baseline_final_reward=bs["final_eval"]["eval_reward"], baseline_iterations=bs["iterations"],
+                       baseline_train_time_s=bs["train_time"])
+    summary["evals"] = {k: v["evals"] for k, v in results.items()}
+    atomic_write_json(os.path.join(out, "summary.json"), summary)
+    print(f"[treegrpo demo] eval reward: base {summary['base_reward']:.3f} -> TreeGRPO {summary['tree_final_reward']:.3f}"
+          + (f" | trajectory GRPO (same time) {summary['baseline_final_reward']:.3f}" if "baseline_final_reward" in summary else ""))
+    print(f"[treegrpo demo] wrote {summary['lora']}, {curve_png}, {grid}, {os.path.join(out, 'summary.json')}")
+    return 0
+
+
+def cmd_train(ns) -> int:
+    d = json.load(open(ns.config, encoding="utf-8")) if ns.config else demo_config_dict()
+    cfg = TrainConfig.from_dict(apply_flags(d, ns))
+    _, summary = run_training(cfg, resume=ns.resume, progress=not ns.quiet)
+    print(json.dumps({k: v for k, v in summary.items()}, indent=2, default=str))
+    return 0
+
+
+def cmd_config(ns) -> int:
+    d = json.load(open(ns.config, encoding="utf-8")) if ns.config else demo_config_dict()
+    print(json.dumps(TrainConfig.from_dict(apply_flags(d, ns)).to_dict(), indent=2))
+    return 0
+
+
+def cmd_rewards(ns) -> int:
+    from .rewards.base import available
+    print("\n".join(available()))
+    return 0
+
+
+def cmd_export(ns) -> int:
+    from .lora import from_state_dict, read_lora_file, save_lora_file, to_comfy, to_peft
+
+    tensors, meta = read_lora_file(ns.input)
+    w = from_state_dict(tensors, meta)
+    sd = to_comfy(w) if ns.format == "comfy" else to_peft(w, prefix=ns.prefix)
+    meta = dict(meta, **{"treegrpo.lora_alpha": str(next(iter(w.alpha.values())))})
+    save_lora_file(ns.output, sd, meta)
+    print(f"wrote {ns.output} ({len(w.modules)} modules, {ns.format} keys)")
+    return 0
+
+
+def cmd_sample(ns) -> int:
+    import torch
+    from .backends import load_policy
+    from .lora import add_lora, from_state_dict, load_into_model, read_lora_file
+    from .report import image_grid, to_pil
+    from .tree import Denoiser, NFECounter, ode_solve
+
+    d = json.load(open(ns.config, encoding="utf-8")) if ns.config else demo_config_dict()
+    cfg = TrainConfig.from_dict(apply_flags(d, ns))
+    policy, _ = load_policy(cfg)
+    if ns.lora:
+        t, meta = read_lora_file(ns.lora)
+        w = from_state_dict(t, meta)
+        r = next(iter(w.down.values())).shape[0]
+        add_lora(policy.model, dataclasses.replace(cfg.lora, rank=r))
+        load_into_model(policy.model, w)
+    prompts = ns.prompt or cfg.load_prompts()[:8]
+    allp = [p for p in prompts for _ in range(ns.per_prompt)]
+    g = torch.Generator().manual_seed(cfg.seed)
+    noise = torch.randn((len(allp), *policy.latent_shape()), generator=g)
+    sig = policy.sigmas(cfg.tree.steps)
+    with torch.no_grad():
+        x = ode_solve(Denoiser(policy, policy.encode_prompts(allp), cfg.cfg, NFECounter()), noise * sig[0], sig,
+                      torch.arange(len(allp)), "euler", prediction=policy.prediction)
+        imgs = policy.decode(x)
+    to_pil(image_grid(imgs, nrow=ns.per_prompt)).save(ns.output)
+    print(f"wrote {ns.output} ({len(prompts)} prompts x {ns.per_prompt})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="treegrpo", description="TreeGRPO: tree-structured GRPO LoRA training of "
+                                "diffusion/flow models (Ding & Ye, 2025).")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="train a LoRA on the embedded demo model (no downloads) and compare with "
+                       "trajectory GRPO for the same wall-clock")
+    d.add_argument("--no-baseline", action="store_true", help="skip the trajectory-GRPO baseline run")
+    d.add_argument("--grid-prompts", type=int, default=8, help="prompts shown in the before/after grid")
+    d.add_argument("--dump-config", action="store_true", help="print the demo configuration and exit")
+    d.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_config_flags(d)
+    d.set_defaults(func=cmd_demo)
+
+    t = sub.add_parser("train", help="train from a JSON config file (default: the demo config)")
+    t.add_argument("--config", default=None, help="JSON file with TrainConfig fields")
+    t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint of this run")
+    t.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_config_flags(t)
+    t.set_defaults(func=cmd_train)
+
+    c = sub.add_parser("config", help="print the full, validated configuration")
+    c.add_argument("--config", default=None, help="JSON file with TrainConfig fields")
+    add_config_flags(c)
+    c.set_defaults(func=cmd_config)
+
+    s = sub.add_parser("sample", help="sample a grid from the model (optionally with a LoRA)")
+    s.add_argument("--config", default=None, help="JSON config (default: the demo's)")
+    s.add_argument("--lora", default=None, help="LoRA safetensors (ComfyUI or PEFT keys)")
+    s.add_argument("--prompt", action="append", help="prompt (repeatable; default: first 8 training prompts)")
+    s.add_argument("--per-prompt", type=int, default=4, help="images per prompt")
+    s.add_argument("--output", default="samples.png", help="PNG path")
+    add_config_flags(s)
+    s.set_defaults(func=cmd_sample)
+
+    e = sub.add_parser("export", help="convert a LoRA file between ComfyUI and PEFT/diffusers keys")
+    e.add_argument("input")
+    e.add_argument("output")
+    e.add_argument("--format", choices=("comfy", "peft"), default="comfy")
+    e.add_argument("--prefix", default="", help="PEFT key prefix (e.g. 'unet.' or 'transformer.')")
+    e.set_defaults(func=cmd_export)
+
+    r = sub.add_parser("rewards", help="list the registered reward models")
+    r.set_defaults(func=cmd_rewards)
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ns = build_parser().parse_args(argv)
+    try:
+        return ns.func(ns)
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        print(f"treegrpo: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("treegrpo: interrupted (a checkpoint of the last finished iteration was written)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

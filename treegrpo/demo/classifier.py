@@ -1,0 +1,101 @@
+"""A small CNN that names the colour and the shape of a 3×16×16 demo image (the demo's judge).
+
+Trained by ``treegrpo.demo.pretrain`` on generator images with noise / blur / colour augmentation so
+that it also judges imperfect model samples sensibly. Input: images in [0, 1].
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .model import ASSETS, REGENERATE_HINT, check_state_dict, read_safetensors
+from .shapes import COLOURS, RESOLUTION, SHAPES
+
+DEFAULT_CLASSIFIER_PATH = ASSETS / "demo_classifier.safetensors"
+FORMAT = "treegrpo-demo-classifier"
+
+
+@dataclass
+class ClassifierConfig:
+    resolution: int = RESOLUTION
+    width: int = 32
+    num_colours: int = len(COLOURS)
+    num_shapes: int = len(SHAPES)
+
+
+class DemoClassifier(nn.Module):
+    """``forward(images (B,3,16,16) in [0,1]) -> (colour_logits (B,C), shape_logits (B,S))``."""
+
+    def __init__(self, config: ClassifierConfig | None = None):
+        super().__init__()
+        self.config = cfg = config or ClassifierConfig()
+        w = cfg.width
+
+        def conv(cin, cout, stride=1):
+            return nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1), nn.BatchNorm2d(cout), nn.ReLU())
+
+        self.features = nn.Sequential(
+            conv(3, w), conv(w, w), conv(w, 2 * w, 2), conv(2 * w, 2 * w), conv(2 * w, 4 * w, 2)
+        )  # 16 → 8 → 4
+        self.colour_head = nn.Linear(8 * w, cfg.num_colours)
+        self.shape_head = nn.Linear(8 * w, cfg.num_shapes)
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        f = self.features(images * 2 - 1)
+        pooled = torch.cat([f.mean(dim=(2, 3)), f.amax(dim=(2, 3))], dim=1)  # position-invariant
+        return self.colour_head(pooled), self.shape_head(pooled)
+
+    @torch.no_grad()
+    def probabilities(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        colour, shape = self(images)
+        return colour.float().softmax(-1), shape.float().softmax(-1)
+
+
+def save_classifier(model: DemoClassifier, path: str | os.PathLike, extra_metadata: dict[str, str] | None = None) -> None:
+    """Write float32 safetensors with the config in the metadata (atomic: temp + rename)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "format": FORMAT,
+        "config": json.dumps(asdict(model.config), sort_keys=True),
+        "colours": json.dumps(list(COLOURS)),
+        "shapes": json.dumps(list(SHAPES)),
+    }
+    meta.update(extra_metadata or {})
+    state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(state, str(tmp), metadata=meta)
+    os.chmod(tmp, 0o644)  # safetensors creates the file owner-only
+    os.replace(tmp, path)
+
+
+def load_classifier(path: str | os.PathLike | None = None, device: str | torch.device = "cpu") -> DemoClassifier:
+    """Load the demo classifier (default: the shipped ``assets/demo_classifier.safetensors``), in eval mode."""
+    path = Path(path) if path is not None else DEFAULT_CLASSIFIER_PATH
+    state, meta = read_safetensors(path, "demo classifier")
+    if meta.get("format") != FORMAT or "config" not in meta:
+        raise ValueError(
+            f"{str(path)!r} is not a demo classifier file (metadata format={meta.get('format')!r}, "
+            f"expected {FORMAT!r} with a 'config' entry); {REGENERATE_HINT}"
+        )
+    data = json.loads(meta["config"])
+    known = {f.name for f in fields(ClassifierConfig)}
+    if set(data) - known:
+        raise ValueError(f"demo classifier at {str(path)!r}: unknown config fields {sorted(set(data) - known)}")
+    for key, vocab in (("colours", COLOURS), ("shapes", SHAPES)):
+        if key in meta and json.loads(meta[key]) != list(vocab):
+            raise ValueError(
+                f"demo classifier at {str(path)!r} was trained on {key} {json.loads(meta[key])}, "
+                f"but this code has {list(vocab)}; {REGENERATE_HINT}"
+            )
+    model = DemoClassifier(ClassifierConfig(**data))
+    check_state_dict(model, state, "demo classifier", path)
+    model.load_state_dict(state)
+    return model.to(device).eval().requires_grad_(False)

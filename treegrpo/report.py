@@ -1,0 +1,151 @@
+"""Figures written next to a trained LoRA: reward curves and before/after sample grids (PNG)."""
+from __future__ import annotations
+
+import io
+import os
+
+import torch
+
+from .io import atomic_write
+
+
+def _save_png(path: str, img) -> str:
+    return atomic_write(path, lambda tmp: img.save(tmp, format="PNG"))
+
+
+def image_grid(images: torch.Tensor, nrow: int, scale: int = 4, pad: int = 2) -> torch.Tensor:
+    """(B, 3, H, W) in [0, 1] → one (3, H', W') grid, upscaled ``scale``× (nearest) so small images are visible."""
+    from torchvision.utils import make_grid
+
+    if scale > 1:
+        images = torch.nn.functional.interpolate(images.float(), scale_factor=scale, mode="nearest")
+    return make_grid(images, nrow=nrow, padding=pad, pad_value=1.0)
+
+
+def to_pil(grid: torch.Tensor):
+    from PIL import Image
+
+    arr = (grid.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+    return Image.fromarray(arr)
+
+
+def before_after_grid(before: torch.Tensor, after: torch.Tensor, prompts: list[str], per_prompt: int, path: str,
+                      scale: int = 4) -> str:
+    """Rows: prompts; left block: base model, right block: with the LoRA. Labels drawn with matplotlib."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(prompts)
+    fig, axes = plt.subplots(n, 2, figsize=(2 + 1.0 * per_prompt * 2, 0.9 * n + 0.8), squeeze=False)
+    for i, p in enumerate(prompts):
+        for j, (imgs, title) in enumerate(((before, "base"), (after, "TreeGRPO LoRA"))):
+            g = image_grid(imgs[i * per_prompt:(i + 1) * per_prompt], nrow=per_prompt, scale=scale)
+            ax = axes[i][j]
+            ax.imshow(g.permute(1, 2, 0).numpy())
+            ax.set_xticks([]), ax.set_yticks([])
+            if i == 0:
+                ax.set_title(title, fontsize=10)
+            if j == 0:
+                ax.set_ylabel(p, rotation=0, ha="right", va="center", fontsize=8)
+    fig.tight_layout()
+    return _fig_to_png(fig, path)
+
+
+def _fig_to_png(fig, path: str) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return atomic_write(path, lambda tmp: open(tmp, "wb").write(buf.getvalue()))
+
+
+def reward_curves(runs: dict[str, list[dict]], path: str, title: str = "evaluation reward") -> str:
+    """``runs``: method → list of eval records with ``eval_reward`` and the training clock
+    (``train_time``) / ``total_nfe``; plots reward vs wall-clock and vs NFE."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for name, ev in runs.items():
+        t = [e.get("train_time", 0.0) for e in ev]
+        nfe = [e.get("total_nfe", 0) for e in ev]
+        r = [e["eval_reward"] for e in ev]
+        axes[0].plot(t, r, marker="o", ms=3, label=name)
+        axes[1].plot(nfe, r, marker="o", ms=3, label=name)
+    axes[0].set_xlabel("training wall-clock (s)")
+    axes[1].set_xlabel("denoiser evaluations (NFE)")
+    for ax in axes:
+        ax.set_ylabel(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    return _fig_to_png(fig, path)
+
+
+def curve_image(values: list[float], width: int = 512, height: int = 256) -> torch.Tensor:
+    """A reward curve rendered to an image tensor (1, H, W, 3) in [0, 1] (for ComfyUI IMAGE outputs)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    fig, ax = plt.subplots(figsize=(width / 100, height / 100), dpi=100)
+    ax.plot(range(len(values)), values, marker="o", ms=2)
+    ax.set_xlabel("iteration"), ax.set_ylabel("reward"), ax.grid(alpha=0.3)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    img = Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
+    import numpy as np
+    return torch.from_numpy(np.asarray(img).astype("float32") / 255.0)[None]
+
+
+def ensure_dir(path: str) -> str:
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def tree_preview(batch, images: torch.Tensor, rewards: dict | None = None, cell: float = 1.1) -> torch.Tensor:
+    """Leaves (n, 3, H, W) laid out one tree per row in branch order, titled with the weighted reward and
+    the leaf advantage when known. Returns a ComfyUI IMAGE (1, H', W', 3)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from PIL import Image
+
+    n_trees = batch.n_trees
+    n = images.shape[0]
+    if n != batch.leaves.shape[0]:
+        raise ValueError(f"{n} images but the tree has {batch.leaves.shape[0]} leaves: decode this tree's leaves")
+    per = n // n_trees
+    total = None
+    if rewards:
+        total = sum(float(rewards["weights"][k]) * v.float() for k, v in rewards["rewards"].items())
+    adv = batch.advantages[-1] if batch.advantages is not None else None
+    fig, axes = plt.subplots(n_trees, per, figsize=(cell * per + 0.4, cell * n_trees + 0.5), squeeze=False)
+    for t in range(n_trees):
+        for j in range(per):
+            i = t * per + j
+            ax = axes[t][j]
+            ax.imshow(images[i].permute(1, 2, 0).clamp(0, 1).cpu().numpy(), interpolation="nearest")
+            ax.set_xticks([]), ax.set_yticks([])
+            label = []
+            if total is not None:
+                label.append(f"r={float(total[i]):.2f}")
+            if adv is not None:
+                label.append(f"A={float(adv[i]):+.2f}")
+            ax.set_title(" ".join(label), fontsize=6)
+            if j == 0:
+                ax.set_ylabel(f"tree {t}", fontsize=7)
+    fig.suptitle(f"{n_trees} tree(s) x {per} leaves, branching {batch.branching}", fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    img = Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
+    return torch.from_numpy(np.asarray(img).astype("float32") / 255.0)[None]

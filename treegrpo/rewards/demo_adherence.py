@@ -1,0 +1,39 @@
+"""Prompt adherence for the embedded demo: does a small classifier see the prompt's colour and shape?
+
+``reward = p(colour of the prompt) · p(shape of the prompt)`` under the demo classifier
+(``treegrpo.demo.classifier``, trained by ``treegrpo.demo.pretrain``): in [0, 1], 1 = the judge is sure
+the image shows exactly what the prompt asks for.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+from ..demo.classifier import load_classifier
+from ..demo.shapes import parse_prompt
+from .base import check_batch, register
+
+
+@register("demo_adherence")
+class DemoAdherence:
+    name = "demo_adherence"
+
+    def __init__(self, path: str | os.PathLike | None = None, device: str | torch.device = "cpu"):
+        self.device = torch.device(device)
+        self.classifier = load_classifier(path, device=self.device)
+        self.resolution = self.classifier.config.resolution
+
+    @torch.no_grad()
+    def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        check_batch(images, prompts, self.name)
+        labels = [parse_prompt(p) for p in prompts]  # ValueError names an unknown word
+        x = images.detach().to(self.device, torch.float32)
+        if x.shape[-2:] != (self.resolution, self.resolution):
+            x = F.interpolate(x, size=(self.resolution, self.resolution), mode="bilinear", antialias=True, align_corners=False)
+        p_colour, p_shape = self.classifier.probabilities(x.clamp(0, 1))
+        c = torch.tensor([l[0] for l in labels], device=self.device)
+        s = torch.tensor([l[1] for l in labels], device=self.device)
+        idx = torch.arange(len(labels), device=self.device)
+        return (p_colour[idx, c] * p_shape[idx, s]).float()

@@ -1,0 +1,240 @@
+"""Regenerate the shipped UI-format workflows from compact specs, using the live node registry of a real
+ComfyUI (the one the tests extract) for input order, widget order and socket types.
+
+    python workflows/generate.py            # writes workflows/*.json
+
+Each spec node: ``(key, class_type, {widget: value}, {input: (source_key, output_slot)})``; ``Note`` nodes
+carry the user-facing instructions (which model files go where).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+
+from treegrpo.demo.shapes import all_prompts  # noqa: E402
+
+DEMO_PROMPTS = "\n".join(all_prompts()[:12])
+
+
+def note(key, text):
+    return (key, "Note", {"text": text}, {})
+
+
+def train_node(key, model, clip, vae, reward, **w):
+    widgets = {"prompts": DEMO_PROMPTS, "negative": "", "weight_2": 1.0, "width": 16, "height": 16, "cfg": 1.0,
+               "scheduler": "simple", "steps": 10, "window_start": 1, "window_width": 3, "branch": 2,
+               "noise_level": 0.7, "iterations": 40, "prompts_per_iteration": 4, "lora_rank": 8, "lora_alpha": 16.0,
+               "learning_rate": 3e-3, "seed": 0, "run_name": "treegrpo_demo", "eval_every": 10}
+    widgets.update(w)
+    return (key, "TreeGRPOTrain", widgets, {"model": model, "clip": clip, "vae": vae, "reward_model": reward})
+
+
+def real_model_workflow(loader_nodes, model, clip, vae, size, reward_note, steps=20, cfg=4.5, extra_note=""):
+    prompts = "a photo of a cat wearing a red scarf\na watercolor painting of a lighthouse at dawn\n" \
+              "a close-up portrait of an old fisherman, dramatic light\na bowl of ramen, studio photo"
+    return [
+        *loader_nodes,
+        ("rm", "TreeGRPORewardModelLoader", {"reward": "jpeg_compressibility", "file": "(none: built-in weights or none needed)"}, {}),
+        train_node("train", model, clip, vae, ("rm", 0), prompts=prompts, width=size, height=size, steps=steps,
+                   cfg=cfg, window_start=1, window_width=3, iterations=200, prompts_per_iteration=2,
+                   lora_rank=32, lora_alpha=64.0, learning_rate=3e-4, run_name="treegrpo_run", eval_every=20,
+                   negative="blurry, low quality"),
+        ("save", "TreeGRPOSaveLoRA", {"filename_prefix": "treegrpo/treegrpo_lora"}, {"lora": ("train", 1)}),
+        ("curve", "PreviewImage", {}, {"images": ("train", 2)}),
+        ("grid", "PreviewImage", {}, {"images": ("train", 3)}),
+        note("n1", "TreeGRPO LoRA training.\n" + reward_note + "\nReward: pick one in the Reward Model Loader; "
+             "reward weight files go into ComfyUI/models/reward_models/. The LoRA is written to "
+             "ComfyUI/models/loras/treegrpo/ and every checkpoint to output/treegrpo/<run_name>/ (a run with "
+             "the same name resumes). Stop with Cancel: a checkpoint is saved first." + extra_note),
+    ]
+
+
+WORKFLOWS = {
+    "treegrpo_demo_cpu": [
+        ("demo", "TreeGRPOLoadDemoModel", {}, {}),
+        ("rm", "TreeGRPORewardModelLoader", {"reward": "demo_adherence", "file": "(none: built-in weights or none needed)"}, {}),
+        train_node("train", ("demo", 0), ("demo", 1), ("demo", 2), ("rm", 0)),
+        ("save", "TreeGRPOSaveLoRA", {"filename_prefix": "treegrpo/treegrpo_demo"}, {"lora": ("train", 1)}),
+        ("curve", "PreviewImage", {}, {"images": ("train", 2)}),
+        ("grid", "PreviewImage", {}, {"images": ("train", 3)}),
+        ("pos", "CLIPTextEncode", {"text": "a magenta triangle"}, {"clip": ("demo", 1)}),
+        ("neg", "CLIPTextEncode", {"text": ""}, {"clip": ("demo", 1)}),
+        ("empty", "EmptyImage", {"width": 16, "height": 16, "batch_size": 2, "color": 0}, {}),
+        ("lat", "VAEEncode", {}, {"pixels": ("empty", 0), "vae": ("demo", 2)}),
+        ("tree", "TreeGRPOTreeSampler", {"seed": 1, "cfg": 1.0, "scheduler": "simple", "steps": 10, "window_start": 1,
+                                         "window_width": 3, "branch": 2, "noise_level": 0.7, "trees_per_latent": 1,
+                                         "prompt": "a magenta triangle"},
+         {"model": ("train", 0), "positive": ("pos", 0), "negative": ("neg", 0), "latent": ("lat", 0)}),
+        ("dec", "VAEDecode", {}, {"samples": ("tree", 1), "vae": ("demo", 2)}),
+        ("score", "TreeGRPORewardScorer", {"prompt": "a magenta triangle", "weight": 1.0},
+         {"images": ("dec", 0), "reward_model": ("rm", 0)}),
+        ("adv", "TreeGRPOAdvantageBackup", {"backup": "softmax", "temperature": 1.0, "adv_clip": 5.0, "flat_floor": 0.001},
+         {"tree": ("tree", 0), "rewards": ("score", 0)}),
+        ("preview", "TreeGRPOTreePreview", {}, {"tree": ("adv", 0), "images": ("dec", 0), "rewards": ("score", 0)}),
+        note("n1", "TreeGRPO on the embedded demo model (no downloads, CPU: a few minutes).\n"
+             "TreeGRPO Train runs the whole loop: trees of k=2, w=3 (8 leaves) per prompt, scored by a small "
+             "classifier of prompt adherence. Outputs: reward curve, samples with the LoRA, the LoRA itself "
+             "(saved to models/loras/treegrpo/). The lower branch samples one tree with the trained model and "
+             "shows its leaves with rewards and advantages."),
+    ],
+    "treegrpo_step_by_step": [
+        ("demo", "TreeGRPOLoadDemoModel", {}, {}),
+        ("run", "TreeGRPOTrainerState", {"run_name": "treegrpo_steps", "lora_rank": 8, "lora_alpha": 16.0,
+                                         "learning_rate": 3e-3, "clip_range": 1e-4, "kl_beta": 0.0, "seed": 0}, {}),
+        ("pos", "CLIPTextEncode", {"text": "a blue cross"}, {"clip": ("demo", 1)}),
+        ("neg", "CLIPTextEncode", {"text": ""}, {"clip": ("demo", 1)}),
+        ("empty", "EmptyImage", {"width": 16, "height": 16, "batch_size": 4, "color": 0}, {}),
+        ("lat", "VAEEncode", {}, {"pixels": ("empty", 0), "vae": ("demo", 2)}),
+        ("tree", "TreeGRPOTreeSampler", {"seed": 0, "cfg": 1.0, "scheduler": "simple", "steps": 10, "window_start": 1,
+                                         "window_width": 3, "branch": 2, "noise_level": 0.7, "trees_per_latent": 1,
+                                         "prompt": "a blue cross"},
+         {"model": ("demo", 0), "positive": ("pos", 0), "negative": ("neg", 0), "latent": ("lat", 0), "run": ("run", 0)}),
+        ("dec", "VAEDecode", {}, {"samples": ("tree", 1), "vae": ("demo", 2)}),
+        ("rm", "TreeGRPORewardModelLoader", {"reward": "demo_adherence", "file": "(none: built-in weights or none needed)"}, {}),
+        ("score", "TreeGRPORewardScorer", {"prompt": "a blue cross", "weight": 1.0},
+         {"images": ("dec", 0), "reward_model": ("rm", 0)}),
+        ("adv", "TreeGRPOAdvantageBackup", {"backup": "softmax", "temperature": 1.0, "adv_clip": 5.0, "flat_floor": 0.001},
+         {"tree": ("tree", 0), "rewards": ("score", 0)}),
+        ("step", "TreeGRPOTrainerStep", {}, {"tree": ("adv", 0), "run": ("run", 0), "model": ("demo", 0)}),
+        ("preview", "TreeGRPOTreePreview", {}, {"tree": ("adv", 0), "images": ("dec", 0), "rewards": ("score", 0)}),
+        ("save", "TreeGRPOSaveLoRA", {"filename_prefix": "treegrpo/treegrpo_steps"}, {"lora": ("step", 1)}),
+        note("n1", "The four TreeGRPO step nodes, one iteration per Queue. Turn on auto-queue (the seed "
+             "increments) to watch the LoRA learn: the Trainer State keeps the LoRA and optimiser between runs and "
+             "saves them in output/treegrpo/treegrpo_steps/. Keep the prompt of CLIPTextEncode, the Tree Sampler "
+             "and the Reward Scorer the same."),
+    ],
+    "treegrpo_sd15_lora": real_model_workflow(
+        [("ckpt", "CheckpointLoaderSimple", {"ckpt_name": "v1-5-pruned-emaonly.safetensors"}, {})],
+        ("ckpt", 0), ("ckpt", 1), ("ckpt", 2), 512,
+        "Model: put v1-5-pruned-emaonly.safetensors (or any SD1.x checkpoint) into ComfyUI/models/checkpoints/.",
+        steps=20, cfg=4.5),
+    "treegrpo_sdxl_lora": real_model_workflow(
+        [("ckpt", "CheckpointLoaderSimple", {"ckpt_name": "sd_xl_base_1.0.safetensors"}, {})],
+        ("ckpt", 0), ("ckpt", 1), ("ckpt", 2), 1024,
+        "Model: put sd_xl_base_1.0.safetensors into ComfyUI/models/checkpoints/.", steps=20, cfg=4.5),
+    "treegrpo_sd35_lora": real_model_workflow(
+        [("ckpt", "CheckpointLoaderSimple", {"ckpt_name": "sd3.5_medium_incl_clips_t5xxlfp8scaled.safetensors"}, {})],
+        ("ckpt", 0), ("ckpt", 1), ("ckpt", 2), 512,
+        "Model: put sd3.5_medium_incl_clips_t5xxlfp8scaled.safetensors into ComfyUI/models/checkpoints/.",
+        steps=20, cfg=4.5),
+    "treegrpo_flux_lora": real_model_workflow(
+        [("unet", "UNETLoader", {"unet_name": "flux1-dev.safetensors", "weight_dtype": "default"}, {}),
+         ("clips", "DualCLIPLoader", {"clip_name1": "clip_l.safetensors", "clip_name2": "t5xxl_fp16.safetensors",
+                                      "type": "flux", "device": "default"}, {}),
+         ("vae", "VAELoader", {"vae_name": "ae.safetensors"}, {})],
+        ("unet", 0), ("clips", 0), ("vae", 0), 512,
+        "Models: flux1-dev.safetensors into ComfyUI/models/diffusion_models/, clip_l.safetensors and "
+        "t5xxl_fp16.safetensors into ComfyUI/models/text_encoders/, ae.safetensors into ComfyUI/models/vae/.",
+        steps=16, cfg=1.0,
+        extra_note="\nFlux is guidance-distilled: keep cfg at 1."),
+    "compare_base_vs_lora": [
+        ("demo", "TreeGRPOLoadDemoModel", {}, {}),
+        ("lora", "LoraLoaderModelOnly", {"lora_name": "treegrpo/treegrpo_demo_00001.safetensors", "strength_model": 1.0},
+         {"model": ("demo", 0)}),
+        ("pos", "CLIPTextEncode", {"text": "a yellow square"}, {"clip": ("demo", 1)}),
+        ("neg", "CLIPTextEncode", {"text": ""}, {"clip": ("demo", 1)}),
+        ("empty", "EmptyImage", {"width": 16, "height": 16, "batch_size": 8, "color": 0}, {}),
+        ("lat", "VAEEncode", {}, {"pixels": ("empty", 0), "vae": ("demo", 2)}),
+        ("ks_base", "KSampler", {"seed": 7, "steps": 10, "cfg": 1.0, "sampler_name": "euler", "scheduler": "simple",
+                                 "denoise": 1.0},
+         {"model": ("demo", 0), "positive": ("pos", 0), "negative": ("neg", 0), "latent_image": ("lat", 0)}),
+        ("ks_lora", "KSampler", {"seed": 7, "steps": 10, "cfg": 1.0, "sampler_name": "euler", "scheduler": "simple",
+                                 "denoise": 1.0},
+         {"model": ("lora", 0), "positive": ("pos", 0), "negative": ("neg", 0), "latent_image": ("lat", 0)}),
+        ("dec_base", "VAEDecode", {}, {"samples": ("ks_base", 0), "vae": ("demo", 2)}),
+        ("dec_lora", "VAEDecode", {}, {"samples": ("ks_lora", 0), "vae": ("demo", 2)}),
+        ("img_base", "PreviewImage", {}, {"images": ("dec_base", 0)}),
+        ("img_lora", "PreviewImage", {}, {"images": ("dec_lora", 0)}),
+        note("n1", "Base model vs the same model with a TreeGRPO LoRA, same seeds. Pick the LoRA written by the "
+             "demo workflow (models/loras/treegrpo/). For SD/SDXL/SD3/Flux, swap the loader for your checkpoint "
+             "loader and the EmptyImage+VAEEncode for an EmptyLatentImage."),
+    ],
+}
+
+
+def _outputs(cls):
+    types = list(getattr(cls, "RETURN_TYPES", ()))
+    names = list(getattr(cls, "RETURN_NAMES", None) or types)
+    return [(n, t) for n, t in zip(names, types)]
+
+
+def build(spec, classes, widget_inputs, input_specs) -> dict:
+    ids = {key: i + 1 for i, (key, *_rest) in enumerate(spec)}
+    nodes, links = [], []
+    out_links: dict[tuple[int, int], list[int]] = {}
+    col = {}
+    for order, (key, ctype, widgets, inputs) in enumerate(spec):
+        nid = ids[key]
+        if ctype == "Note":
+            nodes.append({"id": nid, "type": "Note", "pos": [40, 40 + 260 * order], "size": [420, 180], "flags": {},
+                          "order": order, "mode": 0, "inputs": [], "outputs": [], "properties": {},
+                          "widgets_values": [widgets["text"]], "color": "#432", "bgcolor": "#653"})
+            continue
+        cls = classes[ctype]
+        depth = 1 + max([col.get(src, 0) for src, _ in inputs.values()] or [0])
+        col[key] = depth
+        node_inputs = []
+        for name, typ, opts in input_specs(cls):
+            is_widget = isinstance(typ, (list, tuple)) or typ in ("INT", "FLOAT", "STRING", "BOOLEAN", "COMBO")
+            if name in inputs:
+                src, slot = inputs[name]
+                lid = len(links) + 1
+                src_type = _outputs(classes[spec[ids[src] - 1][1]])[slot][1]
+                links.append([lid, ids[src], slot, nid, len(node_inputs), src_type])
+                out_links.setdefault((ids[src], slot), []).append(lid)
+                entry = {"name": name, "type": typ if not is_widget else src_type, "link": lid}
+                if is_widget:
+                    entry["widget"] = {"name": name}
+                node_inputs.append(entry)
+            elif not is_widget:
+                if opts is not None and name in (cls.INPUT_TYPES().get("optional") or {}):
+                    continue
+                raise ValueError(f"{key}: required input {name!r} of {ctype} is not connected")
+        values = []
+        for name, ctrl in widget_inputs(cls):
+            if name not in widgets:
+                default = dict((n, o) for n, _t, o in input_specs(cls))[name].get("default")
+                if default is None:
+                    opts = [t for n, t, _o in input_specs(cls) if n == name][0]
+                    default = opts[0] if isinstance(opts, (list, tuple)) and opts else None
+                values.append(default)
+            else:
+                values.append(widgets[name])
+            if ctrl:
+                values.append("fixed")
+        unknown = set(widgets) - {n for n, _ in widget_inputs(cls)}
+        if unknown:
+            raise ValueError(f"{key}: {ctype} has no widget(s) {sorted(unknown)}")
+        nodes.append({"id": nid, "type": ctype, "pos": [500 + 380 * (depth - 1), 40 + 90 * order],
+                      "size": [340, 120], "flags": {}, "order": order, "mode": 0, "inputs": node_inputs,
+                      "outputs": [], "properties": {"Node name for S&R": ctype}, "widgets_values": values,
+                      "_outs": _outputs(cls)})
+    for n in nodes:
+        outs = n.pop("_outs", [])
+        n["outputs"] = [{"name": name, "type": typ, "links": out_links.get((n["id"], i), []), "slot_index": i}
+                        for i, (name, typ) in enumerate(outs)]
+    return {"last_node_id": len(spec), "last_link_id": len(links), "nodes": nodes, "links": links, "groups": [],
+            "config": {}, "extra": {"ds": {"scale": 0.8, "offset": [0, 0]}}, "version": 0.4}
+
+
+def main() -> None:
+    import comfy_harness as ch
+
+    rt = ch.boot_comfy(ch.REPO_ROOT, tempfile.mkdtemp(), require_pack=True)
+    classes = rt.node_classes()
+    for name, spec in WORKFLOWS.items():
+        wf = build(spec, classes, ch.widget_inputs, ch._input_specs)
+        ch.workflow_to_api(wf, classes)  # must convert
+        with open(os.path.join(HERE, f"{name}.json"), "w", encoding="utf-8") as fh:
+            json.dump(wf, fh, indent=1)
+            fh.write("\n")
+        print("wrote", name)
+
+
+if __name__ == "__main__":
+    main()
