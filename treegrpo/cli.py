@@ -97,11 +97,12 @@ def demo_config_dict() -> dict:
     return {
         "backend": "demo", "prompts": all_prompts(), "cfg": 1.0,
         "rewards": [{"name": "demo_adherence", "weight": 1.0}],
-        "tree": {"steps": 10, "window_start": 1, "window_width": 3, "branch": 2, "noise_level": 0.7},
+        "tree": {"steps": 10, "window_start": 1, "window_width": 3, "branch": 2, "noise_level": 0.7,
+                 "tail_solver": "dpmpp_2m", "tail_steps": 3},
         "advantage": {"backup": "softmax", "flat_floor": 1e-3},
         "lora": {"rank": 8, "alpha": 16.0, "targets": ["to_q", "to_k", "to_v", "to_out"]},
-        "optim": {"lr": 1e-3, "clip_range": 1e-4, "microbatch": 256},
-        "iterations": 60, "prompts_per_iter": 8, "trees_per_prompt": 1, "seed": 0,
+        "optim": {"lr": 3e-3, "clip_range": 1e-4, "microbatch": 256},
+        "iterations": 50, "prompts_per_iter": 24, "trees_per_prompt": 1, "seed": 0,
         "eval_every": 10, "eval_seeds": 4, "checkpoint_every": 0, "output_dir": "treegrpo_demo_out",
         "run_name": "treegrpo_demo", "device": "cpu",
     }
