@@ -28,7 +28,7 @@ def _policy(arch):
     return pol, shape
 
 
-@pytest.mark.parametrize("arch", ["demo", "sd15", "sd3"])
+@pytest.mark.parametrize("arch", ["demo", "sd15", "sd3", "flux"])
 @pytest.mark.parametrize("guidance", [1.0, 2.5])
 def test_lora_gradient_matches_finite_differences(comfyui_pack, arch, guidance):
     pol, shape = _policy(arch)

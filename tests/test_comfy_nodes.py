@@ -103,7 +103,7 @@ def test_step_nodes_two_queued_iterations_on_demo_model(rt):
     assert all(k.startswith("diffusion_model.") for k in w2)
 
 
-@pytest.mark.parametrize("arch", ["sd15", "sd3"])
+@pytest.mark.parametrize("arch", ["sd15", "sd3", "flux"])
 def test_step_nodes_on_tiny_real_architectures(rt, arch):
     nodes = {"m": {"class_type": "TreeGRPOTestTinyModel", "inputs": {"arch": arch, "seed": 0}},
              "lat": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 2}}}

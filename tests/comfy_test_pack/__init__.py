@@ -28,6 +28,14 @@ def _tiny(arch: str, seed: int):
         cfg = sm.SD3(unet)
         ctx = (1, 8, 32)
         pooled = (1, 32)
+    elif arch == "flux":
+        unet = {"image_model": "flux", "guidance_embed": True, "in_channels": 16, "out_channels": 16,
+                "vec_in_dim": 32, "context_in_dim": 32, "hidden_size": 64, "mlp_ratio": 2.0, "num_heads": 2,
+                "depth": 1, "depth_single_blocks": 1, "axes_dim": [8, 12, 12], "theta": 10000, "patch_size": 2,
+                "qkv_bias": True}
+        cfg = sm.Flux(unet)
+        ctx = (1, 8, 32)
+        pooled = (1, 32)
     else:
         raise ValueError(arch)
     model = cfg.get_model({})
@@ -51,7 +59,7 @@ def _tiny(arch: str, seed: int):
 class TinyModel:
     @classmethod
     def INPUT_TYPES(cls):
-        return {"required": {"arch": (["sd15", "sd3"],), "seed": ("INT", {"default": 0, "min": 0, "max": 1000})}}
+        return {"required": {"arch": (["sd15", "sd3", "flux"],), "seed": ("INT", {"default": 0, "min": 0, "max": 1000})}}
 
     RETURN_TYPES = ("MODEL", "CONDITIONING", "CONDITIONING")
     FUNCTION = "build"

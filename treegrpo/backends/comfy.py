@@ -129,16 +129,43 @@ def make_trainable_tensors(module: nn.Module) -> int:
     return n
 
 
-def _prediction(model) -> str:
-    import comfy.model_base as mb
+#: ComfyUI diffusion-model modules whose blocks add residuals in place (``img += …``): autograd either
+#: refuses them or, under ComfyUI's checkpointing, gets wrong gradients (DESIGN §3).
+INPLACE_RESIDUAL_MODULES = ("comfy.ldm.flux.", "comfy.ldm.chroma.", "comfy.ldm.hunyuan_video.", "comfy.ldm.qwen_image.")
 
-    t = model.model_type
-    if t in (mb.ModelType.FLOW,):
+
+def has_inplace_residuals(diffusion_model: nn.Module) -> bool:
+    return type(diffusion_model).__module__.startswith(INPLACE_RESIDUAL_MODULES)
+
+
+@contextlib.contextmanager
+def snapshot_saved_activations(enabled: bool = True):
+    """Store a copy of every activation autograd saves for backward, so later in-place updates of that
+    tensor (Flux's ``img += …``) cannot corrupt or block the backward pass. Costs one extra copy of the
+    saved activations; weights and inputs that need no gradient are stored as they are."""
+    if not enabled:
+        yield
+        return
+
+    def pack(t):
+        return t.clone() if t.requires_grad and t.grad_fn is not None else t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield
+
+
+def _prediction(model) -> str:
+    """'flow' for ComfyUI's CONST (rectified-flow) sampling (SD3.x, Flux, …), 'epsilon' for the sigma-space
+    models (EPS, V_PREDICTION, EDM: ComfyUI converts their output to x̂0 itself)."""
+    import comfy.model_sampling as ms
+
+    sampling = model.model_sampling
+    if isinstance(sampling, ms.CONST):
         return "flow"
-    if t in (mb.ModelType.EPS, mb.ModelType.V_PREDICTION, mb.ModelType.EDM, mb.ModelType.V_PREDICTION_EDM):
-        return "epsilon"  # sigma space x = x0 + σ·n; ComfyUI turns the model output into x̂0 itself
-    raise ValueError(f"unsupported ComfyUI model type {t.name}: TreeGRPO supports epsilon/v-prediction "
-                     "(SD1.x, SD2.x, SDXL) and flow (SD3.x, Flux) models")
+    if isinstance(sampling, (ms.EPS, ms.V_PREDICTION, ms.EDM)):
+        return "epsilon"
+    raise ValueError(f"unsupported ComfyUI model type {model.model_type.name} ({type(sampling).__name__}): TreeGRPO "
+                     "supports epsilon/v-prediction (SD1.x, SD2.x, SDXL) and flow (SD3.x, Flux) models")
 
 
 class ComfyPolicy:
@@ -176,6 +203,7 @@ class ComfyPolicy:
         self._wrap = None
         self._extra: dict = {}
         self.guider = _make_guider(self.patcher, conds)
+        self.inplace_residuals = has_inplace_residuals(self.patcher.model.diffusion_model)
 
     # ---- Policy protocol
     def sigmas(self, steps: int) -> torch.Tensor:
@@ -243,7 +271,8 @@ class ComfyPolicy:
                 make_trainable_tensors(model_wrap.inner_model)
                 policy._wrap, policy._extra = model_wrap, extra_args
                 try:
-                    result["value"] = fn()
+                    with snapshot_saved_activations(policy.inplace_residuals and torch.is_grad_enabled()):
+                        result["value"] = fn()
                 finally:
                     policy._wrap, policy._extra = None, {}
                 return noise
