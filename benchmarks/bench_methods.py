@@ -1,0 +1,207 @@
+"""TreeGRPO vs trajectory GRPO, side by side (issue: reproduce and beat the paper's efficiency claim).
+
+Trains, from the same base model, prompts, reward, seed schedule and optimiser:
+  tree          TreeGRPO, k=2, w=3 (8 leaves per prompt)
+  traj_window   trajectory GRPO, 8 trajectories per prompt, SDE on the same 3-step window (MixGRPO-style)
+  traj_all      trajectory GRPO, 8 trajectories per prompt, SDE on every step (DanceGRPO/Flow-GRPO-style)
+with the same learning rate and the same tail solver after the window. Each (method, seed) run is a
+separate process (peak RSS per run), the runs are interleaved seed by seed so machine noise hits all
+methods alike, and every run trains for the same wall-clock budget. Evaluation on fixed (prompt, noise)
+pairs is not counted as training time.
+
+    python benchmarks/bench_methods.py [--seeds 4] [--budget 40] [--ablations] [--out benchmarks/results]
+
+Writes methods.json, reward_vs_time.png, reward_vs_nfe.png and prints the tables.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+BASE = {"tree": {"steps": 10, "window_start": 1, "window_width": 3, "branch": 2, "tail_solver": "dpmpp_2m",
+                 "tail_steps": 3}}
+METHODS = {
+    "tree": {"tree": {}},
+    "traj_window": {"tree": {"method": "trajectory", "group_size": 8}},
+    "traj_all": {"tree": {"method": "trajectory", "group_size": 8, "window_start": 0, "window_width": 10,
+                          "tail_steps": 0}},
+}
+ABLATIONS = {
+    "tree_k8_w1": {"tree": {"branch": 8, "window_width": 1, "window_start": 1}},
+    "tree_mean_backup": {"advantage": {"backup": "mean"}},
+    "tree_sum_logprob": {"tree": {"logprob_reduction": "sum"}},
+    "tree_sliding": {"tree": {"window_schedule": "sliding", "window_max_start": 3, "window_every": 2}},
+    "tree_no_flat_skip": {"advantage": {"flat_floor": 0.0}},
+    "tree_euler_tail": {"tree": {"tail_solver": "euler", "tail_steps": 0}},
+}
+
+
+def merge(a: dict, b: dict) -> dict:
+    out = json.loads(json.dumps(a))
+    for k, v in b.items():
+        out[k] = merge(out.get(k, {}), v) if isinstance(v, dict) else v
+    return out
+
+
+def run_one(name: str, overrides: dict, seed: int, budget: float, out_dir: str) -> dict:
+    """One training run in a child process; returns its record (with the child's own peak RSS)."""
+    spec = json.dumps({"overrides": overrides, "seed": seed, "budget": budget, "out": out_dir})
+    p = subprocess.Popen([sys.executable, __file__, "--child", spec], stdout=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(p.pid, 0)
+    out = p.stdout.read()
+    if status != 0:
+        raise RuntimeError(f"run {name} seed {seed} failed (status {status})")
+    rec = json.loads(out.strip().splitlines()[-1])
+    rec.update(method=name, seed=seed, peak_rss_mb=usage.ru_maxrss / 1024)
+    return rec
+
+
+def child(spec: dict) -> None:
+    import torch
+
+    from treegrpo import cli
+    from treegrpo.config import TrainConfig
+
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    d = merge(cli.demo_config_dict(), merge(BASE, spec["overrides"]))
+    d.update(seed=spec["seed"], iterations=100000, time_budget_s=spec["budget"], eval_every=4, eval_seeds=4,
+             checkpoint_every=0, output_dir=spec["out"], run_name="bench")
+    cfg = TrainConfig.from_dict(d)
+    tr, summary = cli.run_training(cfg, progress=False, write_lora=False)
+    hist = tr.history
+    split = {k: sum(h[k] for h in hist) / len(hist) for k in ("t_sample", "t_decode", "t_reward", "t_update", "t_iter")}
+    print(json.dumps({"evals": tr.evals, "iterations": tr.iteration, "train_time": tr.train_time,
+                      "total_nfe": tr.total_nfe, "split": split, "nfe_per_iter": hist[0]["nfe"],
+                      "flat_trees": sum(h["flat_trees"] for h in hist)}))
+
+
+def time_to_reach(evals: list[dict], target: float, key: str = "train_time") -> float:
+    """First training time (or NFE) at which the eval reward reaches ``target`` (linear interpolation)."""
+    prev = None
+    for e in evals:
+        if e["eval_reward"] >= target:
+            if prev is None:
+                return e[key]
+            f = (target - prev["eval_reward"]) / max(1e-12, e["eval_reward"] - prev["eval_reward"])
+            return prev[key] + f * (e[key] - prev[key])
+        prev = e
+    return math.nan
+
+
+def reward_at(evals: list[dict], t: float) -> float:
+    pts = [(e["train_time"], e["eval_reward"]) for e in evals]
+    for (t0, r0), (t1, r1) in zip(pts, pts[1:]):
+        if t0 <= t <= t1:
+            return r0 + (r1 - r0) * (t - t0) / max(1e-12, t1 - t0)
+    return pts[-1][1]
+
+
+def mean_std(xs):
+    xs = [x for x in xs if not math.isnan(x)]
+    if not xs:
+        return math.nan, math.nan, 0
+    m = sum(xs) / len(xs)
+    return m, (sum((x - m) ** 2 for x in xs) / max(1, len(xs) - 1)) ** 0.5, len(xs)
+
+
+def plot(records: list[dict], key: str, path: str, xlabel: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for name in dict.fromkeys(r["method"] for r in records):
+        runs = [r for r in records if r["method"] == name]
+        hi = min(max(e[key] for e in r["evals"]) for r in runs)
+        grid = np.linspace(0, hi, 30)
+        ys = np.array([np.interp(grid, [e[key] for e in r["evals"]], [e["eval_reward"] for e in r["evals"]]) for r in runs])
+        m, s = ys.mean(0), ys.std(0)
+        ax.plot(grid, m, label=f"{name} (n={len(runs)})")
+        ax.fill_between(grid, m - s, m + s, alpha=0.2)
+    ax.set_xlabel(xlabel), ax.set_ylabel("eval reward (prompt adherence)"), ax.grid(alpha=0.3), ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def report(records: list[dict], baseline: str = "traj_window") -> dict:
+    out = {}
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    base_runs = [r for r in records if r["method"] == baseline]
+    base0 = base_runs[0]["evals"][0]["eval_reward"]
+    target = sum(r["evals"][-1]["eval_reward"] for r in base_runs) / len(base_runs)
+    base_t = sum(r["evals"][-1]["train_time"] for r in base_runs) / len(base_runs)
+    base_n = sum(r["evals"][-1]["total_nfe"] for r in base_runs) / len(base_runs)
+    print(f"\nbaseline {baseline}: final eval reward {target:.3f} (from {base0:.3f}) after {base_t:.1f} s, "
+          f"{base_n:.0f} NFE")
+    print(f"{'method':<18}{'final':>7}{'div':>6}{'it':>5}{'s/it':>6}{'sample':>7}{'update':>7}{'RSS MB':>7}"
+          f"{'t→base':>8}{'t→50%':>7}{'t→90%':>7}{'NFE→base':>10}{'r@t_base':>9}")
+    for name in methods:
+        runs = [r for r in records if r["method"] == name]
+        fin = mean_std([r["evals"][-1]["eval_reward"] for r in runs])
+        div = mean_std([r["evals"][-1]["eval_diversity"] for r in runs])
+        t_base = mean_std([time_to_reach(r["evals"], target) / base_t for r in runs])
+        t50 = mean_std([time_to_reach(r["evals"], base0 + 0.5 * (target - base0)) for r in runs])
+        t90 = mean_std([time_to_reach(r["evals"], base0 + 0.9 * (target - base0)) for r in runs])
+        n_base = mean_std([time_to_reach(r["evals"], target, "total_nfe") / base_n for r in runs])
+        r_eq = mean_std([reward_at(r["evals"], base_t) for r in runs])
+        split = {k: sum(r["split"][k] for r in runs) / len(runs) for k in runs[0]["split"]}
+        rss = max(r["peak_rss_mb"] for r in runs)
+        its = sum(r["iterations"] for r in runs) / len(runs)
+        out[name] = {"final_reward": fin, "diversity": div, "time_to_baseline_ratio": t_base, "t50_s": t50,
+                     "t90_s": t90, "nfe_to_baseline_ratio": n_base, "reward_at_baseline_time": r_eq,
+                     "split_s": split, "peak_rss_mb": rss, "iterations": its,
+                     "reached_baseline": f"{t_base[2]}/{len(runs)}"}
+        print(f"{name:<18}{fin[0]:>7.3f}{div[0]:>6.3f}{its:>5.0f}{split['t_iter']:>6.2f}{split['t_sample']:>7.2f}"
+              f"{split['t_update']:>7.2f}{rss:>7.0f}{t_base[0]:>8.2f}{t50[0]:>7.1f}{t90[0]:>7.1f}{n_base[0]:>10.2f}"
+              f"{r_eq[0]:>9.3f}  (t→base ±{t_base[1]:.2f}, reached {t_base[2]}/{len(runs)})")
+    return {"target_reward": target, "baseline": baseline, "methods": out}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--seeds", type=int, default=4)
+    ap.add_argument("--budget", type=float, default=40.0, help="training seconds per run")
+    ap.add_argument("--ablations", action="store_true", help="also run the ablations (1 seed each by default)")
+    ap.add_argument("--ablation-seeds", type=int, default=2)
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ns = ap.parse_args()
+    if ns.child:
+        child(json.loads(ns.child))
+        return
+    os.makedirs(ns.out, exist_ok=True)
+    records, t0 = [], time.time()
+    for seed in range(ns.seeds):  # interleaved: every method once per seed
+        for name, ov in METHODS.items():
+            records.append(run_one(name, ov, seed, ns.budget, os.path.join(ns.out, "runs", f"{name}_{seed}")))
+            print(f"[{time.time() - t0:6.0f}s] {name} seed {seed}: final {records[-1]['evals'][-1]['eval_reward']:.3f} "
+                  f"after {records[-1]['iterations']} it", flush=True)
+    result = {"main": report(records), "records": records, "budget_s": ns.budget}
+    plot(records, "train_time", os.path.join(ns.out, "reward_vs_time.png"), "training wall-clock (s)")
+    plot(records, "total_nfe", os.path.join(ns.out, "reward_vs_nfe.png"), "denoiser evaluations (NFE)")
+    if ns.ablations:
+        abl = []
+        for seed in range(ns.ablation_seeds):
+            for name, ov in ABLATIONS.items():
+                abl.append(run_one(name, ov, seed, ns.budget, os.path.join(ns.out, "runs", f"{name}_{seed}")))
+                print(f"[{time.time() - t0:6.0f}s] {name} seed {seed}: final {abl[-1]['evals'][-1]['eval_reward']:.3f}",
+                      flush=True)
+        tree_runs = [r for r in records if r["method"] == "tree" and r["seed"] < ns.ablation_seeds]
+        result["ablations"] = report(tree_runs + abl, baseline="tree")
+        result["ablation_records"] = abl
+    from treegrpo.io import atomic_write_json
+    atomic_write_json(os.path.join(ns.out, "methods.json"), result)
+    print(f"total {time.time() - t0:.0f} s; wrote {ns.out}/methods.json and the PNGs")
+
+
+if __name__ == "__main__":
+    main()
