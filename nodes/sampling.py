@@ -21,17 +21,25 @@ def tree_inputs():
         io.Int.Input("branch", default=2, min=1, max=16, tooltip="children per node; a tree has branch^width leaves"),
         io.Float.Input("noise_level", default=0.7, min=0.01, max=2.0, step=0.01,
                        tooltip="SDE noise level (flow models) / DDIM eta (epsilon models, capped at 1)"),
+        io.Combo.Input("window_schedule", options=["fixed", "sliding", "random"], default="fixed",
+                       tooltip="fixed: the window stays at window_start; sliding: it moves one step per iteration "
+                               "and wraps within the first half of the steps; random: a random start there each iteration"),
     ]
 
 
-def tree_config(steps, window_start, window_width, branch, noise_level, **kw) -> TreeConfig:
+TREE_FIELDS = ("steps", "window_start", "window_width", "branch", "noise_level", "window_schedule")
+
+
+def tree_config(steps, window_start, window_width, branch, noise_level, window_schedule="fixed", **kw) -> TreeConfig:
     return TreeConfig(steps=steps, window_start=window_start, window_width=window_width, branch=branch,
-                      noise_level=noise_level, eta=min(1.0, noise_level), **kw)
+                      noise_level=noise_level, eta=min(1.0, noise_level), window_schedule=window_schedule,
+                      window_max_start=-1 if window_schedule == "fixed" else
+                      min(steps - window_width, max(window_start, steps // 2 - 1)), **kw)
 
 
 def validate_tree(**kw):
     try:
-        tree_config(**{k: kw[k] for k in ("steps", "window_start", "window_width", "branch", "noise_level")})
+        tree_config(**{k: kw[k] for k in TREE_FIELDS})
     except ConfigError as e:
         return str(e)
     except KeyError:  # linked inputs are validated at execution
@@ -72,8 +80,8 @@ class TreeSampler(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, positive, negative, latent, seed, cfg, scheduler, steps, window_start, window_width,
-                branch, noise_level, trees_per_latent, prompt, run=None):
-        tcfg = tree_config(steps, window_start, window_width, branch, noise_level)
+                branch, noise_level, window_schedule, trees_per_latent, prompt, run=None):
+        tcfg = tree_config(steps, window_start, window_width, branch, noise_level, window_schedule)
         trees = latent["samples"].shape[0] * trees_per_latent
         tree = sample_tree(model, positive, negative, latent, tcfg, seed=seed, cfg=cfg, scheduler=scheduler,
                            trees=trees, prompt=prompt, run=run, iteration=run.iteration if run else 0)

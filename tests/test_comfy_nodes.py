@@ -36,7 +36,8 @@ def step_graph(run_name, seed, nodes, model, pos, neg, to_image, reward="demo_ad
         "tree": {"class_type": "TreeGRPOTreeSampler", "inputs": {
             "model": model, "positive": pos, "negative": neg, "latent": ["lat", 0], "seed": seed,
             "cfg": 1.0, "scheduler": "simple", "steps": steps, "window_start": 1, "window_width": 2, "branch": 2,
-            "noise_level": 0.7, "trees_per_latent": 1, "prompt": prompt, "run": ["run", 0]}},
+            "noise_level": 0.7, "window_schedule": "fixed", "trees_per_latent": 1, "prompt": prompt,
+            "run": ["run", 0]}},
         "img": to_image,
         "rm": {"class_type": "TreeGRPORewardModelLoader", "inputs": {"reward": reward, "file": NO_FILE}},
         "score": {"class_type": "TreeGRPORewardScorer", "inputs": {
@@ -182,7 +183,7 @@ def train_graph(run_name, iterations, prompts="a red circle\na blue square\na gr
         "model": ["d", 0], "clip": ["d", 1], "vae": ["d", 2], "prompts": prompts, "negative": "",
         "reward_model": ["rm", 0], "weight_2": 1.0, "width": 16, "height": 16, "cfg": 1.0, "scheduler": "simple",
         "steps": 6, "window_start": 1, "window_width": 2, "branch": 2, "noise_level": 0.7,
-        "iterations": iterations, "prompts_per_iteration": 2, "lora_rank": 4, "lora_alpha": 4.0,
+        "window_schedule": "sliding", "iterations": iterations, "prompts_per_iteration": 2, "lora_rank": 4, "lora_alpha": 4.0,
         "learning_rate": 1e-3, "seed": 0, "run_name": run_name, "eval_every": 2}}
     g["save"] = {"class_type": "TreeGRPOSaveLoRA", "inputs": {"lora": ["train", 1],
                                                               "filename_prefix": f"treegrpo/{run_name}"}}
@@ -226,7 +227,10 @@ def test_interrupt_saves_a_checkpoint_and_the_next_run_resumes(rt):
     assert r.outputs["save"]["text"][0].startswith("saved ")
 
 
-def test_real_server_runs_the_demo_graph(comfyui_server):
+def test_real_server_runs_the_demo_graph_and_lists_the_workflows(comfyui_server):
+    import urllib.request
+    templates = json.loads(urllib.request.urlopen(f"{comfyui_server.url}/workflow_templates", timeout=30).read())
+    assert set(templates.get(ch.PACK_NAME, [])) >= {"treegrpo_demo_cpu", "treegrpo_step_by_step"}, templates
     g = train_graph("server_run", 2)
     pid = ch.post_prompt(comfyui_server.port, g)
     entry = ch.wait_history(comfyui_server.port, pid, timeout=300)
