@@ -221,15 +221,16 @@ def cmd_export(ns) -> int:
 def cmd_sample(ns) -> int:
     import torch
     from .backends import load_policy
-    from .lora import add_lora, from_state_dict, load_into_model, read_lora_file
+    from .lora import add_lora, check_base_model, from_state_dict, load_into_model, read_lora_file
     from .report import image_grid, to_pil
     from .tree import Denoiser, NFECounter, ode_solve
 
     d = json.load(open(ns.config, encoding="utf-8")) if ns.config else demo_config_dict()
     cfg = TrainConfig.from_dict(apply_flags(d, ns))
-    policy, _ = load_policy(cfg)
+    policy, base_name = load_policy(cfg)
     if ns.lora:
         t, meta = read_lora_file(ns.lora)
+        check_base_model(meta, base_name, ns.lora)
         w = from_state_dict(t, meta)
         r = next(iter(w.down.values())).shape[0]
         add_lora(policy.model, dataclasses.replace(cfg.lora, rank=r))
@@ -299,7 +300,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
         return ns.func(ns)
-    except (ConfigError, ValueError, FileNotFoundError) as e:
+    except (ConfigError, ValueError, FileNotFoundError, FloatingPointError) as e:
         print(f"treegrpo: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

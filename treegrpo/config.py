@@ -53,6 +53,7 @@ class TreeConfig:
     logprob_reduction: str = _f("mean", "mean | sum of the per-dimension Gaussian log-density")
     tail_solver: str = _f("euler", "ODE solver after the window: euler | heun (2 NFE/step) | dpmpp_2m (2nd order, 1 NFE/step)")
     tail_steps: int = _f(0, "ODE steps after the window (0 = the remaining steps of the schedule)")
+    max_leaves: int = _f(256, "refuse trees with more leaves than this (memory guard; raise it deliberately)")
 
     def __post_init__(self) -> None:
         c = "TreeConfig"
@@ -85,6 +86,10 @@ class TreeConfig:
                  f"must be > 0, got {self.noise_level}")
         _require(0 < self.eta <= 1, c, "eta", f"must be in (0, 1], got {self.eta}")
         _require(self.tail_steps >= 0, c, "tail_steps", f"must be >= 0, got {self.tail_steps}")
+        _require(self.leaves <= self.max_leaves, c, "branch",
+                 f"{'x'.join(map(str, self.branching))} = {self.leaves} leaves per tree exceed max_leaves="
+                 f"{self.max_leaves} (each leaf is a full latent plus its ODE tail); lower branch/window_width, "
+                 "set leaf_cap, or raise max_leaves")
         _require(self.leaves > 1, c, "branch",
                  "the tree must have at least 2 leaves to compare (branch**window_width or group_size)")
 

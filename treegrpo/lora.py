@@ -154,6 +154,14 @@ def from_state_dict(sd: dict[str, torch.Tensor], metadata: Optional[dict] = None
     return LoraWeights(strip(down), strip(up), strip(alpha))
 
 
+def check_base_model(metadata: dict, base_model: str, path: str = "LoRA") -> None:
+    """Refuse a LoRA whose metadata names another base model (files without the field pass; shapes are
+    checked when the weights are loaded)."""
+    theirs = (metadata or {}).get("treegrpo.base_model")
+    if theirs and base_model and theirs != base_model:
+        raise LoraFileError(f"{path} was trained for base model {theirs!r}, not {base_model!r}; load it on that model")
+
+
 def save_lora_file(path: str, tensors: dict[str, torch.Tensor], metadata: Optional[dict] = None) -> str:
     """Write a safetensors LoRA atomically; metadata values are stored as strings (JSON for non-strings)."""
     from safetensors.torch import save_file

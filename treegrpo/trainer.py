@@ -22,7 +22,7 @@ from .advantages import RewardError, assign_advantages, weighted_raw
 from .backends.base import Policy
 from .config import TrainConfig
 from .io import atomic_write, atomic_write_json
-from .lora import add_lora, extract_lora, from_state_dict, load_into_model, read_lora_file, save_lora_file, to_comfy
+from .lora import add_lora, check_base_model, extract_lora, from_state_dict, load_into_model, read_lora_file, save_lora_file, to_comfy
 from .tree import Denoiser, NFECounter, initial_latent, ode_solve, sample_trees, window_start_at
 from .update import grpo_update
 
@@ -86,6 +86,7 @@ class Trainer:
                 self.params = add_lora(policy.model, cfg.lora)
         if cfg.lora.init_from:
             t, meta = read_lora_file(cfg.lora.init_from)
+            check_base_model(meta, self.base_model_name, cfg.lora.init_from)
             self.load_lora_weights(from_state_dict(t, meta))
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
         self.iteration = 0
@@ -280,6 +281,37 @@ class Trainer:
         st = json.loads(state["python_rng"])
         random.setstate((st[0], tuple(st[1]), st[2]))
 
+    def claim_output_dir(self) -> None:
+        """Record this run in ``<output_dir>/run.json``; refuse a folder that holds a different run's files."""
+        if self.rank != 0:
+            return
+        path = os.path.join(self.out, "run.json")
+        me = {"run_name": self.cfg.run_name, "base_model": self.base_model_name}
+        if os.path.exists(path):
+            try:
+                other = json.load(open(path, encoding="utf-8"))
+            except (OSError, ValueError):
+                other = {}
+            if other.get("run_name") != me["run_name"] or other.get("base_model") != me["base_model"]:
+                raise ValueError(f"output_dir {self.out!r} holds run {other.get('run_name')!r} on "
+                                 f"{other.get('base_model')!r}; this is run {me['run_name']!r} on {me['base_model']!r}. "
+                                 "Choose another output_dir (or run_name) so that nothing is overwritten")
+        atomic_write_json(path, me)
+
+    def archive_old_checkpoints(self) -> None:
+        """A fresh (not resumed) run moves earlier checkpoints of the same name aside instead of mixing with
+        or deleting them: ``checkpoints/previous-<time>/``."""
+        if self.rank != 0:
+            return
+        folder = os.path.join(self.out, "checkpoints")
+        old = sorted(glob.glob(os.path.join(folder, f"{self.cfg.run_name}-*.pt")))
+        if not old:
+            return
+        dest = os.path.join(folder, f"previous-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.makedirs(dest, exist_ok=True)
+        for p in old:
+            os.replace(p, os.path.join(dest, os.path.basename(p)))
+
     def _write_logs(self) -> None:
         if self.rank != 0 or not self.history:
             return
@@ -300,10 +332,13 @@ class Trainer:
         On interrupt or error a checkpoint of the last completed iteration is written before raising."""
         cfg = self.cfg
         total = iterations or cfg.iterations
+        self.claim_output_dir()
         if resume:
             ck = self.latest_checkpoint()
             if ck:
                 self.load_checkpoint(ck)
+        else:
+            self.archive_old_checkpoints()
         bar = None
         if self.progress and self.rank == 0:
             from tqdm.auto import tqdm
