@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import io
-import os
 
 import torch
 
@@ -90,23 +89,25 @@ def curve_image(values: list[float], width: int = 512, height: int = 256) -> tor
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from PIL import Image
 
     fig, ax = plt.subplots(figsize=(width / 100, height / 100), dpi=100)
     ax.plot(range(len(values)), values, marker="o", ms=2)
     ax.set_xlabel("iteration"), ax.set_ylabel("reward"), ax.grid(alpha=0.3)
     fig.tight_layout()
+    return _fig_to_image(fig)
+
+
+def _fig_to_image(fig) -> torch.Tensor:
+    """A matplotlib figure as a ComfyUI IMAGE (1, H, W, 3) float in [0, 1]; closes the figure."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from PIL import Image
+
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
     img = Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
-    import numpy as np
     return torch.from_numpy(np.asarray(img).astype("float32") / 255.0)[None]
-
-
-def ensure_dir(path: str) -> str:
-    os.makedirs(path, exist_ok=True)
-    return path
 
 
 def tree_preview(batch, images: torch.Tensor, rewards: dict | None = None, cell: float = 1.1) -> torch.Tensor:
@@ -115,8 +116,6 @@ def tree_preview(batch, images: torch.Tensor, rewards: dict | None = None, cell:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
-    from PIL import Image
 
     n_trees = batch.n_trees
     n = images.shape[0]
@@ -144,8 +143,4 @@ def tree_preview(batch, images: torch.Tensor, rewards: dict | None = None, cell:
                 ax.set_ylabel(f"tree {t}", fontsize=7)
     fig.suptitle(f"{n_trees} tree(s) x {per} leaves, branching {batch.branching}", fontsize=8)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    img = Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
-    return torch.from_numpy(np.asarray(img).astype("float32") / 255.0)[None]
+    return _fig_to_image(fig)
