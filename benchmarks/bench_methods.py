@@ -24,6 +24,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+THREADS = 1  # torch threads per run: one core, so a second process on a 2-core machine does not skew it
 
 BASE = {"tree": {"steps": 10, "window_start": 1, "window_width": 3, "branch": 2, "tail_solver": "dpmpp_2m",
                  "tail_steps": 3}}
@@ -52,7 +53,7 @@ def merge(a: dict, b: dict) -> dict:
 
 def run_one(name: str, overrides: dict, seed: int, budget: float, out_dir: str) -> dict:
     """One training run in a child process; returns its record (with the child's own peak RSS)."""
-    spec = json.dumps({"overrides": overrides, "seed": seed, "budget": budget, "out": out_dir})
+    spec = json.dumps({"overrides": overrides, "seed": seed, "budget": budget, "out": out_dir, "threads": THREADS})
     p = subprocess.Popen([sys.executable, __file__, "--child", spec], stdout=subprocess.PIPE, text=True)
     _, status, usage = os.wait4(p.pid, 0)
     out = p.stdout.read()
@@ -69,7 +70,7 @@ def child(spec: dict) -> None:
     from treegrpo import cli
     from treegrpo.config import TrainConfig
 
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch.set_num_threads(spec.get("threads", 1))
     d = merge(cli.demo_config_dict(), merge(BASE, spec["overrides"]))
     d.update(seed=spec["seed"], iterations=100000, time_budget_s=spec["budget"], eval_every=4, eval_seeds=4,
              checkpoint_every=0, output_dir=spec["out"], run_name="bench")
@@ -174,7 +175,11 @@ def main() -> None:
     ap.add_argument("--ablations", action="store_true", help="also run the ablations (1 seed each by default)")
     ap.add_argument("--ablation-seeds", type=int, default=2)
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per run (1 keeps runs comparable on a "
+                    "shared machine)")
     ns = ap.parse_args()
+    global THREADS
+    THREADS = ns.threads
     if ns.child:
         child(json.loads(ns.child))
         return

@@ -54,6 +54,8 @@ def check_batch(images: torch.Tensor, prompts: list[str], who: str) -> None:
 
 def _import_builtin() -> None:
     from . import jpeg  # noqa: F401
+    # torch reward models: their heavy libraries (open_clip, transformers, image-reward) load when one is built
+    from . import aesthetic, clipscore, hps, imagereward, pickscore  # noqa: F401
     try:
         from . import demo_adherence  # noqa: F401
     except ImportError:  # pragma: no cover - demo package missing

@@ -1,0 +1,319 @@
+"""Random-weight reward models of the real architectures, saved in the formats and folder layouts users
+have (see treegrpo/rewards/*.py). Shared by tests/test_rewards.py and benchmarks/bench_rewards.py.
+
+``size="tiny"`` builds small configs of the same architectures (open_clip configs registered under
+``treegrpo-tiny-*``, a tiny transformers CLIPModel, ImageReward with a 2-layer BERT via its med_config);
+``size="real"`` builds the published sizes (ViT-H-14, ViT-L-14, full ImageReward). Weights are random:
+scores are meaningless, only wiring and formats are tested.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import tempfile
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
+TINY_CLIP = "treegrpo-tiny-clip"            # quick_gelu, embed 64
+TINY_CLIP_768 = "treegrpo-tiny-clip-768"    # embed 768, like ViT-L-14's (for the aesthetic head)
+TINY_HPS = "treegrpo-tiny-hps"              # GELU, embed 64, head_width 32 like ViT-H's non-64 heads
+
+_TINY_CONFIGS = {
+    # head width 64 like OpenAI's models (open_clip's OpenAI loader infers heads = width / 64)
+    TINY_CLIP: {"embed_dim": 64, "quick_gelu": True,
+                "vision_cfg": {"image_size": 224, "layers": 2, "width": 128, "head_width": 64, "patch_size": 32},
+                "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 128, "heads": 2, "layers": 2}},
+    TINY_CLIP_768: {"embed_dim": 768, "quick_gelu": True,
+                    "vision_cfg": {"image_size": 224, "layers": 2, "width": 128, "head_width": 64, "patch_size": 32},
+                    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 128, "heads": 2, "layers": 2}},
+    TINY_HPS: {"embed_dim": 64,
+               "vision_cfg": {"image_size": 224, "layers": 2, "width": 96, "head_width": 32, "patch_size": 32},
+               "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 2}},
+}
+_registered = False
+
+
+def register_tiny_configs() -> None:
+    """Register the tiny open_clip architectures (``open_clip.add_model_config``), once per process."""
+    global _registered
+    if _registered:
+        return
+    import open_clip
+    d = tempfile.mkdtemp(prefix="treegrpo-openclip-cfg-")
+    for name, cfg in _TINY_CONFIGS.items():
+        with open(os.path.join(d, f"{name}.json"), "w") as fh:
+            json.dump(cfg, fh)
+    open_clip.add_model_config(d)
+    _registered = True
+
+
+def randomize_(module: nn.Module, seed: int, std: float = 0.02) -> nn.Module:
+    """Give every parameter (meta or real) seeded random values: norms ~1, everything else N(0, std²);
+    a ``logit_scale`` gets log(100). Fast for billion-parameter models built on the meta device."""
+    g = torch.Generator().manual_seed(seed)
+    norms = (nn.LayerNorm,)
+    for mod in module.modules():
+        for name, p in list(mod.named_parameters(recurse=False)):
+            if name == "logit_scale":
+                val = torch.full(p.shape, math.log(100.0))
+            elif isinstance(mod, norms) and name == "weight":
+                val = 1.0 + std * torch.randn(p.shape, generator=g)
+            elif isinstance(mod, norms) and name == "bias":
+                val = std * torch.randn(p.shape, generator=g)
+            else:
+                val = std * torch.randn(p.shape, generator=g)
+            setattr(mod, name, nn.Parameter(val, requires_grad=False))
+    return module
+
+
+def _empty():
+    from accelerate import init_empty_weights
+    return init_empty_weights(include_buffers=False)
+
+
+def open_clip_model(arch: str, seed: int = 0) -> nn.Module:
+    """A random open_clip CLIP of architecture ``arch`` (tiny names registered on demand). Tiny models get
+    larger weights (std 0.1) so that their embeddings depend visibly on the image."""
+    from open_clip.model import CLIP
+    import open_clip
+    register_tiny_configs()
+    cfg = open_clip.get_model_config(arch)
+    with _empty():
+        model = CLIP(**cfg)
+    return randomize_(model, seed, std=0.1 if arch.startswith("treegrpo-tiny") else 0.02).eval()
+
+
+def save_open_clip(model: nn.Module, path: str, fmt: str = "open_clip", half: bool = False) -> str:
+    """Save ``model`` as a user has it: ``open_clip`` (plain state dict, ``.bin``/``.pt``/``.safetensors``),
+    ``hps`` (``{'state_dict': ...}``), ``torchscript`` (OpenAI's jit archive) or ``hf`` (transformers keys)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    sd = {k: v.detach().clone() for k, v in model.state_dict().items() if k != "attn_mask"}
+    if half:
+        sd = {k: v.half() if v.is_floating_point() else v for k, v in sd.items()}
+    if fmt == "torchscript":
+        # like OpenAI's archives: the attention mask is a constant, and three metadata tensors are buffers
+        import copy
+        m = copy.deepcopy(model)
+        mask = m._buffers.pop("attn_mask")
+        m.attn_mask = mask
+        ctx = m.context_length
+        for k, v in (("input_resolution", m.visual.image_size[0]), ("context_length", ctx), ("vocab_size", m.vocab_size)):
+            delattr(m, k) if hasattr(m, k) else None
+            m.register_buffer(k, torch.tensor(v))
+        img = torch.ones(1, 3, *m.visual.image_size)
+        txt = torch.zeros(1, ctx, dtype=torch.long)
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # tracer and TorchScript deprecation warnings
+            traced = torch.jit.trace_module(m, {"forward": (img, txt)}, check_trace=False)
+            torch.jit.save(traced, path)
+    elif fmt == "hf":
+        from safetensors.torch import save_file
+        save_file(open_clip_to_hf(sd), path)
+    elif fmt == "hps":
+        torch.save({"state_dict": sd}, path)
+    elif path.endswith(".safetensors"):
+        from safetensors.torch import save_file
+        save_file({k: v.contiguous() for k, v in sd.items()}, path)
+    else:
+        torch.save(sd, path)
+    return path
+
+
+def open_clip_to_hf(sd: dict) -> dict:
+    """open_clip keys → transformers CLIPModel keys (the inverse of treegrpo's conversion, written out
+    independently from transformers' naming, to test it)."""
+    out = {}
+    for src_tower, dst_tower, prefix in (("visual.transformer.resblocks", "vision_model", "visual."),
+                                         ("transformer.resblocks", "text_model", "")):
+        for k, v in sd.items():
+            if not k.startswith(src_tower + "."):
+                continue
+            i, rest = k[len(src_tower) + 1:].split(".", 1)
+            d = f"{dst_tower}.encoder.layers.{i}."
+            if rest.startswith("attn.in_proj_"):
+                t = rest.rsplit("_", 1)[1]
+                q, kk, vv = v.chunk(3)
+                out[d + f"self_attn.q_proj.{t}"], out[d + f"self_attn.k_proj.{t}"], out[d + f"self_attn.v_proj.{t}"] = \
+                    q.clone(), kk.clone(), vv.clone()
+            else:
+                ren = {"attn.out_proj": "self_attn.out_proj", "ln_1": "layer_norm1", "ln_2": "layer_norm2",
+                       "mlp.c_fc": "mlp.fc1", "mlp.c_proj": "mlp.fc2"}
+                mod, t = rest.rsplit(".", 1)
+                out[d + f"{ren[mod]}.{t}"] = v
+    simple = {"visual.class_embedding": "vision_model.embeddings.class_embedding",
+              "visual.conv1.weight": "vision_model.embeddings.patch_embedding.weight",
+              "visual.positional_embedding": "vision_model.embeddings.position_embedding.weight",
+              "token_embedding.weight": "text_model.embeddings.token_embedding.weight",
+              "positional_embedding": "text_model.embeddings.position_embedding.weight",
+              "logit_scale": "logit_scale"}
+    for t in ("weight", "bias"):
+        simple[f"visual.ln_pre.{t}"] = f"vision_model.pre_layrnorm.{t}"
+        simple[f"visual.ln_post.{t}"] = f"vision_model.post_layernorm.{t}"
+        simple[f"ln_final.{t}"] = f"text_model.final_layer_norm.{t}"
+    for a, b in simple.items():
+        out[b] = sd[a]
+    out["visual_projection.weight"] = sd["visual.proj"].t()
+    out["text_projection.weight"] = sd["text_projection"].t()
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def hf_clip_config(arch: str):
+    """The transformers CLIPConfig equal to an open_clip architecture (QuickGELU models only)."""
+    import open_clip
+    from transformers import CLIPConfig
+    register_tiny_configs()
+    c = open_clip.get_model_config(arch)
+    v, t = c["vision_cfg"], c["text_cfg"]
+    act = "quick_gelu" if c.get("quick_gelu") else "gelu"
+    return CLIPConfig(
+        text_config=dict(hidden_size=t["width"], intermediate_size=4 * t["width"], num_hidden_layers=t["layers"],
+                         num_attention_heads=t["heads"], vocab_size=t["vocab_size"], max_position_embeddings=77,
+                         hidden_act=act, layer_norm_eps=1e-5),
+        vision_config=dict(hidden_size=v["width"], intermediate_size=4 * v["width"], num_hidden_layers=v["layers"],
+                           num_attention_heads=v["width"] // v.get("head_width", 64), image_size=v["image_size"],
+                           patch_size=v["patch_size"], hidden_act=act, layer_norm_eps=1e-5),
+        projection_dim=c["embed_dim"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# per model: files in the layout a user has
+# ---------------------------------------------------------------------------------------------------------------
+
+def make_hps_file(folder: str, size: str = "tiny", seed: int = 1, name: str = "HPS_v2.1_compressed.pt") -> tuple[str, str]:
+    """``HPS_v2.1_compressed.pt`` = ``{'state_dict': open_clip keys}`` (half precision, as compressed). Returns
+    (path, arch)."""
+    arch = TINY_HPS if size == "tiny" else "ViT-H-14"
+    return save_open_clip(open_clip_model(arch, seed), os.path.join(folder, name), "hps", half=True), arch
+
+
+def make_clip_file(folder: str, fmt: str = "torchscript", size: str = "tiny", seed: int = 2,
+                   arch: str | None = None) -> tuple[str, str]:
+    arch = arch or (TINY_CLIP if size == "tiny" else "ViT-L-14")
+    name = {"torchscript": "ViT-L-14.pt", "open_clip": "open_clip_pytorch_model.bin", "hf": "model.safetensors",
+            "safetensors": "open_clip_model.safetensors"}[fmt]
+    path = os.path.join(folder, name)
+    save_open_clip(open_clip_model(arch, seed), path, "open_clip" if fmt == "safetensors" else fmt)
+    return path, arch
+
+
+def make_aesthetic_folder(folder: str, size: str = "tiny", clip_fmt: str = "torchscript", seed: int = 3) -> tuple[str, str]:
+    """Folder with ``sac+logos+ava1-l14-linearMSE.pth`` (bare state dict ``layers.{0,2,4,6,7}``) and
+    the CLIP ViT-L/14 file. Returns (folder, arch)."""
+    from treegrpo.rewards.aesthetic import AestheticHead
+    os.makedirs(folder, exist_ok=True)
+    arch = TINY_CLIP_768 if size == "tiny" else "ViT-L-14"
+    make_clip_file(folder, clip_fmt, arch=arch, seed=seed)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        head = AestheticHead(768)
+    for lin in head.layers:  # torch's default init ×3 per layer, so that scores vary visibly between images
+        if isinstance(lin, nn.Linear):
+            lin.weight.data.mul_(3.0)
+    torch.save(head.state_dict(), os.path.join(folder, "sac+logos+ava1-l14-linearMSE.pth"))
+    return folder, arch
+
+
+def write_clip_tokenizer(folder: str):
+    """The CLIP tokenizer files of ``laion/CLIP-ViT-H-14-laion2B-s32B-b79K`` (vocab.json, merges.txt,
+    tokenizer_config.json, special_tokens_map.json, tokenizer.json) built from open_clip's shipped BPE."""
+    from open_clip.tokenizer import bytes_to_unicode, default_bpe
+    from transformers import CLIPTokenizer
+    os.makedirs(folder, exist_ok=True)
+    merges = gzip.open(default_bpe()).read().decode("utf-8").split("\n")[1:49152 - 256 - 2 + 1]
+    merges = [tuple(m.split()) for m in merges]
+    vocab = list(bytes_to_unicode().values())
+    vocab = vocab + [v + "</w>" for v in vocab] + ["".join(m) for m in merges] + ["<|startoftext|>", "<|endoftext|>"]
+    with open(os.path.join(folder, "vocab.json"), "w") as fh:
+        json.dump({v: i for i, v in enumerate(vocab)}, fh)
+    with open(os.path.join(folder, "merges.txt"), "w") as fh:
+        fh.write("#version: 0.2\n" + "\n".join(" ".join(m) for m in merges) + "\n")
+    tok = CLIPTokenizer(os.path.join(folder, "vocab.json"), os.path.join(folder, "merges.txt"), model_max_length=77,
+                        pad_token="<|endoftext|>")
+    tok.save_pretrained(folder)
+    return tok
+
+
+# preprocessor_config.json of laion/CLIP-ViT-H-14-laion2B-s32B-b79K (transformers 4.x format)
+LAION_PREPROCESSOR = {"crop_size": 224, "do_center_crop": True, "do_normalize": True, "do_resize": True,
+                      "feature_extractor_type": "CLIPFeatureExtractor",
+                      "image_mean": [0.48145466, 0.4578275, 0.40821073],
+                      "image_std": [0.26862954, 0.26130258, 0.27577711], "resample": 3, "size": 224}
+
+
+def make_pickscore_folder(folder: str, size: str = "tiny", seed: int = 4, processor_subdir: str = "processor") -> str:
+    """``PickScore_v1`` model folder (config.json + model.safetensors) with the processor files in
+    ``processor_subdir`` (``""``: merged into the model folder)."""
+    from transformers import CLIPConfig, CLIPModel
+    if size == "tiny":
+        cfg = CLIPConfig(text_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                          vocab_size=49408, max_position_embeddings=77, hidden_act="gelu"),
+                         vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                            num_attention_heads=2, image_size=224, patch_size=32, hidden_act="gelu"),
+                         projection_dim=16)
+    else:  # ViT-H-14 as in PickScore_v1/config.json
+        cfg = CLIPConfig(text_config=dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
+                                          num_attention_heads=16, vocab_size=49408, max_position_embeddings=77,
+                                          hidden_act="gelu"),
+                         vision_config=dict(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32,
+                                            num_attention_heads=16, image_size=224, patch_size=14, hidden_act="gelu"),
+                         projection_dim=1024)
+    with _empty():
+        model = CLIPModel(cfg)
+    randomize_(model, seed)
+    model.save_pretrained(folder)
+    proc = os.path.join(folder, processor_subdir) if processor_subdir else folder
+    write_clip_tokenizer(proc)
+    with open(os.path.join(proc, "preprocessor_config.json"), "w") as fh:
+        json.dump(LAION_PREPROCESSOR, fh)
+    return folder
+
+
+# med_config.json as published with ImageReward (BLIP's BERT-base config); num_hidden_layers may be reduced
+MED_CONFIG = {"architectures": ["BertModel"], "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu",
+              "hidden_dropout_prob": 0.1, "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": 3072,
+              "layer_norm_eps": 1e-12, "max_position_embeddings": 512, "model_type": "bert",
+              "num_attention_heads": 12, "num_hidden_layers": 12, "pad_token_id": 0, "type_vocab_size": 2,
+              "vocab_size": 30524, "encoder_width": 768, "add_cross_attention": True}
+
+TINY_BERT_VOCAB = (["[PAD]"] + [f"[unused{i}]" for i in range(99)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+                   + list("abcdefghijklmnopqrstuvwxyz0123456789,.!")
+                   + ["a", "photo", "of", "the", "red", "blue", "cat", "dog", "on", "in", "##s", "##ing", "sunset",
+                      "mountain", "painting"])
+
+
+def make_imagereward_folder(folder: str, bert_layers: int = 2, seed: int = 5, tokenizer_subdir: str = "") -> str:
+    """Folder with ``ImageReward.pt`` (flat state dict ``blip.*``/``mlp.*`` of the package's ImageReward
+    model), ``med_config.json`` and a BERT tokenizer (a small uncased vocabulary with bert-base-uncased's
+    special-token ids) in ``tokenizer_subdir``. The ViT-L image encoder is full size (fixed by BLIP)."""
+    from treegrpo.rewards.imagereward import _blip_modules, load_tokenizer
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "med_config.json"), "w") as fh:
+        json.dump(dict(MED_CONFIG, num_hidden_layers=bert_layers), fh)
+    tok_dir = os.path.join(folder, tokenizer_subdir)
+    os.makedirs(tok_dir, exist_ok=True)
+    with open(os.path.join(tok_dir, "vocab.txt"), "w") as fh:
+        fh.write("\n".join(dict.fromkeys(TINY_BERT_VOCAB)) + "\n")
+    ir, bp = _blip_modules()
+    tok = load_tokenizer(tok_dir)
+    original = bp.init_tokenizer
+    bp.init_tokenizer = lambda: tok
+    try:
+        with _empty():
+            model = ir.ImageReward(med_config=os.path.join(folder, "med_config.json"), device="cpu")
+    finally:
+        bp.init_tokenizer = original
+    randomize_(model, seed)
+    g = torch.Generator().manual_seed(seed)
+    for lin in model.mlp.layers:  # larger than the 0.02 default, so rewards differ visibly between images
+        if isinstance(lin, nn.Linear):
+            lin.weight.data.normal_(0.0, 0.05, generator=g)
+            lin.bias.data.normal_(0.0, 0.05, generator=g)
+    sd = {k: v for k, v in model.state_dict().items()}
+    torch.save(sd, os.path.join(folder, "ImageReward.pt"))
+    return folder

@@ -1,0 +1,195 @@
+"""ImageReward (Xu et al. 2023): BLIP (ViT-L image encoder + BERT-base text encoder with cross-attention)
+and an MLP head, trained on human preference rankings. Runs the ``image-reward`` package's own model code.
+
+Files, as users have them (one folder): ``ImageReward.pt`` (flat state dict ``blip.*`` / ``mlp.*``),
+``med_config.json`` (the BERT config), and the ``bert-base-uncased`` tokenizer (``vocab.txt``, optionally
+``tokenizer_config.json`` / ``tokenizer.json`` / ``special_tokens_map.json``) in the folder itself or in
+its subfolder ``bert-base-uncased/``. ``ImageReward.load`` would fetch all of these from a hub; here they
+are read from the folder and a missing one is named.
+
+Compatibility with transformers 5: the package's BLIP text encoder (``med.py``, copied from transformers
+4.15) imports helpers that moved or were removed and relies on ``init_weights``/``get_head_mask``/
+``invert_attention_mask`` of the old ``PreTrainedModel``. ``_blip_modules`` restores those — on
+``transformers.modeling_utils`` only where a name is missing, and on the package's own BERT classes —
+and imports the package's model files without its ``__init__`` (which would import the OpenAI ``clip``
+package, ``datasets`` and its training script).
+
+Scoring as ``ImageReward.score``: image preprocessing = shorter side to 224 (bicubic), centre crop,
+OpenAI CLIP mean/std; prompt tokenised with ``padding='max_length', truncation=True, max_length=35``;
+reward = ``(mlp(text_cls_feature) − 0.16717362830052426) / 1.0333394966054072``.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+import threading
+import types
+from typing import Optional
+
+import torch
+
+from .base import register
+from .clipscore import (OPENAI_MEAN, OPENAI_STD, TorchReward, empty_init, files_error, folder_of, load_into,
+                        normalize, read_weights, resize_shortest_crop, wrong_file)
+
+MEAN, STD = 0.16717362830052426, 1.0333394966054072
+MAX_LENGTH = 35
+TOKENIZER_DIRS = ("", "bert-base-uncased", "tokenizer")
+_PKG = "_treegrpo_imagereward"
+_lock = threading.Lock()
+
+
+def _compat_transformers() -> None:
+    """Names the BLIP code imports from ``transformers.modeling_utils`` (moved to ``pytorch_utils`` or
+    removed in transformers 5); added only where missing."""
+    import transformers.modeling_utils as mu
+    import transformers.pytorch_utils as pu
+    for n in ("apply_chunking_to_forward", "prune_linear_layer", "find_pruneable_heads_and_indices"):
+        if not hasattr(mu, n):
+            if hasattr(pu, n):
+                setattr(mu, n, getattr(pu, n))
+            else:
+                setattr(mu, n, _find_pruneable_heads_and_indices)
+
+
+def _find_pruneable_heads_and_indices(heads, n_heads, head_size, already_pruned):  # pragma: no cover - pruning unused
+    mask = torch.ones(n_heads, head_size)
+    heads = set(heads) - already_pruned
+    for head in heads:
+        head = head - sum(1 if h < head else 0 for h in already_pruned)
+        mask[head] = 0
+    mask = mask.view(-1).contiguous().eq(1)
+    index = torch.arange(len(mask))[mask].long()
+    return heads, index
+
+
+def _init_weights(self):
+    self.apply(self._init_weights)
+
+
+def _get_head_mask(self, head_mask, num_hidden_layers, is_attention_chunked=False):
+    if head_mask is not None:  # pragma: no cover - never passed by ImageReward
+        raise NotImplementedError("head_mask is not supported")
+    return [None] * num_hidden_layers
+
+
+def _invert_attention_mask(self, mask):
+    ext = mask[:, None, :, :] if mask.dim() == 3 else mask[:, None, None, :]
+    ext = ext.to(dtype=self.dtype)
+    return (1.0 - ext) * torch.finfo(self.dtype).min
+
+
+def _blip_modules():
+    """(ImageReward module, blip_pretrain module) of the installed ``image-reward`` package."""
+    with _lock:
+        if f"{_PKG}.ImageReward" in sys.modules:
+            return sys.modules[f"{_PKG}.ImageReward"], sys.modules[f"{_PKG}.models.BLIP.blip_pretrain"]
+        spec = importlib.util.find_spec("ImageReward")
+        if spec is None or not spec.origin:
+            raise ImportError("image_reward needs the 'image-reward' package (pip install image-reward==1.5)")
+        _compat_transformers()
+        root = os.path.dirname(spec.origin)
+        for name, sub in ((_PKG, ""), (f"{_PKG}.models", "models")):
+            if name not in sys.modules:  # namespace shells: their __init__ files are not run
+                m = types.ModuleType(name)
+                m.__path__ = [os.path.join(root, sub) if sub else root]
+                m.__package__ = name
+                sys.modules[name] = m
+        med = importlib.import_module(f"{_PKG}.models.BLIP.med")
+        if "init_weights" not in med.BertPreTrainedModel.__dict__:
+            med.BertPreTrainedModel.init_weights = _init_weights
+        for n, f in (("get_head_mask", _get_head_mask), ("invert_attention_mask", _invert_attention_mask)):
+            if not hasattr(med.BertModel, n):
+                setattr(med.BertModel, n, f)
+        bp = importlib.import_module(f"{_PKG}.models.BLIP.blip_pretrain")
+        ir = importlib.import_module(f"{_PKG}.ImageReward")
+        return ir, bp
+
+
+def load_tokenizer(folder: str):
+    """BLIP's tokenizer (``init_tokenizer``) from local ``bert-base-uncased`` files: BERT + ``[DEC]`` as
+    bos token + ``[ENC]`` as an additional special token (vocabulary 30524)."""
+    from transformers import BertTokenizer
+    tok = BertTokenizer.from_pretrained(folder, local_files_only=True)
+    tok.add_special_tokens({"bos_token": "[DEC]"})
+    tok.add_special_tokens({"additional_special_tokens": ["[ENC]"]})
+    tok.enc_token_id = tok.convert_tokens_to_ids("[ENC]")
+    return tok
+
+
+@register("image_reward")
+class ImageRewardModel(TorchReward):
+    """ImageReward v1.0. Options: ``tokenizer_path`` (the bert-base-uncased tokenizer folder, when it is
+    neither the model folder nor its subfolder ``bert-base-uncased/``), ``dtype`` (auto: fp16 on CUDA; the
+    MLP head runs in float32 as in the reference), ``batch_size`` (32)."""
+
+    name = "image_reward"
+    expected_files = ("a folder with ImageReward.pt, med_config.json and the bert-base-uncased tokenizer files "
+                      "(vocab.txt, optionally tokenizer_config.json, tokenizer.json, special_tokens_map.json) in the "
+                      "folder itself or in its subfolder bert-base-uncased/")
+    is_folder = True
+    source = ("ImageReward.pt and med_config.json: THUDM/ImageReward on Hugging Face (project github THUDM/ImageReward); "
+              "the tokenizer: google-bert/bert-base-uncased on Hugging Face")
+
+    def __init__(self, path=None, device="cpu", *, tokenizer_path: Optional[str] = None, dtype=None,
+                 batch_size: int = 32):
+        self._setup(device, dtype, batch_size)
+        folder = folder_of(path, self.name, self.expected_files, self.source)
+        ckpt, med = os.path.join(folder, "ImageReward.pt"), os.path.join(folder, "med_config.json")
+        if tokenizer_path is not None:
+            tok_dir = os.path.abspath(tokenizer_path)
+            if not os.path.isfile(os.path.join(tok_dir, "vocab.txt")):
+                raise files_error(self.name, f"{tok_dir} has no vocab.txt", self.expected_files, self.source)
+        else:
+            tok_dir = next((os.path.join(folder, d) for d in TOKENIZER_DIRS
+                            if os.path.isfile(os.path.join(folder, d, "vocab.txt"))), None)
+        missing = [f for f, p in (("ImageReward.pt", ckpt), ("med_config.json", med)) if not os.path.isfile(p)]
+        if tok_dir is None:
+            missing.append("vocab.txt (bert-base-uncased tokenizer)")
+        if missing:
+            raise files_error(self.name, f"{folder} lacks {', '.join(missing)}", self.expected_files, self.source)
+
+        ir, bp = _blip_modules()
+        self.tokenizer = load_tokenizer(tok_dir)
+        sd = read_weights(ckpt, self.name)
+        if not any(k.startswith("blip.visual_encoder.") for k in sd):
+            raise wrong_file(self.name, ckpt, f"no 'blip.visual_encoder.*' weights (keys start {sorted(sd)[:3]})",
+                             "ImageReward.pt (a flat state dict with blip.* and mlp.* weights)")
+        with _lock:
+            original = bp.init_tokenizer
+            bp.init_tokenizer = lambda: self.tokenizer  # BLIP_Pretrain would fetch bert-base-uncased
+            try:
+                with empty_init():
+                    model = ir.ImageReward(med_config=med, device="cpu")
+            except (OSError, ValueError, TypeError) as e:
+                raise wrong_file(self.name, med, str(e), "the med_config.json of ImageReward (a BERT config)") from e
+            finally:
+                bp.init_tokenizer = original
+        # vision_proj / text_proj belong to BLIP pre-training and are unused by the reward
+        load_into(model, sd, self.name, ckpt, "ImageReward.pt", optional=("blip.vision_proj.", "blip.text_proj."))
+        vocab = model.blip.text_encoder.embeddings.word_embeddings.num_embeddings
+        if len(self.tokenizer) > vocab:
+            raise ValueError(f"{self.name}: the tokenizer in {tok_dir} has {len(self.tokenizer)} tokens but the model "
+                             f"only {vocab}: it is not bert-base-uncased's")
+        self.module = model
+        self.files = {"checkpoint": ckpt, "med_config": med, "tokenizer": tok_dir}
+        self._finish()
+
+    def _keep_fp32(self):
+        self.module.mlp.float()
+
+    def preprocess(self, images):
+        return normalize(resize_shortest_crop(images, 224), OPENAI_MEAN, OPENAI_STD)
+
+    def _score(self, images, prompts):
+        blip = self.module.blip
+        x = self.preprocess(images).to(self.dtype)
+        tok = self.tokenizer(prompts, padding="max_length", truncation=True, max_length=MAX_LENGTH, return_tensors="pt")
+        image_embeds = blip.visual_encoder(x)
+        image_atts = torch.ones(image_embeds.shape[:-1], dtype=torch.long, device=self.device)
+        out = blip.text_encoder(tok.input_ids.to(self.device), attention_mask=tok.attention_mask.to(self.device),
+                                encoder_hidden_states=image_embeds, encoder_attention_mask=image_atts, return_dict=True)
+        feat = out.last_hidden_state[:, 0, :].float()
+        return ((self.module.mlp(feat) - MEAN) / STD).squeeze(-1)
