@@ -8,7 +8,7 @@ import pytest
 import comfy_harness as ch
 
 WORKFLOWS = sorted((Path(__file__).parent.parent / "workflows").glob("*.json"))
-MODEL_FILE_INPUTS = {"ckpt_name", "unet_name", "clip_name1", "clip_name2", "vae_name", "lora_name"}
+MODEL_FILE_INPUTS = {"ckpt_name", "unet_name", "clip_name1", "clip_name2", "vae_name", "lora_name", "file"}
 
 
 def test_all_expected_workflows_are_shipped():

@@ -39,7 +39,7 @@ def real_model_workflow(loader_nodes, model, clip, vae, size, reward_note, steps
               "a close-up portrait of an old fisherman, dramatic light\na bowl of ramen, studio photo"
     return [
         *loader_nodes,
-        ("rm", "TreeGRPORewardModelLoader", {"reward": "jpeg_compressibility", "file": "(none: built-in weights or none needed)"}, {}),
+        ("rm", "TreeGRPORewardModelLoader", {"reward": "hpsv2", "file": "HPS_v2.1_compressed.pt"}, {}),
         train_node("train", model, clip, vae, ("rm", 0), prompts=prompts, width=size, height=size, steps=steps,
                    cfg=cfg, window_start=1, window_width=3, iterations=200, prompts_per_iteration=2,
                    lora_rank=32, lora_alpha=64.0, learning_rate=3e-4, run_name="treegrpo_run", eval_every=20,
@@ -47,8 +47,9 @@ def real_model_workflow(loader_nodes, model, clip, vae, size, reward_note, steps
         ("save", "TreeGRPOSaveLoRA", {"filename_prefix": "treegrpo/treegrpo_lora"}, {"lora": ("train", 1)}),
         ("curve", "PreviewImage", {}, {"images": ("train", 2)}),
         ("grid", "PreviewImage", {}, {"images": ("train", 3)}),
-        note("n1", "TreeGRPO LoRA training.\n" + reward_note + "\nReward: pick one in the Reward Model Loader; "
-             "reward weight files go into ComfyUI/models/reward_models/. The LoRA is written to "
+        note("n1", "TreeGRPO LoRA training.\n" + reward_note + "\nReward: HPS v2.1 (HPS_v2.1_compressed.pt from the HPSv2 project into "
+             "ComfyUI/models/reward_models/); or pick ImageReward, PickScore, LAION aesthetic, CLIPScore or JPEG in "
+             "the Reward Model Loader (folder models: choose any file inside their folder). The LoRA is written to "
              "ComfyUI/models/loras/treegrpo/ and every checkpoint to output/treegrpo/<run_name>/ (a run with "
              "the same name resumes). Stop with Cancel: a checkpoint is saved first." + extra_note),
     ]
