@@ -6,6 +6,7 @@ import os
 import folder_paths
 from comfy_api.latest import io
 
+from treegrpo.backends.comfy_session import ManagedReward
 from treegrpo.rewards.base import available, load_reward
 from treegrpo.rewards.scoring import score_images
 
@@ -45,7 +46,7 @@ class RewardModelLoader(io.ComfyNode):
     @classmethod
     def execute(cls, reward, file):
         path = None if file == NO_FILE else folder_paths.get_full_path_or_raise(FOLDER, file)
-        return io.NodeOutput({"name": reward, "model": load_reward(reward, path=path)})
+        return io.NodeOutput({"name": reward, "model": ManagedReward(load_reward(reward, path=path))})
 
 
 class RewardScorer(io.ComfyNode):

@@ -236,3 +236,21 @@ def test_real_server_runs_the_demo_graph_and_lists_the_workflows(comfyui_server)
     entry = ch.wait_history(comfyui_server.port, pid, timeout=300)
     assert entry["status"]["status_str"] == "success", entry["status"]
     assert entry["outputs"]["save"]["text"][0].startswith("saved ")
+
+
+def test_reward_models_score_under_comfy_memory_management(rt, tmp_path):
+    import reward_fixtures as rf
+    from treegrpo.backends.comfy_session import ManagedReward
+    from treegrpo.rewards.base import load_reward
+
+    rf.register_tiny_configs()
+    path, arch = rf.make_hps_file(str(tmp_path))
+    model = load_reward("hpsv2", path=path, arch=arch)
+    images = torch.rand(3, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    prompts = ["a cat", "a dog", "a red circle"]
+    direct = model(images, prompts)
+    managed = ManagedReward(model)(images, prompts)
+    assert torch.allclose(direct, managed)
+    assert next(model.module.parameters()).device.type == "cpu"  # offloaded after scoring
+    demo = ManagedReward(load_reward("demo_adherence"))          # weightless-to-manage rewards pass through
+    assert demo(images, ["a red circle"] * 3).shape == (3,)

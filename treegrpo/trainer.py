@@ -27,6 +27,17 @@ from .tree import Denoiser, NFECounter, initial_latent, ode_solve, sample_trees,
 from .update import grpo_update
 
 
+def _numpy_state() -> list:
+    import numpy as np
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]
+
+
+def _set_numpy_state(st: list) -> None:
+    import numpy as np
+    np.random.set_state((st[0], np.array(st[1], dtype=np.uint32), st[2], st[3], st[4]))
+
+
 class TrainingInterrupted(RuntimeError):
     """Raised when the stop callback asks to stop; a checkpoint was written first."""
 
@@ -238,7 +249,9 @@ class Trainer:
                 "optimizer": self.optimizer.state_dict(), "history": json.dumps(self.history),
                 "evals": json.dumps(self.evals), "train_time": self.train_time, "total_nfe": self.total_nfe,
                 "config": json.dumps(self.cfg.to_dict(), default=str), "run_name": self.cfg.run_name,
-                "torch_rng": torch.get_rng_state(), "python_rng": json.dumps(random.getstate())}
+                "torch_rng": torch.get_rng_state(), "python_rng": json.dumps(random.getstate()),
+                "numpy_rng": json.dumps(_numpy_state()),
+                "reward_stats": json.dumps(self.history[-1] if self.history else {})}
 
     def _param_names(self) -> list[str]:
         ids = {id(p): n for n, p in self.policy.model.named_parameters()}
@@ -280,6 +293,8 @@ class Trainer:
         torch.set_rng_state(state["torch_rng"])
         st = json.loads(state["python_rng"])
         random.setstate((st[0], tuple(st[1]), st[2]))
+        if "numpy_rng" in state:
+            _set_numpy_state(json.loads(state["numpy_rng"]))
 
     def claim_output_dir(self) -> None:
         """Record this run in ``<output_dir>/run.json``; refuse a folder that holds a different run's files."""

@@ -48,6 +48,31 @@ def model_name(model) -> str:
     return f"{type(model.model).__name__}/{type(dm).__name__}/{sum(p.numel() for p in dm.parameters())}"
 
 
+class ManagedReward:
+    """A reward model scored inside ComfyUI's memory management: before each call ComfyUI frees room on
+    its torch device (unloading other models if needed) and the reward's weights move there; afterwards they
+    go back to the CPU, so the policy keeps the VRAM between scorings. Rewards without weights pass through."""
+
+    def __init__(self, reward):
+        self.reward = reward
+        self.name = getattr(reward, "name", type(reward).__name__)
+
+    def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        if not (hasattr(self.reward, "load") and hasattr(self.reward, "offload")):
+            return self.reward(images, prompts)
+        import comfy.model_management as mm
+
+        device = mm.get_torch_device()
+        size = self.reward.model_size() if hasattr(self.reward, "model_size") else 0
+        mm.free_memory(int(size * 1.3), device)
+        self.reward.load(device)
+        try:
+            return self.reward(images, prompts)
+        finally:
+            self.reward.offload()
+            mm.soft_empty_cache()
+
+
 @dataclass
 class TreeResult:
     """The TREE socket: sampled trees, the policy that sampled them, and (after backup) advantages."""
