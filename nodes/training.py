@@ -47,15 +47,19 @@ class TrainerState(io.ComfyNode):
                 io.Float.Input("kl_beta", default=0.0, min=0.0, max=10.0, step=0.001,
                                tooltip="KL weight to the base model (LoRA off)"),
                 io.Int.Input("seed", default=0, min=0, max=2**31 - 1, tooltip="seed of the LoRA initialisation"),
+                io.Boolean.Input("gradient_checkpointing", default=False, optional=True,
+                                 tooltip="recompute blocks in backward: less memory, more time"),
             ],
             outputs=[Run.Output(display_name="run")],
         )
 
     @classmethod
-    def execute(cls, run_name, lora_rank, lora_alpha, learning_rate, clip_range, kl_beta, seed):
+    def execute(cls, run_name, lora_rank, lora_alpha, learning_rate, clip_range, kl_beta, seed,
+                gradient_checkpointing=False):
         st = RunState.get(run_name, run_folder(run_name),
                           LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=DEFAULT_TARGETS),
                           OptimConfig(lr=learning_rate, clip_range=clip_range, kl_beta=kl_beta), seed)
+        st.gradient_checkpointing = bool(gradient_checkpointing)
         return io.NodeOutput(st)
 
 
@@ -112,6 +116,8 @@ class Train(io.ComfyNode):
                 io.String.Input("run_name", default="treegrpo_run"),
                 io.Int.Input("eval_every", default=10, min=0, max=100000,
                              tooltip="evaluate on fixed noises every N iterations (reward curve)"),
+                io.Boolean.Input("gradient_checkpointing", default=False, optional=True,
+                                 tooltip="recompute blocks in backward: less memory, more time"),
             ],
             outputs=[io.Model.Output(display_name="model"), io.LoraModel.Output(display_name="lora"),
                      io.Image.Output(display_name="reward_curve"), io.Image.Output(display_name="samples")],
@@ -126,7 +132,7 @@ class Train(io.ComfyNode):
     def execute(cls, model, clip, vae, prompts, negative, reward_model, weight_2, width, height, cfg, scheduler,
                 steps, window_start, window_width, branch, noise_level, window_schedule, iterations,
                 prompts_per_iteration, lora_rank, lora_alpha, learning_rate, seed, run_name, eval_every,
-                reward_model_2=None):
+                reward_model_2=None, gradient_checkpointing=False):
         texts = [p.strip() for p in prompts.splitlines() if p.strip()]
         rewards = {reward_model["name"]: reward_model["model"]}
         specs = [{"name": reward_model["name"], "weight": 1.0}]
@@ -148,7 +154,8 @@ class Train(io.ComfyNode):
         if width % r or height % r:
             raise ValueError(f"width and height must be multiples of the VAE's scale factor {r}")
         trainer = train_full(model, vae, texts, conds, rewards, tc, (c, height // r, width // r),
-                             run_folder=run_folder(run_name), scheduler=scheduler)
+                             run_folder=run_folder(run_name), scheduler=scheduler,
+                             gradient_checkpointing=bool(gradient_checkpointing))
         curve_vals = [e["eval_reward"] for e in trainer.evals] or [h["reward"] for h in trainer.history]
         curve = curve_image(curve_vals)
         ev = trainer.evaluate(prompts=texts[:8], seeds=2, return_images=True)

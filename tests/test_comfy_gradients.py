@@ -7,7 +7,7 @@ import torch
 from treegrpo.config import LoraConfig
 
 
-def _policy(arch):
+def _policy(arch, checkpointing=False):
     from treegrpo.backends.comfy import DEFAULT_TARGETS, ComfyPolicy
 
     if arch == "demo":
@@ -20,7 +20,8 @@ def _policy(arch):
         patcher, pos, neg = _tiny(arch, 0)
         conds, shape = [(pos, neg)], (4 if arch == "sd15" else 16, 8, 8)
     with torch.inference_mode(False):
-        pol = ComfyPolicy(patcher, ["p"], conds, shape, lora_cfg=LoraConfig(rank=2, alpha=2.0, targets=DEFAULT_TARGETS))
+        pol = ComfyPolicy(patcher, ["p"], conds, shape, lora_cfg=LoraConfig(rank=2, alpha=2.0, targets=DEFAULT_TARGETS),
+                          gradient_checkpointing=checkpointing)
         g = torch.Generator().manual_seed(0)
         with torch.no_grad():
             for p in pol.lora.parameters():
@@ -29,9 +30,17 @@ def _policy(arch):
 
 
 @pytest.mark.parametrize("arch", ["demo", "sd15", "sd3", "flux"])
-@pytest.mark.parametrize("guidance", [1.0, 2.5])
-def test_lora_gradient_matches_finite_differences(comfyui_pack, arch, guidance):
-    pol, shape = _policy(arch)
+@pytest.mark.parametrize("guidance,checkpointing", [(1.0, False), (2.5, False), (2.5, True)])
+def test_lora_gradient_matches_finite_differences(comfyui_pack, arch, guidance, checkpointing):
+    if checkpointing and arch == "flux":
+        with pytest.raises(ValueError, match="not supported yet for models whose blocks add residuals in place"):
+            _policy(arch, checkpointing)
+        return
+    pol, shape = _policy(arch, checkpointing)
+    if checkpointing:
+        from treegrpo.backends.comfy import checkpoint_patches
+        keys = checkpoint_patches(pol.patcher.model.diffusion_model)
+        assert keys and set(keys) <= set(pol.patcher.object_patches)
     g = torch.Generator().manual_seed(1)
     x = torch.randn((3, *shape), generator=g)
     sigma = pol.sigmas(10)[[2, 4, 6]]

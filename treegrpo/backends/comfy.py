@@ -154,6 +154,45 @@ def snapshot_saved_activations(enabled: bool = True):
         yield
 
 
+def checkpoint_patches(diffusion_model: nn.Module) -> dict[str, Callable]:
+    """Object patches (``diffusion_model.<block>.forward``) that recompute each transformer/UNet block in
+    backward (``torch.utils.checkpoint``, non-reentrant) while gradients are on. Blocks are the items of the
+    model's top-level ModuleLists (and of ``middle_block``); Sequential containers are checkpointed per
+    child because ComfyUI's UNet iterates them instead of calling them. Each block runs on clones of its
+    tensor inputs, so blocks that add residuals in place (Flux) cannot change what the recomputation sees."""
+    from torch.utils.checkpoint import checkpoint
+
+    blocks: list[tuple[str, nn.Module]] = []
+    for name, child in diffusion_model.named_children():
+        items = list(child.named_children()) if isinstance(child, nn.ModuleList) else \
+            [("", child)] if name == "middle_block" else []
+        for sub, blk in items:
+            path = f"{name}.{sub}" if sub else name
+            if isinstance(blk, nn.Sequential):
+                blocks += [(f"{path}.{i}", m) for i, m in blk.named_children()]
+            else:
+                blocks.append((path, blk))
+
+    def make(blk: nn.Module) -> Callable:
+        orig = type(blk).forward
+
+        def run(*args, **kwargs):
+            args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+            return orig(blk, *args, **kwargs)
+
+        def forward(*args, **kwargs):
+            if not torch.is_grad_enabled():
+                return orig(blk, *args, **kwargs)
+            # callers mutate shared option dicts (ComfyUI's transformer_options: block index/type) after the
+            # block returns: the recomputation must see them as they were
+            kwargs = {k: dict(v) if isinstance(v, dict) else v for k, v in kwargs.items()}
+            return checkpoint(run, *args, use_reentrant=False, **kwargs)
+
+        return forward
+
+    return {f"diffusion_model.{p}.forward": make(b) for p, b in blocks}
+
+
 def _prediction(model) -> str:
     """'flow' for ComfyUI's CONST (rectified-flow) sampling (SD3.x, Flux, …), 'epsilon' for the sigma-space
     models (EPS, V_PREDICTION, EDM: ComfyUI converts their output to x̂0 itself)."""
@@ -176,7 +215,7 @@ class ComfyPolicy:
 
     def __init__(self, model_patcher, prompts: list[str], conds: list[tuple[Any, Any]], latent_shape: tuple,
                  *, vae=None, lora_cfg: Optional[LoraConfig] = None, scheduler: str = "simple", seed: int = 0,
-                 lora: Optional[ComfyLoRA] = None):
+                 lora: Optional[ComfyLoRA] = None, gradient_checkpointing: bool = False):
         import comfy.samplers
 
         if len(prompts) != len(conds):
@@ -192,6 +231,13 @@ class ComfyPolicy:
                                                                  lora_cfg or LoraConfig(targets=DEFAULT_TARGETS),
                                                                  device=self.device, seed=seed)
         self.lora.patch(self.patcher)
+        if gradient_checkpointing and has_inplace_residuals(self.patcher.model.diffusion_model):
+            raise ValueError("gradient checkpointing is not supported yet for models whose blocks add residuals "
+                             f"in place ({type(self.patcher.model.diffusion_model).__name__}, e.g. Flux): turn "
+                             "gradient_checkpointing off (their gradients stay exact without it)")
+        if gradient_checkpointing:  # −memory, +time: recompute blocks in backward
+            for key, fn in checkpoint_patches(self.patcher.model.diffusion_model).items():
+                self.patcher.add_object_patch(key, fn)
         self.model = self.lora  # trainable parameters live here
         self.prompts = list(prompts)
         self._index = {p: i for i, p in enumerate(self.prompts)}

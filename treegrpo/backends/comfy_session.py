@@ -97,6 +97,7 @@ class RunState:
     _registry: dict[str, "RunState"] = {}
 
     def __init__(self, run_name: str, folder: str, lora_cfg: LoraConfig, optim_cfg: OptimConfig, seed: int = 0):
+        self.gradient_checkpointing = False
         self.run_name, self.folder = run_name, folder
         self.lora_cfg, self.optim_cfg, self.seed = lora_cfg, optim_cfg, seed
         self.lora: Optional[ComfyLoRA] = None
@@ -197,7 +198,8 @@ def sample_tree(model, positive, negative, latent: dict, tree_cfg: TreeConfig, *
     lora = run.attach(model) if run is not None else None
     policy = ComfyPolicy(model, [prompt or "<prompt>"], [(positive, negative)], shape,
                          lora=lora, lora_cfg=LoraConfig(targets=DEFAULT_TARGETS, rank=4, alpha=4.0),
-                         scheduler=scheduler, seed=seed)
+                         scheduler=scheduler, seed=seed,
+                         gradient_checkpointing=bool(run and run.gradient_checkpointing))
     gen = torch.Generator().manual_seed(seed)
     noise = torch.randn((trees, *shape), generator=gen)
     s = window_start_at(tree_cfg, iteration, random.Random(seed))
@@ -256,7 +258,8 @@ def patched_model(model, run: RunState):
 
 
 def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict, cfg: TrainConfig,
-               latent_shape: tuple, *, run_folder: str, scheduler: str = "simple") -> Any:
+               latent_shape: tuple, *, run_folder: str, scheduler: str = "simple",
+               gradient_checkpointing: bool = False) -> Any:
     """The whole TreeGRPO loop on a ComfyUI model (the Train node); resumes the run's latest checkpoint.
     The ProgressBar advances once per iteration; interrupts are checked at every denoiser/update step
     and answered with a checkpoint (by the Trainer) before the exception propagates. Returns the Trainer."""
@@ -264,7 +267,7 @@ def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict
     from ..trainer import Trainer
 
     policy = ComfyPolicy(model, prompts, conds, latent_shape, vae=vae, lora_cfg=cfg.lora, scheduler=scheduler,
-                         seed=cfg.seed)
+                         seed=cfg.seed, gradient_checkpointing=gradient_checkpointing)
     bar = comfy_progress(cfg.iterations)
     with torch.inference_mode(False):
         trainer = Trainer(dataclasses.replace(cfg, output_dir=run_folder), policy, rewards, progress=False,
