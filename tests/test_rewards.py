@@ -398,3 +398,15 @@ def test_jpeg_orders_flat_above_noise():
     assert comp[0] > comp[1] and incomp[1] > incomp[0] and torch.allclose(comp, -incomp)
     with pytest.raises(ValueError, match="needs no weight file"):
         load_reward("jpeg_compressibility", path="x.pt")
+
+
+def test_config_reward_options_reach_the_loader(tmp_path):
+    """A TrainConfig reward with a path and constructor options is built by the CLI's reward builder."""
+    from treegrpo import cli
+    from treegrpo.config import TrainConfig
+    rf.register_tiny_configs()
+    path, arch = rf.make_hps_file(str(tmp_path))
+    cfg = TrainConfig(prompts=["a red circle"], device="cpu",
+                      rewards=[{"name": "hpsv2", "path": path, "options": {"arch": arch, "batch_size": 2}}])
+    model = cli.build_rewards(cfg, "cpu")["hpsv2"]
+    assert model(torch.rand(3, 3, 32, 32), ["a", "b", "c"]).shape == (3,)

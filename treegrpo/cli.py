@@ -115,7 +115,7 @@ def build_rewards(cfg: TrainConfig, device) -> dict:
     unknown = [r.name for r in cfg.rewards if r.name not in names]
     if unknown:
         raise ConfigError(f"TrainConfig.rewards: unknown reward model(s) {unknown}; available: {names}")
-    return {r.name: load_reward(r.name, path=r.path, device=device) for r in cfg.rewards if r.weight > 0}
+    return {r.name: load_reward(r.name, path=r.path, device=device, **r.options) for r in cfg.rewards if r.weight > 0}
 
 
 def run_training(cfg: TrainConfig, resume: bool = False, progress: bool = True, write_lora: bool = True):
@@ -123,7 +123,9 @@ def run_training(cfg: TrainConfig, resume: bool = False, progress: bool = True, 
     from .backends import load_policy
     from .trainer import Trainer
 
-    rewards_ready = build_rewards(cfg, "cpu")          # fail on reward names/files before loading the model
+    from .backends import resolve_device
+    # fail on reward names/files before loading the model; score on the policy's device
+    rewards_ready = build_rewards(cfg, resolve_device(cfg.device))
     policy, base_name = load_policy(cfg)
     trainer = Trainer(cfg, policy, rewards_ready, progress=progress, base_model_name=base_name)
     summary = trainer.train(resume=resume)

@@ -143,6 +143,7 @@ class RewardSpec:
     name: str = _f("demo_adherence", "registered reward name (see `treegrpo rewards`)")
     weight: float = _f(1.0, "weight lambda in the aggregate")
     path: Optional[str] = _f(None, "local file/folder with the reward model's weights")
+    options: dict = _f({}, "extra constructor options of the reward model (e.g. arch, dtype, batch_size)")
 
     def __post_init__(self) -> None:
         _require(math.isfinite(self.weight) and self.weight >= 0, "RewardSpec", "weight",
