@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .model import ASSETS, REGENERATE_HINT, check_state_dict, read_safetensors
+from .model import ASSETS, REGENERATE_HINT, check_state_dict, read_safetensors, save_weights
 from .shapes import COLOURS, RESOLUTION, SHAPES
 
 DEFAULT_CLASSIFIER_PATH = ASSETS / "demo_classifier.safetensors"
@@ -57,23 +57,14 @@ class DemoClassifier(nn.Module):
 
 
 def save_classifier(model: DemoClassifier, path: str | os.PathLike, extra_metadata: dict[str, str] | None = None) -> None:
-    """Write float32 safetensors with the config in the metadata (atomic: temp + rename)."""
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write float32 safetensors with the config in the metadata (atomic)."""
     meta = {
         "format": FORMAT,
         "config": json.dumps(asdict(model.config), sort_keys=True),
         "colours": json.dumps(list(COLOURS)),
         "shapes": json.dumps(list(SHAPES)),
     }
-    meta.update(extra_metadata or {})
-    state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(state, str(tmp), metadata=meta)
-    os.chmod(tmp, 0o644)  # safetensors creates the file owner-only
-    os.replace(tmp, path)
+    save_weights(model, path, {**meta, **(extra_metadata or {})})
 
 
 def load_classifier(path: str | os.PathLike | None = None, device: str | torch.device = "cpu") -> DemoClassifier:

@@ -255,18 +255,19 @@ def euler_sample(
 
 
 def save_demo_model(model: DemoDiT, path: str | os.PathLike, extra_metadata: dict[str, str] | None = None) -> None:
-    """Write ``model`` as float32 safetensors with its config in the metadata (atomic: temp + rename)."""
+    """Write ``model`` as float32 safetensors with its config in the metadata (atomic)."""
+    meta = {"format": FORMAT, "config": model.config.to_json(), "vocabulary": json.dumps(vocabulary())}
+    save_weights(model, path, {**meta, **(extra_metadata or {})})
+
+
+def save_weights(module: nn.Module, path: str | os.PathLike, metadata: dict[str, str]) -> None:
+    """``module``'s state as float32 safetensors with ``metadata``, written atomically (temp, fsync, rename)."""
     from safetensors.torch import save_file
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"format": FORMAT, "config": model.config.to_json(), "vocabulary": json.dumps(vocabulary())}
-    meta.update(extra_metadata or {})
-    state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(state, str(tmp), metadata=meta)
-    os.chmod(tmp, 0o644)  # safetensors creates the file owner-only
-    os.replace(tmp, path)
+    from ..io import atomic_write
+
+    state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in module.state_dict().items()}
+    atomic_write(str(path), lambda tmp: save_file(state, tmp, metadata=metadata))
 
 
 def read_safetensors(path: str | os.PathLike, what: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
