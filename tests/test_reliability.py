@@ -148,3 +148,37 @@ def test_random_trees_nfe_leaves_and_advantage_invariants(T, k, w, data):
         child, par = tb.advantages[j], tb.parents[j]
         for u in range(tb.advantages[j - 1].numel()):
             assert abs(float(tb.advantages[j - 1][u]) - float(child[par == u].mean())) < 1e-5
+
+
+DISK_FULL_WRITER = r"""
+import resource, signal, sys, torch
+from treegrpo.lora import save_lora_file
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)          # the kernel then fails the write with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # files may not grow past 4 KiB: the disk is "full"
+try:
+    save_lora_file(sys.argv[1], {"a.lora_down.weight": torch.zeros(64, 64), "a.lora_up.weight": torch.zeros(64, 64)},
+                   {"treegrpo.step": "2"})
+except OSError as e:
+    print("failed", type(e).__name__, str(e), flush=True)
+    sys.exit(0)
+print("written", flush=True)
+"""
+
+
+def test_disk_full_during_save_leaves_the_previous_file_intact(tmp_path):
+    """A real write failure from the kernel (file-size limit -> EFBIG mid-write, as ENOSPC would be):
+    the save raises, the previous LoRA is untouched and no temporary file is left behind."""
+    import errno
+    from treegrpo.lora import read_lora_file, save_lora_file
+    path = str(tmp_path / "lora.safetensors")
+    save_lora_file(path, {"a.lora_down.weight": torch.ones(2, 3), "a.lora_up.weight": torch.ones(3, 2)},
+                   {"treegrpo.step": "1"})
+    before = open(path, "rb").read()
+    p = subprocess.run([sys.executable, "-c", DISK_FULL_WRITER, path], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("failed SaveError could not save " + path), p.stdout
+    assert os.strerror(errno.EFBIG) in p.stdout and "previous file" in p.stdout
+    assert open(path, "rb").read() == before
+    assert sorted(os.listdir(tmp_path)) == ["lora.safetensors"]
+    tensors, meta = read_lora_file(path)
+    assert meta["treegrpo.step"] == "1"

@@ -93,3 +93,30 @@ def test_demo_cli_writes_all_outputs(tmp_path, capsys):
     assert from_state_dict(tensors, meta).modules
     printed = capsys.readouterr().out
     assert "TreeGRPO" in printed and "trajectory GRPO" in printed
+
+
+def test_interrupted_run_with_lr_schedule_resumes_to_the_same_lora_bytes(tmp_path):
+    """A cosine schedule with warm-up: stopped (by the stop callback) after 2 of 4 iterations, checkpointed,
+    resumed by a new process-like Trainer -> the same LoRA tensors as an uninterrupted 4-iteration run."""
+    from treegrpo.backends import load_policy
+    from treegrpo.trainer import Trainer, TrainingInterrupted
+
+    optim = {"lr_schedule": "cosine", "warmup": 1}
+    full = _cfg(tmp_path / "a", iterations=4, prompts_per_iter=2, run_name="r", optim=optim)
+    tr_a, _ = cli.run_training(full, progress=False)
+    assert [round(h["lr"] / full.optim.lr, 6) for h in tr_a.history] == [0.5, 1.0, 0.75, 0.25]
+
+    cfg = _cfg(tmp_path / "b", iterations=4, prompts_per_iter=2, run_name="r", optim=optim)
+    rewards = cli.build_rewards(cfg, torch.device("cpu"))
+    policy, name = load_policy(cfg)
+    tr = Trainer(cfg, policy, rewards, progress=False, base_model_name=name,
+                 stop=lambda: len(tr.history) >= 2)
+    with pytest.raises(TrainingInterrupted):
+        tr.train()
+    ck = torch.load(tr.latest_checkpoint(), weights_only=True)
+    assert ck["iteration"] == 2 and ck["scheduler"]["last_epoch"] == 2 and "numpy_rng" in ck
+    tr_b, _ = cli.run_training(cfg, resume=True, progress=False)
+    assert [h["lr"] for h in tr_b.history] == [h["lr"] for h in tr_a.history]
+    a = read_lora_file(str(tmp_path / "a" / "r.safetensors"))[0]
+    b = read_lora_file(str(tmp_path / "b" / "r.safetensors"))[0]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

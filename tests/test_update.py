@@ -99,3 +99,11 @@ def test_grpo_update_moves_parameters_and_flat_trees_are_skipped():
     stats = grpo_update(pol, tb, opt, OptimConfig(), noise_level=cfg.noise_level, eta=cfg.eta)
     assert stats["edges"] == 14 and stats["grad_norm"] > 0
     assert not torch.allclose(pol.model.to_q.weight, w0)
+
+
+def test_lr_factor_schedules():
+    from treegrpo.update import lr_factor
+    assert [lr_factor(i, 4, 0, "constant") for i in range(4)] == [1.0] * 4
+    assert [lr_factor(i, 5, 1, "linear") for i in range(5)] == [0.5, 1.0, 0.75, 0.5, 0.25]
+    assert lr_factor(1, 5, 1, "cosine") == 1.0 and abs(lr_factor(3, 5, 1, "cosine") - 0.5) < 1e-12
+    assert lr_factor(9, 5, 0, "cosine") == 0.0  # past the end: clamped, never negative

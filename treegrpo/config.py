@@ -176,6 +176,8 @@ class OptimConfig:
     max_grad_norm: float = _f(1.0, "gradient clipping norm (0 = off)")
     microbatch: int = _f(64, "parent nodes per forward/backward (gradient accumulation over microbatches)")
     updates_per_batch: int = _f(1, "optimiser passes over each batch of trees")
+    lr_schedule: str = _f("constant", "learning-rate schedule over the iterations: constant | linear | cosine (to 0)")
+    warmup: int = _f(0, "iterations of linear learning-rate warm-up from 0")
 
     def __post_init__(self) -> None:
         c = "OptimConfig"
@@ -186,6 +188,8 @@ class OptimConfig:
         _require(self.max_grad_norm >= 0, c, "max_grad_norm", f"must be >= 0, got {self.max_grad_norm}")
         _require(self.microbatch >= 1, c, "microbatch", f"must be >= 1, got {self.microbatch}")
         _require(self.updates_per_batch >= 1, c, "updates_per_batch", f"must be >= 1, got {self.updates_per_batch}")
+        _choice(self, "lr_schedule", ("constant", "linear", "cosine"))
+        _require(self.warmup >= 0, c, "warmup", f"must be >= 0 iterations, got {self.warmup}")
 
 
 @dataclass

@@ -8,8 +8,15 @@ import tempfile
 from typing import Callable
 
 
+class SaveError(OSError):
+    """A file could not be written (disk full, no permission, ...); the previous file is unchanged."""
+
+
 def atomic_write(path: str, write: Callable[[str], None]) -> str:
-    """Call ``write(tmp_path)`` then move ``tmp_path`` over ``path`` atomically; returns ``path``."""
+    """Call ``write(tmp_path)`` then move ``tmp_path`` over ``path`` atomically; returns ``path``.
+
+    Any failure of the write (a full disk included, whatever library raised it) removes the temporary
+    file and raises :class:`SaveError` naming ``path``; an interrupt is re-raised as it is."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-" + os.path.basename(path) + "-", dir=folder)
@@ -22,9 +29,14 @@ def atomic_write(path: str, write: Callable[[str], None]) -> str:
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, Exception) and not isinstance(e, SaveError):
+            err = SaveError(f"could not save {path}: {e} (disk full or not writable?); the previous file, if any, "
+                            "is unchanged - free some space or choose another folder and save again")
+            err.errno = getattr(e, "errno", None)
+            raise err from e
         raise
     try:
         dfd = os.open(folder, os.O_RDONLY)

@@ -24,7 +24,7 @@ from .config import TrainConfig
 from .io import atomic_write, atomic_write_json
 from .lora import add_lora, check_base_model, extract_lora, from_state_dict, load_into_model, read_lora_file, save_lora_file, to_comfy
 from .tree import Denoiser, NFECounter, initial_latent, ode_solve, sample_trees, window_start_at
-from .update import grpo_update
+from .update import grpo_update, lr_factor
 
 
 def _numpy_state() -> list:
@@ -100,6 +100,9 @@ class Trainer:
             check_base_model(meta, self.base_model_name, cfg.lora.init_from)
             self.load_lora_weights(from_state_dict(t, meta))
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+        o = cfg.optim
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda i: lr_factor(i, cfg.iterations, o.warmup, o.lr_schedule))
         self.iteration = 0
         self.history: list[dict] = []
         self.evals: list[dict] = []
@@ -166,11 +169,13 @@ class Trainer:
             guidance=cfg.cfg, params=self.params, callback=self._cb,
             all_reduce=getattr(self.dist, "all_reduce_grads", None)))
         self.policy.model.eval()
+        stats_lr = self.optimizer.param_groups[0]["lr"]
+        self.scheduler.step()
         t4 = time.perf_counter()
         self.total_nfe += batch.nfe
         self.train_time += t4 - t0
         stats = {"iteration": it, "window_start": s, **adv_stats, **{k: v for k, v in upd.items()},
-                 "nfe": batch.nfe, "calls": batch.calls, "t_sample": t1 - t0, "t_decode": t2 - t1,
+                 "nfe": batch.nfe, "calls": batch.calls, "lr": stats_lr, "t_sample": t1 - t0, "t_decode": t2 - t1,
                  "t_reward": t3 - t2, "t_update": t4 - t3, "t_iter": t4 - t0, "train_time": self.train_time,
                  "total_nfe": self.total_nfe}
         if not math.isfinite(stats["loss"]):
@@ -246,7 +251,7 @@ class Trainer:
     def checkpoint_state(self) -> dict:
         return {"iteration": self.iteration, "lora": {k: v.detach().cpu().clone() for k, v in
                                                        zip(self._param_names(), self.params)},
-                "optimizer": self.optimizer.state_dict(), "history": json.dumps(self.history),
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(), "history": json.dumps(self.history),
                 "evals": json.dumps(self.evals), "train_time": self.train_time, "total_nfe": self.total_nfe,
                 "config": json.dumps(self.cfg.to_dict(), default=str), "run_name": self.cfg.run_name,
                 "torch_rng": torch.get_rng_state(), "python_rng": json.dumps(random.getstate()),
@@ -285,6 +290,8 @@ class Trainer:
                     raise ValueError(f"checkpoint {path} does not fit the model: parameter {n}")
                 p.copy_(state["lora"][n])
         self.optimizer.load_state_dict(state["optimizer"])
+        if "scheduler" in state:
+            self.scheduler.load_state_dict(state["scheduler"])
         self.iteration = int(state["iteration"])
         self.history = json.loads(state["history"])
         self.evals = json.loads(state["evals"])

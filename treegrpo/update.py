@@ -7,6 +7,7 @@ surrogate plus ``β·KL`` to the LoRA-disabled reference.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -120,6 +121,21 @@ def backward_edges(policy: Policy, batch: TreeBatch, edges: EdgeSet, cfg: OptimC
     out.update(loss=tot_loss, kl=tot_kl / edges.n_edges, ratio_mean=tot_ratio / edges.n_edges,
                clip_frac=tot_clip / edges.n_edges)
     return out
+
+
+def lr_factor(iteration: int, total: int, warmup: int = 0, schedule: str = "constant") -> float:
+    """Learning-rate multiplier of ``iteration`` (0-based) of ``total``: linear warm-up over ``warmup``
+    iterations ((i+1)/(warmup+1)), then ``constant``, ``linear`` to 0 or ``cosine`` to 0."""
+    if iteration < warmup:
+        return (iteration + 1) / (warmup + 1)
+    if schedule == "constant":
+        return 1.0
+    p = min(max((iteration - warmup) / max(1, total - warmup), 0.0), 1.0)
+    if schedule == "linear":
+        return 1.0 - p
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * p))
+    raise ValueError(f"unknown lr schedule {schedule!r}; use constant, linear or cosine")
 
 
 def grpo_update(policy: Policy, batch: TreeBatch, optimizer: torch.optim.Optimizer, cfg: OptimConfig, *,
