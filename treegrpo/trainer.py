@@ -67,7 +67,8 @@ class Trainer:
     ``stop``: optional callable returning True to stop (interrupt); checked at every step.
     ``step_callback``: called after every denoiser/update step (progress bars, interrupt checks).
     ``iteration_callback``: called with each iteration's statistics.
-    ``dist``: optional data-parallel helper with ``rank``, ``world``, ``all_reduce_grads(params)``."""
+    ``dist``: optional data-parallel helper with ``rank``, ``world``, ``all_reduce_grads(params, n_edges)``
+    (:class:`treegrpo.distributed.DataParallel`); only rank 0 evaluates and writes files."""
 
     def __init__(self, cfg: TrainConfig, policy: Policy, rewards: dict[str, Callable], *,
                  progress: bool = True, stop: Optional[Callable[[], bool]] = None,
@@ -85,6 +86,9 @@ class Trainer:
         self.iteration_callback = iteration_callback
         self.rank = getattr(dist, "rank", 0)
         self.world = getattr(dist, "world", 1)
+        if cfg.prompts_per_iter < self.world:
+            raise ValueError(f"TrainConfig.prompts_per_iter: {cfg.prompts_per_iter} prompts per iteration cannot be "
+                             f"split over {self.world} processes; use at least {self.world}")
         self.base_model_name = base_model_name or (cfg.model or cfg.backend)
         self.own_lora = getattr(policy, "lora", None)  # backends with their own LoRA (ComfyUI) vs PEFT
         if lora_params is not None:
@@ -147,11 +151,13 @@ class Trainer:
         tree_pids = torch.tensor([i for i in idx for _ in range(cfg.trees_per_prompt)])
         gen = iteration_generator(cfg.seed, it)
         noise = torch.randn((len(tree_prompts), *self.policy.latent_shape()), generator=gen)
-        mine = list(range(self.rank, len(tree_prompts), self.world))
+        # data parallel: whole prompts go to ranks round-robin (per-prompt reward statistics stay local);
+        # each tree's SDE noise comes from its own generator, so the split does not change any tree
+        mine = [t for t in range(len(tree_prompts)) if (t // cfg.trees_per_prompt) % self.world == self.rank]
         tree_prompts = [tree_prompts[i] for i in mine]
         tree_pids, noise = tree_pids[mine], noise[mine]
         s = window_start_at(cfg.tree, it, random.Random(cfg.seed * 31 + it))
-        sde_gen = iteration_generator(cfg.seed, it, salt=1 + self.rank)
+        sde_gen = [iteration_generator(cfg.seed, it, salt=1 + t) for t in mine]
         self.policy.model.eval()
         batch = self._run(lambda: sample_trees(
             self.policy, tree_prompts, cfg.tree, prompt_ids=tree_pids, window_start=s, guidance=cfg.cfg,
@@ -366,7 +372,7 @@ class Trainer:
             from tqdm.auto import tqdm
             bar = tqdm(total=total, initial=self.iteration, desc=f"{cfg.tree.method}", unit="it")
         try:
-            if cfg.eval_every and self.iteration == 0 and not self.evals:
+            if cfg.eval_every and self.iteration == 0 and not self.evals and self.rank == 0:
                 self.evals.append(self.evaluate())
             while self.iteration < total:
                 if cfg.time_budget_s and self.train_time >= cfg.time_budget_s:
@@ -379,7 +385,7 @@ class Trainer:
                 if bar:
                     bar.update(1)
                     bar.set_postfix(reward=f"{stats['reward']:.3f}", loss=f"{stats['loss']:.2e}")
-                if cfg.eval_every and self.iteration % cfg.eval_every == 0:
+                if cfg.eval_every and self.iteration % cfg.eval_every == 0 and self.rank == 0:
                     self.evals.append(self.evaluate())
                 if cfg.checkpoint_every and self.iteration % cfg.checkpoint_every == 0:
                     self.save_checkpoint()
@@ -391,7 +397,7 @@ class Trainer:
         finally:
             if bar:
                 bar.close()
-        if cfg.eval_every and (not self.evals or self.evals[-1]["iteration"] != self.iteration):
+        if cfg.eval_every and self.rank == 0 and (not self.evals or self.evals[-1]["iteration"] != self.iteration):
             self.evals.append(self.evaluate())
         self._write_logs()
         return {"iterations": self.iteration, "train_time": self.train_time, "total_nfe": self.total_nfe,

@@ -198,6 +198,8 @@ def sample_trees(policy: Policy, prompts: list[str], cfg: TreeConfig, *, cond: A
 
     ``cond``: conditioning per tree (default: ``policy.encode_prompts(prompts)``).
     ``noise``: initial noise (n_trees, C, H, W) (default: drawn from ``generator``).
+    ``generator``: one ``torch.Generator``, or a list of one per tree (then each tree's SDE noise is the
+    same whichever other trees share the batch: data-parallel ranks sample exactly what one process would).
     ``callback`` is called after every step (progress bars, interrupt checks)."""
     n_trees = len(prompts)
     if n_trees == 0:
@@ -211,8 +213,12 @@ def sample_trees(policy: Policy, prompts: list[str], cfg: TreeConfig, *, cond: A
     if cond is None:
         cond = policy.encode_prompts(prompts)
     shape = policy.latent_shape()
+    if isinstance(generator, (list, tuple)) and len(generator) != n_trees:
+        raise ValueError(f"sample_trees: {len(generator)} generators for {n_trees} trees")
     if noise is None:
-        noise = torch.randn((n_trees, *shape), generator=generator, device="cpu").to(dev)
+        gens = generator if isinstance(generator, (list, tuple)) else [generator]
+        noise = torch.cat([torch.randn((n_trees if len(gens) == 1 else 1, *shape), generator=g, device="cpu")
+                           for g in gens]).to(dev)
     counter = NFECounter()
     den = Denoiser(policy, cond, guidance, counter, max_batch)
     trees = torch.arange(n_trees, device=dev)
@@ -239,7 +245,10 @@ def sample_trees(policy: Policy, prompts: list[str], cfg: TreeConfig, *, cond: A
                              "move the window away from the final step")
         local = torch.arange(sizes[j + 1], device=dev) // b                        # parent within its tree
         parent = (torch.arange(n_trees, device=dev)[:, None] * sizes[j] + local[None]).flatten()
-        eps = torch.randn((parent.numel(), *shape), generator=generator, device="cpu").to(dev)
+        if isinstance(generator, (list, tuple)):  # one generator per tree: a tree's noise ignores its batch
+            eps = torch.cat([torch.randn((sizes[j + 1], *shape), generator=g, device="cpu") for g in generator]).to(dev)
+        else:
+            eps = torch.randn((parent.numel(), *shape), generator=generator, device="cpu").to(dev)
         x_child = mean[parent] + std[parent] * eps
         logps.append(gaussian_logprob(x_child, mean[parent], std[parent], cfg.logprob_reduction))
         parents.append(parent)

@@ -145,7 +145,8 @@ def grpo_update(policy: Policy, batch: TreeBatch, optimizer: torch.optim.Optimiz
                 edges: Optional[EdgeSet] = None) -> dict:
     """Run ``cfg.updates_per_batch`` optimiser steps on the batch's edges; returns statistics.
 
-    ``all_reduce`` (optional) averages the parameters' gradients across processes (data parallel)."""
+    ``all_reduce(params, n_edges)`` (optional, data parallel) turns each process's gradient of its mean edge
+    loss into the gradient of the mean over all processes' edges (see ``treegrpo.distributed``)."""
     edges = edges if edges is not None else collect_edges(batch, skip_zero_adv=cfg.kl_beta == 0)
     params = params if params is not None else [p for p in policy.model.parameters() if p.requires_grad]
     stats = {"edges": edges.n_edges, "parents": edges.n_parents, "grad_norm": 0.0}
@@ -153,8 +154,8 @@ def grpo_update(policy: Policy, batch: TreeBatch, optimizer: torch.optim.Optimiz
         optimizer.zero_grad(set_to_none=False)
         stats.update(backward_edges(policy, batch, edges, cfg, noise_level=noise_level, eta=eta,
                                     guidance=guidance, callback=callback))
-        if all_reduce is not None:
-            all_reduce(params)
+        if all_reduce is not None:  # weighted by edge counts: the same gradient as one process over all trees
+            all_reduce(params, edges.n_edges)
         if edges.n_edges == 0 and all_reduce is None:
             break
         grads = [p.grad for p in params if p.grad is not None]

@@ -1,0 +1,62 @@
+"""Data-parallel training over several processes (``torchrun`` or ``accelerate launch``).
+
+Each rank samples and scores its share of the trees (whole prompts, round-robin), computes the
+gradient of the mean GRPO loss over its own edges, and the gradients are combined into the gradient of
+the mean over *all* edges — exactly what one process over all trees computes:
+
+    g = Σ_r E_r·g_r / Σ_r E_r        (E_r: trained edges on rank r)
+
+Process-group set-up and device placement come from accelerate's ``PartialState``, which reads the
+environment that both launchers write (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ...). Only rank 0
+writes files; no collective runs inside a save, so a slow disk cannot leave peers hanging in one.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+
+def launched() -> bool:
+    """True when started by torchrun / accelerate launch with more than one process."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+class DataParallel:
+    """Rank/world of this process and the edge-weighted gradient all-reduce the trainer calls."""
+
+    def __init__(self, backend: Optional[str] = None):
+        from accelerate import PartialState
+
+        kw = {"backend": backend} if backend else {}
+        self.state = PartialState(**kw)
+        self.rank = self.state.process_index
+        self.world = self.state.num_processes
+        self.device = self.state.device
+
+    def all_reduce_grads(self, params: list[torch.nn.Parameter], n_edges: int) -> None:
+        """Replace every ``p.grad`` by the edge-weighted mean over ranks (one flat all-reduce)."""
+        if self.world == 1:
+            return
+        ref = params[0]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.detach().float().reshape(-1) * n_edges for g in grads]
+                         + [torch.tensor([float(n_edges)], device=ref.device)])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        total = float(flat[-1])
+        flat = flat[:-1] / max(total, 1.0)
+        off = 0
+        for p, g in zip(params, grads):
+            n = g.numel()
+            p.grad = flat[off:off + n].view_as(g).to(g.dtype).clone()
+            off += n
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+    def close(self) -> None:
+        if self.world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
