@@ -31,6 +31,7 @@ def _cfg(tmp_path, **kw):
     (dict(lora={"rank": 0}), "LoraConfig.rank"),
     (dict(optim={"lr": 0.0}), "OptimConfig.lr"),
     (dict(backend="sdxl"), "TrainConfig.backend"),
+    (dict(backend="diffusers"), "TrainConfig.model"),
 ])
 def test_config_errors_name_the_field(tmp_path, kw, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from .config import ConfigError, TrainConfig
 
-_SUBS = ("tree", "advantage", "lora", "optim")
+_SUBS = ("tree", "advantage", "lora", "optim", "pipeline")
 
 
 def _parse_value(text: str, default: Any):
@@ -124,13 +124,23 @@ def run_training(cfg: TrainConfig, resume: bool = False, progress: bool = True, 
     from .trainer import Trainer
 
     from .backends import resolve_device
+    from .distributed import DataParallel, launched
+
+    dist = DataParallel() if launched() else None  # torchrun / accelerate launch: one process per device
+    device = resolve_device(cfg.device)
+    if dist is not None and device.type == "cuda":
+        device = dist.device
     # fail on reward names/files before loading the model; score on the policy's device
-    rewards_ready = build_rewards(cfg, resolve_device(cfg.device))
-    policy, base_name = load_policy(cfg)
-    trainer = Trainer(cfg, policy, rewards_ready, progress=progress, base_model_name=base_name)
+    rewards_ready = build_rewards(cfg, device)
+    policy, base_name = load_policy(cfg, device)
+    trainer = Trainer(cfg, policy, rewards_ready, progress=progress, base_model_name=base_name, dist=dist)
     summary = trainer.train(resume=resume)
     if write_lora:
         summary["lora"] = trainer.save_lora()
+        save_diffusers = getattr(policy, "save_diffusers_lora", None)
+        if save_diffusers is not None and trainer.rank == 0:  # the same tensors, diffusers' own key format
+            summary["lora_diffusers"] = save_diffusers(
+                trainer.lora_weights(), os.path.join(cfg.output_dir, f"{cfg.run_name}_diffusers.safetensors"))
     return trainer, summary
 
 

@@ -193,11 +193,43 @@ class OptimConfig:
 
 
 @dataclass
+class PipelineConfig:
+    """How the ``diffusers`` backend loads and runs a model (ignored by the other backends)."""
+
+    family: str = _f("auto", "auto | sd (SD1.x/SD2.x) | sdxl | sd3 (SD3/SD3.5) | flux; auto reads model_index.json")
+    config: Optional[str] = _f(None, "single-file checkpoints: a local diffusers folder with the configs, tokenizers "
+                                     "and the components the file lacks (text encoders, VAE)")
+    height: int = _f(0, "image height in pixels (0 = the model's default)")
+    width: int = _f(0, "image width in pixels (0 = the model's default)")
+    dtype: str = _f("auto", "weights dtype: auto (bfloat16 on GPU, float32 on CPU) | float32 | bfloat16 | float16")
+    autocast: bool = _f(True, "bfloat16 autocast of the denoiser on GPU")
+    gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass (less memory, ~30% slower)")
+    shift: float = _f(0.0, "flow models: schedule shift (0 = the model's scheduler config)")
+    guidance_embed: float = _f(3.5, "Flux-dev: distilled guidance value fed to the model (true CFG is `cfg`)")
+    max_sequence_length: int = _f(0, "T5 tokens for SD3/Flux prompts (0 = the pipeline's default: 256 SD3, 512 Flux)")
+    decode_batch: int = _f(8, "images per VAE decode call")
+
+    def __post_init__(self) -> None:
+        c = "PipelineConfig"
+        _choice(self, "family", ("auto", "sd", "sdxl", "sd3", "flux"))
+        _choice(self, "dtype", ("auto", "float32", "bfloat16", "float16"))
+        for name in ("height", "width"):
+            v = getattr(self, name)
+            _require(v == 0 or (v >= 16 and v % 16 == 0), c, name, f"must be 0 (model default) or a multiple of 16 "
+                                                                   f">= 16 pixels, got {v}")
+        _require(self.shift >= 0, c, "shift", f"must be >= 0, got {self.shift}")
+        _require(self.max_sequence_length >= 0, c, "max_sequence_length", f"must be >= 0, got {self.max_sequence_length}")
+        _require(self.decode_batch >= 1, c, "decode_batch", f"must be >= 1, got {self.decode_batch}")
+
+
+@dataclass
 class TrainConfig:
     """The whole run: model, prompts, rewards, tree, advantages, LoRA, optimiser, loop and output."""
 
-    backend: str = _f("demo", "policy adapter: demo (the embedded model); comfy is set by the ComfyUI nodes")
+    backend: str = _f("demo", "policy adapter: demo (the embedded model) | diffusers (a local diffusers folder or "
+                               "single-file checkpoint); comfy is set by the ComfyUI nodes")
     model: Optional[str] = _f(None, "model path (diffusers folder / single file); demo: None = shipped weights")
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig, metadata={"help": "diffusers model loading"})
     prompts: list = _f([], "training prompts (or use prompts_file)")
     prompts_file: Optional[str] = _f(None, "text file, one prompt per line")
     negative_prompt: str = _f("", "negative prompt for CFG")
@@ -232,8 +264,12 @@ class TrainConfig:
             self.lora = LoraConfig(**self.lora)
         if isinstance(self.optim, dict):
             self.optim = OptimConfig(**self.optim)
+        if isinstance(self.pipeline, dict):
+            self.pipeline = PipelineConfig(**self.pipeline)
         self.rewards = [r if isinstance(r, RewardSpec) else RewardSpec(**r) for r in self.rewards]
-        _choice(self, "backend", ("demo", "comfy"))
+        _choice(self, "backend", ("demo", "diffusers", "comfy"))
+        _require(self.backend != "diffusers" or bool(self.model), c, "model",
+                 "the diffusers backend needs a model path: a local diffusers folder or a .safetensors checkpoint")
         _require(len(self.rewards) > 0, c, "rewards", "name at least one reward model")
         _require(sum(r.weight for r in self.rewards) > 0, c, "rewards",
                  "the reward weights are all zero; give at least one a weight > 0")
@@ -280,7 +316,7 @@ class TrainConfig:
         if unknown:
             raise ConfigError(f"TrainConfig: unknown field(s) {unknown}; known: {sorted(known)}")
         for sub, klass in (("tree", TreeConfig), ("advantage", AdvantageConfig), ("lora", LoraConfig),
-                           ("optim", OptimConfig)):
+                           ("optim", OptimConfig), ("pipeline", PipelineConfig)):
             if isinstance(d.get(sub), dict):
                 kn = {f.name for f in dataclasses.fields(klass)}
                 bad = sorted(set(d[sub]) - kn)

@@ -44,12 +44,18 @@ def add_lora(model: nn.Module, cfg: LoraConfig, adapter_name: str = "default") -
     from peft import LoraConfig as PeftLoraConfig, inject_adapter_in_model
 
     names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-    hit = [n for n in names if any(n == t or n.endswith("." + t) for t in cfg.targets)]
+
+    def matches(t: str) -> bool:
+        return any(n == t or n.endswith("." + t) for n in names)
+
+    # diffusers keeps the output projection in a ModuleList (``to_out.0``): ``to_out`` means that Linear
+    targets = [t if matches(t) or not matches(t + ".0") else t + ".0" for t in cfg.targets]
+    hit = [n for n in names if any(n == t or n.endswith("." + t) for t in targets)]
     if not hit:
         sample = ", ".join(names[:8]) + (" ..." if len(names) > 8 else "")
         raise ValueError(f"LoraConfig.targets {cfg.targets} match no nn.Linear in the model; Linear modules are: {sample}")
     model.requires_grad_(False)
-    inject_adapter_in_model(PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, target_modules=list(cfg.targets),
+    inject_adapter_in_model(PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, target_modules=targets,
                                            lora_dropout=0.0, init_lora_weights=True), model, adapter_name=adapter_name)
     params = [p for n, p in model.named_parameters() if "lora_" in n]
     for p in params:

@@ -238,7 +238,8 @@ class Trainer:
     def lora_tensors(self, fmt: str = "comfy") -> dict:
         w = self.lora_weights()
         if fmt == "comfy":
-            return to_comfy(w)
+            own = getattr(self.policy, "comfy_lora_state_dict", None)  # diffusers models: ComfyUI's key names
+            return own(w) if own is not None else to_comfy(w)
         from .lora import to_peft
         return to_peft(w)
 

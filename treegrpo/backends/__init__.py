@@ -1,6 +1,8 @@
 """Policy adapters. ``load_policy(cfg)`` builds the one a TrainConfig asks for."""
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .base import Policy, select_cond  # noqa: F401
@@ -15,11 +17,16 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
-def load_policy(cfg) -> tuple[Policy, str]:
-    """(policy, base-model name) for ``cfg.backend``; ``cfg.model`` is a local path or None."""
-    device = resolve_device(cfg.device)
+def load_policy(cfg, device=None) -> tuple[Policy, str]:
+    """(policy, base-model name) for ``cfg.backend``; ``cfg.model`` is a local path or None.
+    ``device`` overrides ``cfg.device`` (data-parallel ranks get their own GPU)."""
+    device = torch.device(device) if device is not None else resolve_device(cfg.device)
     if cfg.backend == "demo":
         from .demo import DemoPolicy
         return DemoPolicy.load(cfg.model, device=device), "treegrpo-demo-shapes16"
+    if cfg.backend == "diffusers":
+        from .diffusers import DiffusersPolicy
+        policy = DiffusersPolicy.load(cfg.model, cfg.pipeline, device=device, guidance_hint=cfg.cfg)
+        return policy, f"diffusers:{policy.family}:{os.path.basename(os.path.normpath(cfg.model))}"
     raise ValueError(f"backend {cfg.backend!r} cannot be loaded from the CLI (the 'comfy' backend is driven by the "
-                     "ComfyUI nodes); use backend 'demo'")
+                     "ComfyUI nodes); use backend 'demo' or 'diffusers'")

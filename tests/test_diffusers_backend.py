@@ -1,0 +1,182 @@
+"""The diffusers backend on tiny random pipelines of every family, saved with ``save_pretrained`` and
+loaded back through ``from_pretrained`` (offline): deterministic sampling equals diffusers' own pipeline,
+x̂0 equals diffusers' scheduler formulas, one TreeGRPO iteration through the CLI trainer with the NFE
+formula, LoRA exports that diffusers' ``load_lora_weights`` reads (same outputs as the trained policy)."""
+import json
+import os
+
+import pytest
+import torch
+
+from diffusers_fixtures import FAMILIES, build_pipeline, save_pipeline
+from treegrpo import cli
+from treegrpo.backends.diffusers import DiffusersPolicy, ModelLoadError, detect_family
+from treegrpo.config import ConfigError, PipelineConfig, TrainConfig, TreeConfig
+from treegrpo.lora import read_lora_file
+from treegrpo.tree import Denoiser, NFECounter, expected_nfe, ode_solve
+
+PROMPTS = ["a red circle", "a blue square"]
+PC = PipelineConfig(height=16, width=16)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """family -> folder of a saved tiny pipeline (built once per test module)."""
+    root = tmp_path_factory.mktemp("pipes")
+    return {f: save_pipeline(f, str(root / f), seed=FAMILIES.index(f)) for f in FAMILIES}
+
+
+def _pipe_latents(pipe, family, noise, guidance, steps):
+    """diffusers' own deterministic sampler (Euler in the model's sigma/flow schedule) -> final latents."""
+    from diffusers import EulerDiscreteScheduler
+    kw = dict(num_inference_steps=steps, output_type="latent", height=16, width=16, return_dict=False)
+    if family in ("sd", "sd_v", "sdxl"):
+        pipe.scheduler = sch = EulerDiscreteScheduler.from_config(pipe.scheduler.config)
+        sch.set_timesteps(steps)  # the pipeline multiplies the latents by init_noise_sigma (√(σ0²+1) here);
+        start = noise * sch.sigmas[0] / sch.init_noise_sigma  # start from x = σ0·noise, as k-diffusion does
+        return pipe(PROMPTS, guidance_scale=guidance, negative_prompt=[""] * 2, latents=start, **kw)[0]
+    if family == "sd3":
+        return pipe(PROMPTS, guidance_scale=guidance, negative_prompt=[""] * 2, latents=noise, **kw)[0]
+    packed = pipe._pack_latents(noise, *noise.shape)
+    out = pipe(PROMPTS, guidance_scale=3.5, true_cfg_scale=guidance, negative_prompt=[""] * 2 if guidance > 1 else None,
+               latents=packed, **kw)[0]
+    return pipe._unpack_latents(out, 16, 16, pipe.vae_scale_factor)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_ode_sampling_equals_the_diffusers_pipeline(saved, family):
+    """Our Euler ODE in the policy's sigma space (CFG on x̂0, Flux packing, SDXL time ids, SD3 shift,
+    Flux dynamic shift) reproduces the pipeline's own Euler sampling from the same noise."""
+    guidance = 1.0 if family == "flux" else 2.0
+    policy = DiffusersPolicy.load(saved[family], PC, guidance_hint=guidance)
+    assert policy.family == family.replace("sd_v", "sd")
+    steps = 4
+    noise = torch.randn((2, *policy.latent_shape()), generator=torch.Generator().manual_seed(0))
+    sig = policy.sigmas(steps)
+    den = Denoiser(policy, policy.encode_prompts(PROMPTS), guidance, NFECounter())
+    with torch.no_grad():
+        ours = ode_solve(den, noise * sig[0], sig, torch.arange(2), "euler", prediction=policy.prediction)
+        theirs = _pipe_latents(policy.pipe, family, noise, guidance, steps)
+    assert theirs.shape == ours.shape
+    err = (ours - theirs).abs().max() / theirs.abs().max()
+    assert err < 2e-4, float(err)
+
+
+@pytest.mark.parametrize("family", ["sd", "sd_v"])
+def test_x0_matches_ddim_pred_original_sample(saved, family):
+    """Epsilon and v-prediction: x̂0 in sigma space equals DDIMScheduler's ``pred_original_sample`` for the
+    same model output at an integer timestep (x_ddpm = x/√(σ²+1))."""
+    from diffusers import DDIMScheduler
+    policy = DiffusersPolicy.load(saved[family], PC)
+    sched = DDIMScheduler.from_config(policy.pipe.scheduler.config)
+    sched.set_timesteps(10)
+    t = int(sched.timesteps[3])
+    ac = sched.alphas_cumprod[t]
+    sigma = ((1 - ac) / ac).sqrt().reshape(1).float()
+    assert abs(float(policy.sigma_to_t(sigma)) - t) < 1e-3
+    x = torch.randn((1, *policy.latent_shape()), generator=torch.Generator().manual_seed(1)) * sigma
+    cond = policy.encode_prompts(PROMPTS[:1])
+    with torch.no_grad():
+        x0 = policy.denoise(x, sigma, cond, 1.0)
+        x_ddpm = x / (sigma ** 2 + 1).sqrt()
+        out = policy.model(x_ddpm, t, encoder_hidden_states=cond["cond"]["embeds"], return_dict=False)[0]
+        ref = sched.step(out, t, x_ddpm, eta=0.0).pred_original_sample
+    assert torch.allclose(x0, ref, atol=1e-5, rtol=1e-4), float((x0 - ref).abs().max())
+
+
+def _train_cfg(folder, out, family, **kw):
+    d = {"backend": "diffusers", "model": folder, "prompts": PROMPTS, "cfg": 1.0 if family == "flux" else 2.0,
+         "rewards": [{"name": "jpeg_compressibility", "weight": 1.0}],
+         "pipeline": {"height": 16, "width": 16},
+         "tree": {"steps": 4, "window_start": 1, "window_width": 2, "branch": 2},
+         "lora": {"rank": 4, "alpha": 8.0}, "optim": {"lr": 2e-2, "clip_range": 0.2},
+         "iterations": 1, "prompts_per_iter": 2, "eval_every": 0, "checkpoint_every": 0,
+         "output_dir": str(out), "run_name": f"tiny_{family}", "device": "cpu", "advantage": {"flat_floor": 0.0}}
+    d.update(kw)
+    return TrainConfig.from_dict(d)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_one_iteration_nfe_and_lora_exports(saved, tmp_path, family):
+    """One TreeGRPO iteration through the CLI trainer: denoiser rows = the NFE formula, the LoRA moved, and
+    the diffusers export, loaded by ``pipe.load_lora_weights``, reproduces the trained policy's samples."""
+    cfg = _train_cfg(saved[family], tmp_path, family)
+    rows = []
+    import treegrpo.backends as backends
+    real = backends.load_policy
+
+    def counting(c, device=None):
+        pol, name = real(c, device)
+        pol.model.register_forward_hook(lambda m, a, kw, out: rows.append(
+            (kw.get("hidden_states") if "hidden_states" in kw else a[0]).shape[0]), with_kwargs=True)
+        return pol, name
+    backends.load_policy = counting
+    try:
+        trainer, summary = cli.run_training(cfg, progress=False)
+    finally:
+        backends.load_policy = real
+    h = trainer.history[0]
+    per_tree = expected_nfe(cfg.tree, guidance=cfg.cfg)
+    assert h["nfe"] == 2 * per_tree
+    sample_rows = sum(rows) - h["forwards"] * (2 if cfg.cfg > 1 else 1)  # the rest were update forwards
+    assert sample_rows == 2 * per_tree, (sum(rows), h)
+    assert h["edges"] > 0 and h["grad_norm"] > 0
+
+    comfy, meta = read_lora_file(summary["lora"])
+    prefix = "lora_unet_" if family in ("sd", "sd_v", "sdxl") else "lora_transformer_"
+    assert comfy and all(k.startswith(prefix) for k in comfy)
+    assert meta["treegrpo.base_model"].startswith(f"diffusers:{family.replace('sd_v', 'sd')}:")
+    ups = [v for k, v in comfy.items() if k.endswith(".lora_up.weight")]
+    assert any(u.abs().max() > 0 for u in ups), "the update did not move the LoRA"
+    modules = {n.replace(".", "_") for n, _ in trainer.policy.model.named_modules()}
+    assert {k[len(prefix):].rsplit(".", 2)[0] if k.endswith(".weight") else k[len(prefix):].rsplit(".", 1)[0]
+            for k in comfy} <= modules
+
+    # the diffusers twin: pipe.load_lora_weights -> same samples as our policy with the trained LoRA
+    policy = trainer.policy
+    noise = torch.randn((2, *policy.latent_shape()), generator=torch.Generator().manual_seed(3))
+    sig = policy.sigmas(4)
+    with torch.no_grad():
+        den = Denoiser(policy, policy.encode_prompts(PROMPTS), cfg.cfg, NFECounter())
+        ours = ode_solve(den, noise * sig[0], sig, torch.arange(2), "euler", prediction=policy.prediction)
+        with policy.lora_disabled():
+            base = ode_solve(den, noise * sig[0], sig, torch.arange(2), "euler", prediction=policy.prediction)
+    assert (ours - base).abs().max() > 1e-6
+    fresh = DiffusersPolicy.load(saved[family], PC, guidance_hint=cfg.cfg)
+    fresh.pipe.load_lora_weights(summary["lora_diffusers"])
+    with torch.no_grad():
+        den2 = Denoiser(fresh, fresh.encode_prompts(PROMPTS), cfg.cfg, NFECounter())
+        theirs = ode_solve(den2, noise * sig[0], sig, torch.arange(2), "euler", prediction=fresh.prediction)
+    assert torch.allclose(theirs, ours, atol=1e-5, rtol=1e-4), float((theirs - ours).abs().max())
+
+
+def test_detection_and_load_errors(saved, tmp_path):
+    assert detect_family(saved["sdxl"]) == "sdxl" and detect_family(saved["flux"]) == "flux"
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        DiffusersPolicy.load(str(tmp_path / "nope"))
+    single = tmp_path / "unet.safetensors"
+    single.write_bytes(b"")
+    with pytest.raises(ModelLoadError, match="pipeline.config"):
+        DiffusersPolicy.load(str(single), PipelineConfig(family="sd"))
+    with pytest.raises(ModelLoadError, match="model_index.json"):
+        DiffusersPolicy.load(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"PipelineConfig\.height"):
+        PipelineConfig(height=20)
+    with pytest.raises(ConfigError, match=r"TrainConfig\.model"):
+        TrainConfig(backend="diffusers", prompts=["x"])
+
+
+def test_resume_gives_the_same_lora_bytes(saved, tmp_path):
+    """SD1.x tiny model: 2 iterations straight vs 1 + checkpoint + resume -> identical LoRA tensors."""
+    a = _train_cfg(saved["sd"], tmp_path / "a", "sd", iterations=2, checkpoint_every=1)
+    cli.run_training(a, progress=False)
+    b1 = _train_cfg(saved["sd"], tmp_path / "b", "sd", iterations=1, checkpoint_every=1)
+    cli.run_training(b1, progress=False)
+    b2 = _train_cfg(saved["sd"], tmp_path / "b", "sd", iterations=2, checkpoint_every=1)
+    tr, _ = cli.run_training(b2, resume=True, progress=False)
+    assert tr.iteration == 2 and len(tr.history) == 2
+    ta = read_lora_file(str(tmp_path / "a" / "tiny_sd.safetensors"))[0]
+    tb = read_lora_file(str(tmp_path / "b" / "tiny_sd.safetensors"))[0]
+    assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
+    ck = torch.load(sorted((tmp_path / "b" / "checkpoints").glob("*.pt"))[-1], weights_only=True)
+    assert {"lora", "optimizer", "scheduler", "torch_rng", "python_rng", "numpy_rng", "iteration"} <= set(ck)
