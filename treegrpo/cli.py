@@ -126,8 +126,9 @@ def run_training(cfg: TrainConfig, resume: bool = False, progress: bool = True, 
     from .backends import resolve_device
     from .distributed import DataParallel, launched
 
-    dist = DataParallel() if launched() else None  # torchrun / accelerate launch: one process per device
     device = resolve_device(cfg.device)
+    # torchrun / accelerate launch: one process per device
+    dist = DataParallel(cpu=device.type == "cpu") if launched() else None
     if dist is not None and device.type == "cuda":
         device = dist.device
     # fail on reward names/files before loading the model; score on the policy's device
@@ -201,8 +202,11 @@ def cmd_demo(ns) -> int:
 def cmd_train(ns) -> int:
     d = json.load(open(ns.config, encoding="utf-8")) if ns.config else demo_config_dict()
     cfg = TrainConfig.from_dict(apply_flags(d, ns))
-    _, summary = run_training(cfg, resume=ns.resume, progress=not ns.quiet)
-    print(json.dumps({k: v for k, v in summary.items()}, indent=2, default=str))
+    trainer, summary = run_training(cfg, resume=ns.resume, progress=not ns.quiet)
+    if trainer.rank == 0:
+        print(json.dumps({k: v for k, v in summary.items()}, indent=2, default=str))
+    if trainer.dist is not None:
+        trainer.dist.close()
     return 0
 
 

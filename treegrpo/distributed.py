@@ -27,11 +27,15 @@ def launched() -> bool:
 class DataParallel:
     """Rank/world of this process and the edge-weighted gradient all-reduce the trainer calls."""
 
-    def __init__(self, backend: Optional[str] = None):
+    def __init__(self, cpu: bool = False, backend: Optional[str] = None):
+        """``cpu``: processes on the CPU (gloo); else one accelerator per process (nccl on CUDA)."""
         from accelerate import PartialState
 
         kw = {"backend": backend} if backend else {}
-        self.state = PartialState(**kw)
+        self.state = PartialState(cpu=cpu, **kw)
+        if launched() and self.state.num_processes == 1:
+            raise RuntimeError("launched with WORLD_SIZE > 1 but no process group could be set up; on the CPU "
+                               "run with --device cpu")
         self.rank = self.state.process_index
         self.world = self.state.num_processes
         self.device = self.state.device
