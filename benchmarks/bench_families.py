@@ -1,0 +1,91 @@
+"""Per-iteration time split (sampling / decode / reward / update) of the diffusers backend, per model family.
+
+Tiny random-weight pipelines of the real architectures (``tests/diffusers_fixtures.py``), saved and loaded
+through ``from_pretrained`` and trained by the CLI trainer, so every layer of the real code path is timed.
+These are architecture checks of the overheads, not model-size timings: on a tiny model the text
+encoders, the VAE and Python dominate. Real-size models (or real weights) on a GPU: point ``--model``
+at a local diffusers folder; the same split is reported.
+
+    python benchmarks/bench_families.py [--iterations 4] [--threads 1] [--model DIR --device cuda]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+
+PARTS = ("t_sample", "t_decode", "t_reward", "t_update", "t_iter")
+
+
+def run_family(folder: str, family: str, iterations: int, device: str, out: str, height: int) -> dict:
+    from treegrpo import cli
+    from treegrpo.config import TrainConfig
+
+    cfg = TrainConfig.from_dict({
+        "backend": "diffusers", "model": folder, "prompts": ["a red circle", "a blue square", "a green triangle",
+                                                              "a yellow cross"],
+        "cfg": 1.0 if family == "flux" else 4.5, "rewards": [{"name": "jpeg_compressibility", "weight": 1.0}],
+        "pipeline": {"height": height, "width": height},
+        "tree": {"steps": 10, "window_start": 1, "window_width": 3, "branch": 2, "tail_solver": "dpmpp_2m",
+                 "tail_steps": 3},
+        "lora": {"rank": 8, "alpha": 16.0}, "optim": {"lr": 1e-3, "microbatch": 64},
+        "iterations": iterations + 1, "prompts_per_iter": 4, "eval_every": 0, "checkpoint_every": 0,
+        "output_dir": out, "run_name": f"bench_{family}", "device": device})
+    t0 = time.perf_counter()
+    trainer, _ = cli.run_training(cfg, progress=False, write_lora=False)
+    hist = trainer.history[1:]  # the first iteration warms up (allocations, lazy imports)
+    row = {"family": family, "iterations": len(hist), "nfe_per_iter": hist[0]["nfe"],
+           "lora_params": sum(p.numel() for p in trainer.params), "wall_s": time.perf_counter() - t0,
+           "denoiser_params": sum(p.numel() for p in trainer.policy.model.parameters())}
+    for k in PARTS:
+        row[k] = sum(h[k] for h in hist) / len(hist)
+    if torch.cuda.is_available() and device.startswith("cuda"):
+        row["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--iterations", type=int, default=4, help="timed iterations per family (after one warm-up)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--families", default="sd,sd_v,sdxl,sd3,flux")
+    ap.add_argument("--model", help="a local diffusers folder to time instead of the tiny pipelines")
+    ap.add_argument("--height", type=int, default=16)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "families.json"))
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.model:
+            from treegrpo.backends.diffusers import detect_family
+            targets = [(detect_family(args.model), args.model)]
+        else:
+            from diffusers_fixtures import save_pipeline
+            targets = [(f, save_pipeline(f, os.path.join(tmp, f))) for f in args.families.split(",")]
+        for fam, folder in targets:
+            rows.append(run_family(folder, fam, args.iterations, args.device, os.path.join(tmp, "out_" + fam),
+                                   args.height))
+            r = rows[-1]
+            print(f"{fam:6s} NFE/it {r['nfe_per_iter']:4d}  " + "  ".join(f"{k[2:]} {r[k]:.3f}s" for k in PARTS),
+                  flush=True)
+    from treegrpo.io import atomic_write_json
+    atomic_write_json(args.out, {"threads": args.threads, "device": args.device, "torch": torch.__version__,
+                                 "rows": rows})
+    print("\n| family | NFE/iter | sampling s | decode s | reward s | update s | iteration s | update share |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['family']} | {r['nfe_per_iter']} | {r['t_sample']:.3f} | {r['t_decode']:.3f} | {r['t_reward']:.3f} "
+              f"| {r['t_update']:.3f} | {r['t_iter']:.3f} | {r['t_update'] / r['t_iter']:.0%} |")
+
+
+if __name__ == "__main__":
+    main()
