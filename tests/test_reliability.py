@@ -13,14 +13,19 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from treegrpo import cli
 from treegrpo.advantages import RewardError, assign_advantages
-from treegrpo.config import (AdvantageConfig, ConfigError, LoraConfig, OptimConfig, RewardSpec, TrainConfig,
-                             TreeConfig)
+from treegrpo.config import (AdvantageConfig, ConfigError, LoraConfig, OptimConfig, PipelineConfig, RewardSpec,
+                             TrainConfig, TreeConfig)
 from treegrpo.lora import LoraFileError, check_base_model
 from treegrpo.tree import expected_nfe, level_sizes, sample_trees
 
 from analytic import AnalyticPolicy
 
 CATALOGUE = [
+    (lambda: OptimConfig(lr_schedule="exponential"), ConfigError, r"OptimConfig\.lr_schedule: must be one of"),
+    (lambda: OptimConfig(warmup=-1), ConfigError, r"OptimConfig\.warmup: must be >= 0"),
+    (lambda: PipelineConfig(family="sd4"), ConfigError, r"PipelineConfig\.family: must be one of"),
+    (lambda: PipelineConfig(width=100), ConfigError, r"PipelineConfig\.width: must be 0 .* multiple of 16"),
+    (lambda: TrainConfig(backend="diffusers", prompts=["a"]), ConfigError, r"TrainConfig\.model: the diffusers backend"),
     (lambda: TreeConfig(branch=0), ConfigError, r"TreeConfig\.branch: must be >= 1"),
     (lambda: TreeConfig(window_width=0), ConfigError, r"TreeConfig\.window_width: must be >= 1"),
     (lambda: TreeConfig(steps=0), ConfigError, r"TreeConfig\.steps: must be >= 1"),
