@@ -94,7 +94,7 @@ def load_pipeline(path: str, pcfg: PipelineConfig, device: torch.device):
                                      f"the same model ({cls_name}) for its configs, tokenizers and the parts the "
                                      "file lacks (nothing is downloaded)")
             if _single_file_is_full(path):
-                pipe = cls.from_single_file(path, config=pcfg.config, dtype=dtype, local_files_only=True)
+                pipe = cls.from_single_file(path, config=pcfg.config, torch_dtype=dtype, local_files_only=True)
             else:  # a bare UNet/transformer file (how Flux and many fine-tunes are published)
                 den_cls = getattr(diffusers, "UNet2DConditionModel" if attr == "unet" else
                                   ("FluxTransformer2DModel" if family == "flux" else "SD3Transformer2DModel"))
