@@ -19,7 +19,7 @@ class AdvantageBackup(io.ComfyNode):
             description="Leaf rewards -> z-scored leaf advantages -> advantages of every window edge, backed up "
                         "deepest level first (softmax over sibling log-probs, or mean).",
             inputs=[
-                Tree.Input("tree"),
+                Tree.Input("tree", tooltip="tree from the TreeGRPO Tree Sampler"),
                 Rewards.Input("rewards", tooltip="rewards of the tree's leaves, in leaf order"),
                 io.Combo.Input("backup", options=["softmax", "mean"], default="softmax",
                                tooltip="how child-edge advantages combine into their parent's"),
@@ -30,7 +30,8 @@ class AdvantageBackup(io.ComfyNode):
                 io.Float.Input("flat_floor", default=1e-3, min=0.0, max=10.0, step=0.0001,
                                tooltip="trees whose reward spread is below this are not trained"),
             ],
-            outputs=[Tree.Output(display_name="tree"), io.String.Output(display_name="stats")],
+            outputs=[Tree.Output(display_name="tree", tooltip="the tree with per-edge advantages, for the Trainer Step"),
+                     io.String.Output(display_name="stats", tooltip="advantage statistics (JSON)")],
         )
 
     @classmethod

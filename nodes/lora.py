@@ -22,7 +22,7 @@ class SaveLoRA(io.ComfyNode):
                 io.String.Input("filename_prefix", default="treegrpo/treegrpo_lora",
                                 tooltip="file name under models/loras (a counter is appended)"),
             ],
-            outputs=[io.String.Output(display_name="path")],
+            outputs=[io.String.Output(display_name="path", tooltip="the file written")],
             is_output_node=True,
         )
 

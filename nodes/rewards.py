@@ -40,7 +40,7 @@ class RewardModelLoader(io.ComfyNode):
                 io.Combo.Input("file", options=reward_files(), default=NO_FILE,
                                tooltip="weight file in models/reward_models (the demo and JPEG rewards need none)"),
             ],
-            outputs=[RewardModel.Output(display_name="reward_model")],
+            outputs=[RewardModel.Output(display_name="reward_model", tooltip="to a Reward Scorer or the Train node")],
         )
 
     @classmethod
@@ -58,14 +58,15 @@ class RewardScorer(io.ComfyNode):
                         "with weights.",
             inputs=[
                 io.Image.Input("images", tooltip="decoded leaves (VAEDecode of the Tree Sampler's leaves)"),
-                RewardModel.Input("reward_model"),
+                RewardModel.Input("reward_model", tooltip="from a TreeGRPO Reward Model Loader"),
                 io.String.Input("prompt", default="", multiline=True,
                                 tooltip="prompt of the images: one line for all, or one line per image"),
                 io.Float.Input("weight", default=1.0, min=0.0, max=100.0, step=0.05,
                                tooltip="weight of this reward in the combination"),
                 Rewards.Input("rewards", optional=True, tooltip="rewards from another scorer to combine with"),
             ],
-            outputs=[Rewards.Output(display_name="rewards")],
+            outputs=[Rewards.Output(display_name="rewards",
+                                     tooltip="per-leaf rewards (this one and the chained ones), for Advantage Backup")],
         )
 
     @classmethod

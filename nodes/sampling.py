@@ -27,9 +27,6 @@ def tree_inputs():
     ]
 
 
-TREE_FIELDS = ("steps", "window_start", "window_width", "branch", "noise_level", "window_schedule")
-
-
 def tree_config(steps, window_start, window_width, branch, noise_level, window_schedule="fixed", **kw) -> TreeConfig:
     return TreeConfig(steps=steps, window_start=window_start, window_width=window_width, branch=branch,
                       noise_level=noise_level, eta=min(1.0, noise_level), window_schedule=window_schedule,
@@ -37,13 +34,21 @@ def tree_config(steps, window_start, window_width, branch, noise_level, window_s
                       min(steps - window_width, max(window_start, steps // 2 - 1)), **kw)
 
 
-def validate_tree(**kw):
+def validate_tree(steps=None, window_start=None, window_width=None, branch=None) -> bool | str:
+    """The tree shape's cross-field rules (window inside the steps, leaves within the memory guard), checked when
+    a prompt is queued.  Only these four inputs are parameters: ComfyUI then still checks every other input
+    against its min/max (it skips that for a node whose validate_inputs takes ``**kwargs``, and reports a
+    failure once per parameter).  Since ComfyUI leaves these four to us, their ranges are checked here too."""
+    vals = {"steps": steps, "window_start": window_start, "window_width": window_width, "branch": branch}
+    if any(v is None for v in vals.values()):  # a linked input: validated at execution
+        return True
+    for inp in tree_inputs():
+        if inp.id in vals and not (inp.min <= vals[inp.id] <= inp.max):
+            return f"{inp.id} = {vals[inp.id]} is outside {inp.min}..{inp.max}"
     try:
-        tree_config(**{k: kw[k] for k in TREE_FIELDS})
+        tree_config(steps, window_start, window_width, branch, noise_level=0.7)
     except ConfigError as e:
         return str(e)
-    except KeyError:  # linked inputs are validated at execution
-        return True
     return True
 
 
@@ -71,12 +76,13 @@ class TreeSampler(io.ComfyNode):
                                 tooltip="the prompt text, passed on to reward scorers"),
                 Run.Input("run", optional=True, tooltip="trainer state: sample with its current LoRA"),
             ],
-            outputs=[Tree.Output(display_name="tree"), io.Latent.Output(display_name="leaves")],
+            outputs=[Tree.Output(display_name="tree", tooltip="the sampled trees, for Advantage Backup and Tree Preview"),
+                     io.Latent.Output(display_name="leaves", tooltip="leaf latents in leaf order: decode with VAEDecode")],
         )
 
     @classmethod
-    def validate_inputs(cls, **kw):
-        return validate_tree(**kw)
+    def validate_inputs(cls, steps=None, window_start=None, window_width=None, branch=None):
+        return validate_tree(steps, window_start, window_width, branch)
 
     @classmethod
     def execute(cls, model, positive, negative, latent, seed, cfg, scheduler, steps, window_start, window_width,
@@ -96,7 +102,8 @@ class LoadDemoModel(io.ComfyNode):
             description="The embedded 16x16 coloured-shapes flow model (no download): prompts like 'a red circle'. "
                         "Use its CLIP with CLIPTextEncode and its VAE with VAEDecode.",
             inputs=[],
-            outputs=[io.Model.Output(), io.Clip.Output(), io.Vae.Output()],
+            outputs=[io.Model.Output(tooltip="the 16x16 shapes flow model"), io.Clip.Output(tooltip="its text encoder"),
+                     io.Vae.Output(tooltip="its (pixel-space) VAE")],
         )
 
     @classmethod

@@ -50,7 +50,7 @@ class TrainerState(io.ComfyNode):
                 io.Boolean.Input("gradient_checkpointing", default=False, optional=True,
                                  tooltip="recompute blocks in backward: less memory, more time"),
             ],
-            outputs=[Run.Output(display_name="run")],
+            outputs=[Run.Output(display_name="run", tooltip="to the Tree Sampler and the Trainer Step")],
         )
 
     @classmethod
@@ -76,8 +76,9 @@ class TrainerStep(io.ComfyNode):
                 Run.Input("run", tooltip="the same trainer state the Tree Sampler used"),
                 io.Model.Input("model", tooltip="base model, returned with the updated LoRA applied"),
             ],
-            outputs=[io.Model.Output(display_name="model"), io.LoraModel.Output(display_name="lora"),
-                     io.String.Output(display_name="stats")],
+            outputs=[io.Model.Output(display_name="model", tooltip="the model with the updated LoRA applied"),
+                     io.LoraModel.Output(display_name="lora", tooltip="the LoRA, for TreeGRPO Save LoRA"),
+                     io.String.Output(display_name="stats", tooltip="statistics of this update (JSON)")],
             is_output_node=True,
         )
 
@@ -97,36 +98,45 @@ class Train(io.ComfyNode):
             description="The whole TreeGRPO loop in one node: sample trees -> decode -> score -> backup -> GRPO "
                         "update, for all iterations. Resumes the run's checkpoint; an interrupt saves one.",
             inputs=[
-                io.Model.Input("model"), io.Clip.Input("clip"), io.Vae.Input("vae"),
+                io.Model.Input("model", tooltip="the base model to train a LoRA on"),
+                io.Clip.Input("clip", tooltip="text encoder for the prompts"),
+                io.Vae.Input("vae", tooltip="decodes the leaves for the reward models"),
                 io.String.Input("prompts", multiline=True, default="a red circle\na blue square",
                                 tooltip="training prompts, one per line"),
                 io.String.Input("negative", default="", multiline=False, tooltip="negative prompt (cfg > 1)"),
-                RewardModel.Input("reward_model"),
+                RewardModel.Input("reward_model", tooltip="from a TreeGRPO Reward Model Loader (weight 1)"),
                 RewardModel.Input("reward_model_2", optional=True, tooltip="optional second reward"),
                 io.Float.Input("weight_2", default=1.0, min=0.0, max=100.0, step=0.05, tooltip="weight of reward 2"),
                 io.Int.Input("width", default=512, min=8, max=4096, step=8, tooltip="image width (pixels)"),
                 io.Int.Input("height", default=512, min=8, max=4096, step=8, tooltip="image height (pixels)"),
-                io.Float.Input("cfg", default=1.0, min=1.0, max=30.0, step=0.1),
-                io.Combo.Input("scheduler", options=comfy.samplers.SCHEDULER_NAMES, default="simple"),
+                io.Float.Input("cfg", default=1.0, min=1.0, max=30.0, step=0.1,
+                               tooltip="classifier-free guidance (1 = off; keep 1 for Flux)"),
+                io.Combo.Input("scheduler", options=comfy.samplers.SCHEDULER_NAMES, default="simple",
+                               tooltip="sigma schedule (ComfyUI's schedulers, with the model's shift)"),
                 *tree_inputs(),
-                io.Int.Input("iterations", default=50, min=1, max=100000),
-                io.Int.Input("prompts_per_iteration", default=4, min=1, max=256),
+                io.Int.Input("iterations", default=50, min=1, max=100000,
+                             tooltip="training iterations (a resumed run continues up to this many)"),
+                io.Int.Input("prompts_per_iteration", default=4, min=1, max=256,
+                             tooltip="prompts (one tree each) per iteration"),
                 *lora_inputs(),
-                io.Int.Input("seed", default=0, min=0, max=2**31 - 1),
-                io.String.Input("run_name", default="treegrpo_run"),
+                io.Int.Input("seed", default=0, min=0, max=2**31 - 1, tooltip="seed of the LoRA init, prompts and noises"),
+                io.String.Input("run_name", default="treegrpo_run",
+                                tooltip="checkpoints go to output/treegrpo/<run_name>/; the same name resumes"),
                 io.Int.Input("eval_every", default=10, min=0, max=100000,
                              tooltip="evaluate on fixed noises every N iterations (reward curve)"),
                 io.Boolean.Input("gradient_checkpointing", default=False, optional=True,
                                  tooltip="recompute blocks in backward: less memory, more time"),
             ],
-            outputs=[io.Model.Output(display_name="model"), io.LoraModel.Output(display_name="lora"),
-                     io.Image.Output(display_name="reward_curve"), io.Image.Output(display_name="samples")],
+            outputs=[io.Model.Output(display_name="model", tooltip="the model with the trained LoRA applied"),
+                     io.LoraModel.Output(display_name="lora", tooltip="the LoRA, for TreeGRPO Save LoRA"),
+                     io.Image.Output(display_name="reward_curve", tooltip="evaluation reward over the run"),
+                     io.Image.Output(display_name="samples", tooltip="evaluation samples with the LoRA")],
             is_output_node=True,
         )
 
     @classmethod
-    def validate_inputs(cls, **kw):
-        return validate_tree(**kw)
+    def validate_inputs(cls, steps=None, window_start=None, window_width=None, branch=None):
+        return validate_tree(steps, window_start, window_width, branch)
 
     @classmethod
     def execute(cls, model, clip, vae, prompts, negative, reward_model, weight_2, width, height, cfg, scheduler,

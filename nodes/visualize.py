@@ -15,11 +15,11 @@ class TreePreview(io.ComfyNode):
             node_id="TreeGRPOTreePreview", display_name="TreeGRPO Tree Preview", category=f"{CATEGORY}/visualize",
             description="Shows every leaf of every tree in branch order, with its reward and advantage.",
             inputs=[
-                Tree.Input("tree"),
+                Tree.Input("tree", tooltip="tree (with advantages, from Advantage Backup, to show them)"),
                 io.Image.Input("images", tooltip="decoded leaves of the tree"),
                 Rewards.Input("rewards", optional=True, tooltip="annotate each leaf with its reward"),
             ],
-            outputs=[io.Image.Output(display_name="preview")],
+            outputs=[io.Image.Output(display_name="preview", tooltip="one image: the leaves of each tree in branch order")],
             is_output_node=True,
         )
 
