@@ -4,7 +4,10 @@ ComfyUI (the one the tests extract) for input order, widget order and socket typ
     python workflows/generate.py            # writes workflows/*.json
 
 Each spec node: ``(key, class_type, {widget: value}, {input: (source_key, output_slot)})``; ``Note`` nodes
-carry the user-facing instructions (which model files go where).
+carry the user-facing instructions (which model files go where).  Nodes are laid out in columns by link depth
+with sizes estimated from their slots and widgets (no overlaps; checked in the browser by
+tests/test_browser.py) and coloured by menu category (``CATEGORY_COLORS``).  After a change, redraw the
+template-browser thumbnails: ``python workflows/make_thumbnails.py``.
 """
 from __future__ import annotations
 
@@ -164,21 +167,83 @@ def _outputs(cls):
     return [(n, t) for n, t in zip(names, types)]
 
 
+# Node colours of the pack, one per node-menu category (LiteGraph's palette: LGraphCanvas.node_colors), so a
+# node looks the same in every shipped workflow; built-in nodes keep ComfyUI's default look, Notes are yellow.
+CATEGORY_COLORS = {
+    "TreeGRPO/loaders": ("#2a363b", "#3f5159"),     # pale_blue
+    "TreeGRPO/sampling": ("#223", "#335"),          # blue
+    "TreeGRPO/rewards": ("#232", "#353"),           # green
+    "TreeGRPO/training": ("#323", "#535"),          # purple
+    "TreeGRPO/lora": ("#332922", "#593930"),        # brown
+    "TreeGRPO/visualize": ("#233", "#355"),         # cyan
+}
+NOTE_COLOR = ("#432", "#653")                       # yellow
+IMAGE_NODES = {"PreviewImage", "SaveImage", "TreeGRPOTreePreview"}
+SHOWS_IMAGES_BELOW = {"TreeGRPOTrain": 300}          # widget nodes that also preview images: room below the widgets
+# layout (LiteGraph units): title bar, one slot row, one widget row, a multiline text box, gaps
+TITLE_H, SLOT_H, WIDGET_H, TEXTBOX_H, GAP_X, GAP_Y = 30, 20, 24, 80, 60, 50
+NODE_W, NOTE_SIZE, IMAGE_SIZE = 340, (440, 240), (340, 340)
+
+
+def estimate_size(cls, ctype, input_specs, widget_inputs) -> list[int]:
+    """Size of a node in the web UI: its slot rows plus its widget rows (what the frontend's computeSize gives,
+    within a few pixels; the frontend only ever enlarges a node that is too small).  Image previews get room."""
+    if ctype in IMAGE_NODES:
+        return list(IMAGE_SIZE)
+    specs = {name: (typ, opts) for name, typ, opts in input_specs(cls)}
+    widgets = widget_inputs(cls)
+    sockets = len(specs) - len(widgets)
+    rows = max(sockets, len(_outputs(cls)))
+    h = rows * SLOT_H + 6
+    for name, ctrl in widgets:
+        typ, opts = specs[name]
+        h += TEXTBOX_H if (typ == "STRING" and opts.get("multiline")) else WIDGET_H
+        h += WIDGET_H if ctrl else 0
+    return [NODE_W, int(h) + SHOWS_IMAGES_BELOW.get(ctype, 0)]
+
+
+def layout(nodes: list[dict], depth: dict[int, int], max_cols: int = 4) -> None:
+    """Columns by link depth (sources left), nodes of a column stacked in spec order; the Notes head the first
+    column.  A graph more than ``max_cols`` columns deep continues in a second band below the first (so it fits
+    a screen and a square thumbnail).  Positions are node bodies (the title bar sits above pos)."""
+    cols: dict[int, list[dict]] = {}
+    for n in nodes:
+        cols.setdefault(0 if n["type"] == "Note" else depth[n["id"]], []).append(n)
+    for c in cols.values():
+        c.sort(key=lambda n: (n["type"] != "Note", n["order"]))
+    order = sorted(cols)
+    deep = [c for c in order if c > 0]
+    split = deep[(len(deep) + 1) // 2] if len(deep) > max_cols else None
+    x0 = x = 40
+    top = bottom = 40
+    for c in order:
+        if c == split:
+            x, top = x0, bottom + 2 * GAP_Y
+        if deep and c == deep[0]:
+            x0 = x                       # the second band starts under the first column of nodes
+        y = top + TITLE_H
+        for n in cols[c]:
+            n["pos"] = [x, y]
+            y += n["size"][1] + TITLE_H + GAP_Y
+        bottom = max(bottom, y - GAP_Y)
+        x += max(n["size"][0] for n in cols[c]) + GAP_X
+
+
 def build(spec, classes, widget_inputs, input_specs) -> dict:
     ids = {key: i + 1 for i, (key, *_rest) in enumerate(spec)}
     nodes, links = [], []
     out_links: dict[tuple[int, int], list[int]] = {}
     col = {}
+    depth = {}
     for order, (key, ctype, widgets, inputs) in enumerate(spec):
         nid = ids[key]
         if ctype == "Note":
-            nodes.append({"id": nid, "type": "Note", "pos": [40, 40 + 260 * order], "size": [420, 180], "flags": {},
+            nodes.append({"id": nid, "type": "Note", "pos": [0, 0], "size": list(NOTE_SIZE), "flags": {},
                           "order": order, "mode": 0, "inputs": [], "outputs": [], "properties": {},
-                          "widgets_values": [widgets["text"]], "color": "#432", "bgcolor": "#653"})
+                          "widgets_values": [widgets["text"]], "color": NOTE_COLOR[0], "bgcolor": NOTE_COLOR[1]})
             continue
         cls = classes[ctype]
-        depth = 1 + max([col.get(src, 0) for src, _ in inputs.values()] or [0])
-        col[key] = depth
+        col[key] = depth[nid] = 1 + max([col.get(src, 0) for src, _ in inputs.values()] or [0])
         node_inputs = []
         for name, typ, opts in input_specs(cls):
             is_widget = isinstance(typ, (list, tuple)) or typ in ("INT", "FLOAT", "STRING", "BOOLEAN", "COMBO")
@@ -211,14 +276,21 @@ def build(spec, classes, widget_inputs, input_specs) -> dict:
         unknown = set(widgets) - {n for n, _ in widget_inputs(cls)}
         if unknown:
             raise ValueError(f"{key}: {ctype} has no widget(s) {sorted(unknown)}")
-        nodes.append({"id": nid, "type": ctype, "pos": [500 + 380 * (depth - 1), 40 + 90 * order],
-                      "size": [340, 120], "flags": {}, "order": order, "mode": 0, "inputs": node_inputs,
-                      "outputs": [], "properties": {"Node name for S&R": ctype}, "widgets_values": values,
-                      "_outs": _outputs(cls)})
+        node = {"id": nid, "type": ctype, "pos": [0, 0], "size": estimate_size(cls, ctype, input_specs, widget_inputs),
+                "flags": {}, "order": order, "mode": 0, "inputs": node_inputs,
+                "outputs": [], "properties": {"Node name for S&R": ctype}, "widgets_values": values,
+                "_outs": _outputs(cls)}
+        colors = CATEGORY_COLORS.get(getattr(cls, "CATEGORY", ""))
+        if colors:
+            node["color"], node["bgcolor"] = colors
+        elif ctype.startswith("TreeGRPO"):
+            raise ValueError(f"{ctype}: category {getattr(cls, 'CATEGORY', None)!r} has no colour in CATEGORY_COLORS")
+        nodes.append(node)
     for n in nodes:
         outs = n.pop("_outs", [])
         n["outputs"] = [{"name": name, "type": typ, "links": out_links.get((n["id"], i), []), "slot_index": i}
                         for i, (name, typ) in enumerate(outs)]
+    layout(nodes, depth)
     return {"last_node_id": len(spec), "last_link_id": len(links), "nodes": nodes, "links": links, "groups": [],
             "config": {}, "extra": {"ds": {"scale": 0.8, "offset": [0, 0]}}, "version": 0.4}
 
