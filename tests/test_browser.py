@@ -1,0 +1,429 @@
+"""The pack in the real ComfyUI web UI, in a real browser: ComfyUI 0.3.75's main.py serving the frontend package
+it pins, this repo as a custom node pack, headless system Chromium driven by Playwright.  For every shipped
+workflow: drop the file onto the canvas like a user, check that every node is known and none is shown as an
+error, screenshot it.  For the CPU demo: type a short iteration count into the widgets, press Run, watch the
+progress reach 100 %, see the previews appear and the LoRA land in models/loras.
+
+Screenshots: tests/artifacts/browser/ (gitignored).  Needs `chromium` (Debian package); without it the tests
+skip on a developer machine and fail in CI ($CI set).  See the README, "Browser tests".
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import browser_harness as bh
+import comfy_harness as ch
+
+REPO = Path(__file__).resolve().parent.parent
+WORKFLOWS = sorted((REPO / "workflows").glob("*.json"))
+DEMO = REPO / "workflows" / "treegrpo_demo_cpu.json"
+VIEWPORT = {"width": 1600, "height": 1000}
+# screenshot-friendly user settings: no minimap over the graph, text drawn at any zoom (LOD off)
+SETTINGS = {"Comfy.Minimap.Visible": False, "LiteGraph.Canvas.MinFontSizeForLOD": 0}
+DEMO_RUN = {"iterations": 4, "eval_every": 2}   # typed into the Train node before Run: a short run
+DEMO_TIMEOUT_S = 420
+
+
+def test_readme_test_command_installs_chromium_and_ci_runs_it_verbatim():
+    """A fresh machine gets the browser through the README's test command; .ci/run runs that command."""
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("Run the tests", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    lines = [ln for ln in block.splitlines() if ln.strip()]
+    assert any("apt-get install -y chromium" in ln and ln.startswith("command -v chromium") for ln in lines), lines
+    assert any('pip install -e ".[test]"' in ln and "pytest" in ln for ln in lines), lines
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    for ln in lines:
+        assert ln in ci, f".ci/run does not run this README line verbatim: {ln}"
+    assert any(ln.startswith("export ") and 'CI="${CI:-1}"' in ln for ln in ci)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# fixtures: one server, one browser, one page for the module
+# ----------------------------------------------------------------------------------------------------------------
+
+def browser_unavailable(msg: str):
+    """No browser here: skip on a developer machine, fail in CI ($CI set) -- never pass silently."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{msg} ($CI is set: the browser tests must run in CI)", pytrace=False)
+    pytest.skip(msg)
+
+
+@pytest.fixture(scope="module")
+def chromium_exe():
+    exe = bh.find_chromium()
+    if exe is None:
+        browser_unavailable(f"no Chromium found for the browser tests: {bh.INSTALL_HINT}")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError as e:
+        browser_unavailable(f"the Python package `playwright` is missing ({e}); `pip install -e '.[test]'` installs it")
+    return exe
+
+
+def test_a_missing_browser_fails_in_ci_and_skips_elsewhere(monkeypatch):
+    monkeypatch.setenv("TREEGRPO_CHROMIUM", "/nonexistent/chromium")
+    assert bh.find_chromium() is None
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="must run in CI"):
+        browser_unavailable("no Chromium")
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception):
+        browser_unavailable("no Chromium")
+
+
+@pytest.fixture(scope="module")
+def ui_server(chromium_exe, comfyui_dir, tmp_path_factory):
+    frontend = bh.ensure_frontend(comfyui_dir)
+    srv = bh.start_ui_server(tmp_path_factory.mktemp("comfyui_browser"), comfyui_dir)
+    srv.frontend_version = frontend
+    try:
+        ch._http(srv.port, "/settings", SETTINGS)
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def browser(chromium_exe):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = bh.launch_chromium(p, chromium_exe)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture(scope="module")
+def page(browser, ui_server):
+    ctx = browser.new_context(viewport=VIEWPORT, device_scale_factor=1, service_workers="block")
+    # a closed network: the page only ever talks to this ComfyUI (the frontend also tries api.comfy.org)
+    ctx.route(re.compile(r"^(?!https?://127\.0\.0\.1[:/]|data:|blob:)"), lambda route: route.abort())
+    ctx.add_init_script("localStorage.setItem('vueNodesBannerDismissed', 'true')")
+    pg = ctx.new_page()
+    cp = bh.ComfyPage(pg, ui_server.url)
+    t0 = time.perf_counter()
+    cp.open()
+    cp.open_seconds = time.perf_counter() - t0
+    # a new user's first visit opens the template browser: wait for it (or a moment), remember, close
+    try:
+        pg.locator('[data-testid^="template-workflow-"] img').first.wait_for(state="attached", timeout=15_000)
+    except Exception:  # noqa: BLE001 - the assertion about it lives in the template test
+        pass
+    pg.wait_for_timeout(500)
+    cp.first_dialogs = cp.dialogs()
+    cp.first_templates = template_cards(cp)
+    cp.screenshot("00_first_visit_template_browser")
+    cp.close_dialogs()
+    yield cp
+    ctx.close()
+
+
+def template_cards(cp: bh.ComfyPage) -> dict[str, dict]:
+    """Cards shown by the template browser: name -> thumbnail image state."""
+    return cp.evaluate("""() => Object.fromEntries(Array.from(document.querySelectorAll('[data-testid^="template-workflow-"]'))
+      .map(c => [c.dataset.testid.replace('template-workflow-', ''),
+                 Array.from(c.querySelectorAll('img')).map(i => ({src: i.currentSrc || i.src, w: i.naturalWidth,
+                                                                  h: i.naturalHeight, complete: i.complete}))]))""")
+
+
+def overlapping(graph: list[dict]) -> list[tuple]:
+    """Pairs of nodes whose boxes (title bar included) intersect."""
+    boxes = [(n["id"], n["pos"][0], n["pos"][1] - 30, n["size"][0], n["size"][1] + 30) for n in graph]
+    return [(a[0], b[0]) for a in boxes for b in boxes
+            if a[0] < b[0] and a[1] < b[1] + b[3] and b[1] < a[1] + a[3] and a[2] < b[2] + b[4] and b[2] < a[2] + a[4]]
+
+
+def assert_clean_graph(cp: bh.ComfyPage, path: Path) -> list[dict]:
+    """Every node of the file is in the page, of a registered type, not marked as an error; no dialog
+    (the missing-nodes dialog is one) and no error toast is open."""
+    graph = cp.graph()
+    wf = json.loads(path.read_text())
+    assert sorted(n["id"] for n in graph) == sorted(n["id"] for n in wf["nodes"]), path.stem
+    assert {n["id"]: n["type"] for n in graph} == {n["id"]: n["type"] for n in wf["nodes"]}
+    bad = [(n["id"], n["type"]) for n in graph if not n["registered"] or n["has_errors"]]
+    assert not bad, f"{path.stem}: nodes missing or shown as errors: {bad}"
+    for n in graph:
+        if n["type"] not in ("Note", "MarkdownNote"):  # frontend-only nodes have no server definition
+            assert n["node_def"] == n["type"], n
+    d = cp.dialogs()
+    assert not d["dialogs"], f"{path.stem}: dialog open after loading: {d['dialogs']}"
+    assert not d["errors"], f"{path.stem}: error toasts: {d['errors']}"
+    assert not cp.evaluate("() => window.app.lastNodeErrors"), path.stem
+    return graph
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the page, the frontend version, the template browser
+# ----------------------------------------------------------------------------------------------------------------
+
+def test_server_serves_the_frontend_version_comfyui_pins(page, ui_server, comfyui_dir, chromium_exe):
+    print(f"browser: {bh.chromium_version(chromium_exe)}; page up in {page.open_seconds:.1f}s")
+    pinned = bh.required_frontend_version(comfyui_dir)
+    assert ui_server.frontend_version == pinned == "1.32.9"
+    assert page.evaluate("() => window.__COMFYUI_FRONTEND_VERSION__") == pinned
+    assert f"ComfyUI frontend version: {pinned}" in ui_server.log_text()
+    # the page is the installed package's own index.html
+    with urllib.request.urlopen(ui_server.url + "/", timeout=30) as r:
+        assert r.read() == (bh.frontend_static_dir() / "index.html").read_bytes()
+    stats = ch._http(ui_server.port, "/system_stats")["system"]
+    assert stats["comfyui_version"] == ch.COMFYUI_VERSION
+    assert stats["required_frontend_version"] == pinned
+    assert not ui_server.pack_import_failed()
+    # the page came up with the pack's node definitions registered and no uncaught script error
+    assert page.evaluate("() => Object.keys(window.LiteGraph.registered_node_types)"
+                         ".filter(t => t.startsWith('TreeGRPO')).length") >= 10
+    assert not page.page_errors, page.page_errors
+
+
+def test_template_browser_lists_every_workflow_with_its_thumbnail(page):
+    """A new user's first visit opens the template browser: the pack's workflows are there, each with the
+    thumbnail shipped next to it (workflows/<name>.jpg); clicking one loads it."""
+    first = page.first_dialogs["dialogs"]
+    assert [d["key"] for d in first] == ["global-workflow-template-selector"], first
+    cards = page.first_templates
+    names = {p.stem for p in WORKFLOWS}
+    assert set(cards) == names, cards
+    for name in names:  # fetched from the pack's workflows/ folder (the frontend then shows it as a blob: URL)
+        status = page.responses.get(f"/api/workflow_templates/{ch.PACK_NAME}/{name}.jpg")
+        assert status and status[0] == 200 and status[1] == "image/jpeg", (name, status)
+        assert not any(i["src"].endswith("default-template.png") for i in cards[name]), (name, cards[name])
+    # open it again from the side bar (Templates) and wait for every thumbnail to be decoded
+    page.page.locator(".templates-tab-button").first.click()
+    page.page.wait_for_function("""() => { const i = Array.from(document.querySelectorAll('[data-testid^="template-workflow-"] img'));
+        return i.length >= %d && i.every(x => x.complete && x.naturalWidth > 0); }""" % len(names), timeout=20_000)
+    loaded = template_cards(page)
+    assert all(imgs[0]["w"] == imgs[0]["h"] == 480 for imgs in loaded.values()), loaded  # ours, not the default
+    page.screenshot("01_template_browser")
+    page.page.locator('[data-testid="template-workflow-treegrpo_step_by_step"]').click()
+    page.page.wait_for_function("() => document.title.includes('treegrpo_step_by_step')"
+                                " && window.app.graph.nodes.some(n => n.type === 'TreeGRPOTrainerStep')",
+                                timeout=20_000)
+    page.page.wait_for_timeout(300)
+    assert_clean_graph(page, REPO / "workflows" / "treegrpo_step_by_step.json")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# every shipped workflow, loaded the user's way
+# ----------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=[p.stem for p in WORKFLOWS])
+def test_workflow_dropped_on_the_canvas_shows_no_missing_or_broken_node(page, path):
+    page.drop_workflow(path)
+    graph = assert_clean_graph(page, path)
+    assert not overlapping(graph), f"{path.stem}: overlapping nodes {overlapping(graph)}"
+    page.fit_view()
+    shot = page.screenshot(f"workflow_{path.stem}")
+    assert shot.stat().st_size > 20_000
+
+
+def test_workflow_opened_with_ctrl_o_file_chooser(page):
+    """Workflow > Open (Ctrl+O) goes through the browser's file chooser."""
+    path = REPO / "workflows" / "compare_base_vs_lora.json"
+    page.open_workflow_with_ctrl_o(path)
+    assert_clean_graph(page, path)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# node appearance as the frontend shows it
+# ----------------------------------------------------------------------------------------------------------------
+
+JS_NODE_DEFS = """() => Object.values(window.LiteGraph.registered_node_types)
+  .filter(c => c.nodeData && c.nodeData.name.startsWith('TreeGRPO'))
+  .map(c => ({name: c.nodeData.name, display_name: c.nodeData.display_name, category: c.nodeData.category,
+              description: c.nodeData.description, python_module: c.nodeData.python_module,
+              input: c.nodeData.input, output_tooltips: c.nodeData.output_tooltips}))"""
+
+JS_FRESH_NODE = """(type) => {
+  const n = window.LiteGraph.createNode(type);
+  return {size: Array.from(n.size), color: n.color ?? null,
+          widgets: (n.widgets || []).map(w => ({name: w.name, type: w.type, value: w.value,
+             min: w.options?.min ?? null, max: w.options?.max ?? null,
+             values: Array.isArray(w.options?.values) ? w.options.values : null}))};
+}"""
+
+JS_BADGES = """() => window.app.graph.nodes.filter(n => n.type.startsWith('TreeGRPO'))
+  .map(n => ({type: n.type, badges: (n.badges || []).map(b => typeof b === 'function' ? b() : b)
+                                        .map(b => b && b.text).filter(Boolean)}))"""
+
+
+def test_pack_nodes_look_right_in_the_node_library(page):
+    """Categories under TreeGRPO/, a display name and description per node, a tooltip on every input,
+    numbers with min/max, defaults inside their ranges, one source badge for all."""
+    defs = page.evaluate(JS_NODE_DEFS)
+    assert len(defs) >= 10
+    problems = []
+    for d in defs:
+        if not d["category"].startswith("TreeGRPO/"):
+            problems.append((d["name"], "category", d["category"]))
+        if not d["display_name"].startswith("TreeGRPO "):
+            problems.append((d["name"], "display_name", d["display_name"]))
+        if not d["description"]:
+            problems.append((d["name"], "description"))
+        if d["python_module"] != f"custom_nodes.{ch.PACK_NAME}":
+            problems.append((d["name"], "python_module", d["python_module"]))
+        for section in ("required", "optional"):
+            for name, spec in (d["input"].get(section) or {}).items():
+                opts = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
+                if not opts.get("tooltip"):
+                    problems.append((d["name"], name, "no tooltip"))
+                if spec[0] in ("INT", "FLOAT"):
+                    lo, hi, default = opts.get("min"), opts.get("max"), opts.get("default")
+                    if lo is None or hi is None or not lo < hi:
+                        problems.append((d["name"], name, "range", lo, hi))
+                    elif default is None or not lo <= default <= hi:
+                        problems.append((d["name"], name, "default outside range", default))
+        fresh = page.evaluate(JS_FRESH_NODE, d["name"])
+        for w in fresh["widgets"]:
+            if w["type"] == "number" and not (w["min"] <= w["value"] <= w["max"]):
+                problems.append((d["name"], w["name"], "widget default", w))
+            if w["values"] is not None and w["value"] not in w["values"]:
+                problems.append((d["name"], w["name"], "combo default", w))
+    assert not problems, "\n".join(map(str, problems))
+    # every TreeGRPO node on the canvas carries the same source badge (the pack), nothing else
+    page.drop_workflow(REPO / "workflows" / "treegrpo_step_by_step.json")
+    badges = page.evaluate(JS_BADGES)
+    assert badges and {tuple(b["badges"]) for b in badges} == {(next(iter(badges))["badges"][0],)}, badges
+    assert ch.PACK_NAME in badges[0]["badges"][0], badges
+
+
+def test_node_colours_are_consistent_across_workflows(page):
+    """A pack node has its category's colour in every shipped workflow; ComfyUI's own nodes keep theirs."""
+    seen: dict[str, set] = {}
+    for path in WORKFLOWS:
+        page.drop_workflow(path)
+        for n in page.graph():
+            if n["type"].startswith("TreeGRPO"):
+                assert n["color"] and n["bgcolor"], (path.stem, n["type"])
+                seen.setdefault(n["category"], set()).add((n["color"], n["bgcolor"]))
+            elif n["type"] == "Note":
+                assert n["bgcolor"], path.stem
+            else:
+                assert n["color"] is None and n["bgcolor"] is None, (path.stem, n["type"], n["color"])
+    assert all(len(c) == 1 for c in seen.values()), seen
+    assert len({next(iter(c)) for c in seen.values()}) == len(seen), seen  # one colour per category
+
+
+def test_widgets_refuse_nonsense_typed_by_a_user(page, ui_server):
+    """Typed values outside a widget's range are clamped by the widget; a tree that does not fit the steps is
+    refused when queued, with one clear message, and the page shows the error on the node.  The server refuses
+    out-of-range values that bypass the widgets (API prompts) as well."""
+    page.drop_workflow(DEMO)
+    train = next(n for n in page.graph() if n["type"] == "TreeGRPOTrain")["id"]
+    assert page.type_into_widget(train, "iterations", "-5") == 1
+    assert page.type_into_widget(train, "branch", "1000") == 16
+    assert page.type_into_widget(train, "branch", "2") == 2
+    assert page.type_into_widget(train, "noise_level", "0") == pytest.approx(0.01)
+    assert page.type_into_widget(train, "window_start", "9") == 9    # in range, but 9 + 3 > 10 steps
+    page.reset_events()
+    page.press_run()
+    page.page.wait_for_function("() => !!window.app.lastNodeErrors", timeout=30_000)
+    errors = page.evaluate("() => window.app.lastNodeErrors")
+    assert list(errors) == [str(train)], errors
+    details = {e["details"].split(" - ", 1)[1] for e in errors[str(train)]["errors"]}
+    assert len(details) == 1 and "window_start + window_width must be <= steps (10)" in details.pop(), errors
+    assert len(errors[str(train)]["errors"]) <= 4, errors  # ComfyUI repeats it per validated input
+    page.page.wait_for_timeout(300)
+    page.screenshot("02_validation_error")
+    assert not [e for e in page.events() if e["type"] == "execution_start"]
+    page.close_dialogs()
+    page.screenshot("03_validation_error_on_the_node")   # the Train node outlined in red
+
+    # the same graph as an API prompt with values no widget would let through
+    api = ch.workflow_to_api(json.loads(DEMO.read_text()), _node_classes_from_object_info(ui_server))
+    tid = next(k for k, v in api.items() if v["class_type"] == "TreeGRPOTrain")
+    for bad, kind in (({"iterations": -5}, "value_smaller_than_min"), ({"noise_level": 5.0}, "value_bigger_than_max"),
+                      ({"branch": 1000}, "custom_validation_failed")):
+        g = json.loads(json.dumps(api))
+        g[tid]["inputs"].update(bad)
+        with pytest.raises(ch.ComfyValidationError) as ei:
+            ch.post_prompt(ui_server.port, g)
+        kinds = {e["type"] for e in ei.value.node_errors[tid]["errors"]}
+        assert kinds == {kind}, (bad, ei.value.node_errors)
+
+
+class _ObjectInfoNode:
+    """Just enough of a node class for ``comfy_harness.workflow_to_api``, built from the server's /object_info."""
+
+    def __init__(self, info: dict):
+        self._inputs = {k: v for k, v in info["input"].items() if k in ("required", "optional")}
+        self.RETURN_TYPES = tuple(info.get("output") or ())
+        self.DISPLAY_NAME = info.get("display_name")
+
+    def INPUT_TYPES(self):
+        return {sec: {name: tuple(spec) for name, spec in d.items()} for sec, d in self._inputs.items()}
+
+
+def _node_classes_from_object_info(srv) -> dict:
+    return {name: _ObjectInfoNode(info) for name, info in ch.object_info(srv.port).items()}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the CPU demo, queued from the page
+# ----------------------------------------------------------------------------------------------------------------
+
+def test_demo_workflow_runs_from_the_page(page, ui_server):
+    page.drop_workflow(DEMO)
+    graph = assert_clean_graph(page, DEMO)
+    by_type: dict[str, list[int]] = {}
+    for n in graph:
+        by_type.setdefault(n["type"], []).append(n["id"])
+    train = by_type["TreeGRPOTrain"][0]
+    for name, value in DEMO_RUN.items():
+        assert page.type_into_widget(train, name, str(value)) == value
+    page.fit_view()
+    page.screenshot("demo_1_before_run")
+
+    page.reset_events()
+    t0 = time.perf_counter()
+    page.press_run()
+    done = page.wait_for_event(("execution_success", "execution_error", "execution_interrupted"), DEMO_TIMEOUT_S)
+    run_s = time.perf_counter() - t0
+    assert done["type"] == "execution_success", (done, ui_server.log_text()[-4000:])
+    page.page.wait_for_timeout(1000)  # the previews load
+    events = page.events()
+    titles = page.titles()
+
+    # progress: the Train node's bar went to its end (one step per iteration), the tab title showed 100 %
+    prog = [e["detail"] for e in events if e["type"] == "progress" and str(e["detail"]["node"]) == str(train)]
+    assert prog, [e["type"] for e in events]
+    assert prog[-1]["max"] == DEMO_RUN["iterations"] and prog[-1]["value"] == prog[-1]["max"], prog
+    assert any(t.endswith("[100%] TreeGRPOTrain") for t in titles), titles
+    states = [e["detail"] for e in events if e["type"] == "progress_state"]
+    last = states[-1]["nodes"]
+    assert last and all(s["state"] == "finished" for s in last.values()), last
+    executed = {str(e["detail"]["node"]) for e in events if e["type"] == "executed"}
+
+    # the previews: sample grid (Train node + its PreviewImage), reward curve, tree preview
+    preview_nodes = [train, *by_type["PreviewImage"], *by_type["TreeGRPOTreePreview"]]
+    assert {str(i) for i in preview_nodes} <= executed, executed
+    page.page.wait_for_function(
+        """(ids) => ids.every(id => { const n = window.app.graph.getNodeById(id);
+             return n.imgs && n.imgs.length && n.imgs.every(i => i.complete && i.naturalWidth > 0); })""",
+        arg=preview_nodes, timeout=20_000)
+    after = page.graph()
+    imgs = {n["id"]: n["imgs"] for n in after if n["id"] in preview_nodes}
+    assert all(v and v[0]["w"] >= 64 for v in imgs.values()), imgs
+    assert not overlapping(after), f"nodes grown by their previews cover others: {overlapping(after)}"
+
+    # the LoRA is in models/loras (the Save LoRA node's text says where)
+    loras = sorted((ui_server.base_dir / "models" / "loras").rglob("*.safetensors"))
+    assert loras and loras[0].name.startswith("treegrpo_demo_"), loras
+    assert loras[0].stat().st_size > 1000
+    page.fit_view()
+    page.screenshot("demo_2_after_run")
+    page.evaluate("(ids) => window.app.canvas.selectNodes(ids.map(id => window.app.graph.getNodeById(id)))",
+                  preview_nodes)
+    page.fit_view()
+    page.evaluate("() => window.app.canvas.deselectAll()")
+    page.page.wait_for_timeout(200)
+    page.screenshot("demo_3_previews")
+    print(f"demo run from the page: {run_s:.1f}s, {len(events)} events, LoRA {loras[0]}")
