@@ -10,6 +10,7 @@ methods alike, and every run trains for the same wall-clock budget. Evaluation o
 pairs is not counted as training time.
 
     python benchmarks/bench_methods.py [--seeds 4] [--budget 40] [--ablations] [--out benchmarks/results]
+    python benchmarks/bench_methods.py --base-config sd35.json --budget 120 --seeds 2   # a diffusers model on a GPU
 
 Writes methods.json, reward_vs_time.png, reward_vs_nfe.png and prints the tables.
 """
@@ -51,9 +52,13 @@ def merge(a: dict, b: dict) -> dict:
     return out
 
 
+BASE_CONFIG: dict | None = None  # --base-config: a TrainConfig dict (e.g. a diffusers model on a GPU)
+
+
 def run_one(name: str, overrides: dict, seed: int, budget: float, out_dir: str) -> dict:
     """One training run in a child process; returns its record (with the child's own peak RSS)."""
-    spec = json.dumps({"overrides": overrides, "seed": seed, "budget": budget, "out": out_dir, "threads": THREADS})
+    spec = json.dumps({"overrides": overrides, "seed": seed, "budget": budget, "out": out_dir, "threads": THREADS,
+                       "base": BASE_CONFIG})
     p = subprocess.Popen([sys.executable, __file__, "--child", spec], stdout=subprocess.PIPE, text=True)
     _, status, usage = os.wait4(p.pid, 0)
     out = p.stdout.read()
@@ -71,7 +76,8 @@ def child(spec: dict) -> None:
     from treegrpo.config import TrainConfig
 
     torch.set_num_threads(spec.get("threads", 1))
-    d = merge(cli.demo_config_dict(), merge(BASE, spec["overrides"]))
+    base = spec.get("base")
+    d = merge(base, spec["overrides"]) if base else merge(cli.demo_config_dict(), merge(BASE, spec["overrides"]))
     d.update(seed=spec["seed"], iterations=100000, time_budget_s=spec["budget"], eval_every=4, eval_seeds=4,
              checkpoint_every=0, output_dir=spec["out"], run_name="bench")
     cfg = TrainConfig.from_dict(d)
@@ -177,9 +183,18 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run (1 keeps runs comparable on a "
                     "shared machine)")
+    ap.add_argument("--base-config", help="JSON TrainConfig to start every method from instead of the demo "
+                    "(e.g. backend diffusers, a local model folder, device cuda); its tree sets the window")
     ns = ap.parse_args()
-    global THREADS
+    global THREADS, BASE_CONFIG
     THREADS = ns.threads
+    if ns.base_config:
+        BASE_CONFIG = json.load(open(ns.base_config, encoding="utf-8"))
+        from treegrpo.config import TreeConfig
+        t = TreeConfig(**BASE_CONFIG.get("tree", {}))
+        for name in ("traj_window", "traj_all"):  # same leaves per prompt as the tree; all-step SDE = every step
+            METHODS[name]["tree"]["group_size"] = t.leaves
+        METHODS["traj_all"]["tree"].update(window_width=t.steps)
     if ns.child:
         child(json.loads(ns.child))
         return
