@@ -225,6 +225,25 @@ def test_workflow_dropped_on_the_canvas_shows_no_missing_or_broken_node(page, pa
     assert shot.stat().st_size > 20_000
 
 
+def test_a_missing_node_is_caught_by_these_checks(page, tmp_path):
+    """The negative control: a workflow naming a node type nobody registered shows the frontend's missing-nodes
+    dialog and a node drawn as an error -- exactly what the checks above look for."""
+    wf = json.loads((REPO / "workflows" / "compare_base_vs_lora.json").read_text())
+    victim = next(n for n in wf["nodes"] if n["type"] == "TreeGRPOLoadDemoModel")
+    victim["type"] = "TreeGRPONoSuchNode"
+    path = tmp_path / "with_a_missing_node.json"
+    path.write_text(json.dumps(wf))
+    page.drop_workflow(path)
+    page.page.wait_for_timeout(500)
+    broken = [n for n in page.graph() if n["id"] == victim["id"]][0]
+    assert broken["has_errors"] and not broken["registered"], broken
+    dialogs = page.dialogs()["dialogs"]
+    assert [d["key"] for d in dialogs] == ["global-missing-nodes"], dialogs
+    assert "TreeGRPONoSuchNode" in dialogs[0]["text"], dialogs
+    page.screenshot("04_missing_node_control")
+    page.close_dialogs()
+
+
 def test_workflow_opened_with_ctrl_o_file_chooser(page):
     """Workflow > Open (Ctrl+O) goes through the browser's file chooser."""
     path = REPO / "workflows" / "compare_base_vs_lora.json"
@@ -288,6 +307,13 @@ def test_pack_nodes_look_right_in_the_node_library(page):
             if w["values"] is not None and w["value"] not in w["values"]:
                 problems.append((d["name"], w["name"], "combo default", w))
     assert not problems, "\n".join(map(str, problems))
+    # the tree widgets' defaults make a valid tree (what a node fresh from the menu would queue)
+    from treegrpo.config import TreeConfig
+
+    for d in defs:
+        req = d["input"].get("required") or {}
+        if {"steps", "window_start", "window_width", "branch"} <= set(req):
+            TreeConfig(**{k: req[k][1]["default"] for k in ("steps", "window_start", "window_width", "branch")})
     # every TreeGRPO node on the canvas carries the same source badge (the pack), nothing else
     page.drop_workflow(REPO / "workflows" / "treegrpo_step_by_step.json")
     badges = page.evaluate(JS_BADGES)
