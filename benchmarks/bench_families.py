@@ -7,6 +7,7 @@ encoders, the VAE and Python dominate. Real-size models (or real weights) on a G
 at a local diffusers folder; the same split is reported.
 
     python benchmarks/bench_families.py [--iterations 4] [--threads 1] [--model DIR --device cuda]
+    python benchmarks/bench_families.py --random-size real --device cuda --height 512 --out results/families_gpu.json
 """
 from __future__ import annotations
 
@@ -25,30 +26,65 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 PARTS = ("t_sample", "t_decode", "t_reward", "t_update", "t_iter")
 
 
-def run_family(folder: str, family: str, iterations: int, device: str, out: str, height: int) -> dict:
-    from treegrpo import cli
+def make_config(model: str, family: str, iterations: int, device: str, out: str, height: int, microbatch: int = 64,
+                **pipeline):
     from treegrpo.config import TrainConfig
-
-    cfg = TrainConfig.from_dict({
-        "backend": "diffusers", "model": folder, "prompts": ["a red circle", "a blue square", "a green triangle",
-                                                              "a yellow cross"],
+    return TrainConfig.from_dict({
+        "backend": "diffusers", "model": model, "prompts": ["a red circle", "a blue square", "a green triangle",
+                                                            "a yellow cross"],
         "cfg": 1.0 if family == "flux" else 4.5, "rewards": [{"name": "jpeg_compressibility", "weight": 1.0}],
-        "pipeline": {"height": height, "width": height},
+        "pipeline": {"height": height, "width": height, **pipeline},
         "tree": {"steps": 10, "window_start": 1, "window_width": 3, "branch": 2, "tail_solver": "dpmpp_2m",
                  "tail_steps": 3},
-        "lora": {"rank": 8, "alpha": 16.0}, "optim": {"lr": 1e-3, "microbatch": 64},
+        "lora": {"rank": 8, "alpha": 16.0}, "optim": {"lr": 1e-3, "microbatch": microbatch},
         "iterations": iterations + 1, "prompts_per_iter": 4, "eval_every": 0, "checkpoint_every": 0,
         "output_dir": out, "run_name": f"bench_{family}", "device": device})
-    t0 = time.perf_counter()
-    trainer, _ = cli.run_training(cfg, progress=False, write_lora=False)
-    hist = trainer.history[1:]  # the first iteration warms up (allocations, lazy imports)
+
+
+def summarize(trainer, family: str, t0: float, device: str) -> dict:
+    hist = trainer.history[1:]  # the first iteration warms up (allocations, lazy imports, autotuning)
     row = {"family": family, "iterations": len(hist), "nfe_per_iter": hist[0]["nfe"],
            "lora_params": sum(p.numel() for p in trainer.params), "wall_s": time.perf_counter() - t0,
            "denoiser_params": sum(p.numel() for p in trainer.policy.model.parameters())}
     for k in PARTS:
         row[k] = sum(h[k] for h in hist) / len(hist)
-    if torch.cuda.is_available() and device.startswith("cuda"):
+    if device.startswith("cuda"):
         row["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    return row
+
+
+def run_family(folder: str, family: str, iterations: int, device: str, out: str, height: int) -> dict:
+    """A saved pipeline folder through the CLI trainer (the whole loading path)."""
+    from treegrpo import cli
+    cfg = make_config(folder, family, iterations, device, out, height)
+    t0 = time.perf_counter()
+    trainer, _ = cli.run_training(cfg, progress=False, write_lora=False)
+    return summarize(trainer, family, t0, device)
+
+
+def run_random(name: str, iterations: int, device: str, out: str, height: int, layers: int = 0) -> dict:
+    """A real-size random-weight pipeline (``random_pipelines.py``), built in memory on ``device``."""
+    from random_pipelines import FAMILY_OF, build
+    from treegrpo import cli
+    from treegrpo.backends.diffusers import DiffusersPolicy
+    from treegrpo.trainer import Trainer
+
+    family = FAMILY_OF[name]
+    on_gpu = device.startswith("cuda")
+    cfg = make_config(f"random:{name}", family, iterations, device, out, height, microbatch=16,
+                      gradient_checkpointing=on_gpu)
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    pipe = build(name, device=device, dtype=torch.bfloat16 if on_gpu else torch.float32, layers=layers)
+    policy = DiffusersPolicy(pipe, family, cfg.pipeline, device, guidance_hint=cfg.cfg)
+    trainer = Trainer(cfg, policy, cli.build_rewards(cfg, torch.device(device)), progress=False,
+                      base_model_name=f"random:{name}")
+    trainer.train()
+    row = summarize(trainer, name, t0, device)
+    del trainer, policy, pipe
+    if on_gpu:
+        torch.cuda.empty_cache()
     return row
 
 
@@ -60,12 +96,25 @@ def main() -> None:
     ap.add_argument("--model", help="a local diffusers folder to time instead of the tiny pipelines")
     ap.add_argument("--height", type=int, default=16)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--random-size", choices=("tiny", "real"), default="tiny",
+                    help="real: published denoiser/VAE sizes with random weights (sd15, sdxl, sd35m, flux), for a GPU")
+    ap.add_argument("--layers", type=int, default=0, help="with --random-size real: cap the denoiser depth "
+                    "(a CPU smoke test of the real widths)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "families.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        if args.model:
+        if args.random_size == "real":
+            names = args.families.split(",") if args.families != "sd,sd_v,sdxl,sd3,flux" else ["sd15", "sdxl", "sd35m", "flux"]
+            for name in names:
+                rows.append(run_random(name, args.iterations, args.device, os.path.join(tmp, "out_" + name),
+                                       args.height, args.layers))
+                r = rows[-1]
+                print(f"{name:6s} NFE/it {r['nfe_per_iter']:4d}  " + "  ".join(f"{k[2:]} {r[k]:.3f}s" for k in PARTS)
+                      + (f"  peak {r['peak_gpu_mb']:.0f} MB" if "peak_gpu_mb" in r else ""), flush=True)
+            targets = []
+        elif args.model:
             from treegrpo.backends.diffusers import detect_family
             targets = [(detect_family(args.model), args.model)]
         else:
@@ -79,7 +128,7 @@ def main() -> None:
                   flush=True)
     from treegrpo.io import atomic_write_json
     atomic_write_json(args.out, {"threads": args.threads, "device": args.device, "torch": torch.__version__,
-                                 "rows": rows})
+                                 "random_size": args.random_size, "height": args.height, "rows": rows})
     print("\n| family | NFE/iter | sampling s | decode s | reward s | update s | iteration s | update share |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
