@@ -42,6 +42,7 @@ ABLATIONS = {
     "tree_sliding": {"tree": {"window_schedule": "sliding", "window_max_start": 3, "window_every": 2}},
     "tree_no_flat_skip": {"advantage": {"flat_floor": 0.0}},
     "tree_euler_tail": {"tree": {"tail_solver": "euler", "tail_steps": 0}},
+    "tree_parent_baseline": {"advantage": {"edge_baseline": "parent"}},
 }
 
 
@@ -185,6 +186,9 @@ def main() -> None:
                     "shared machine)")
     ap.add_argument("--base-config", help="JSON TrainConfig to start every method from instead of the demo "
                     "(e.g. backend diffusers, a local model folder, device cuda); its tree sets the window")
+    ap.add_argument("--only", action="append", default=[], metavar="NAME[=JSON]",
+                    help="run just these methods (names from the tables above, or a new name with a JSON dict of "
+                    "TrainConfig overrides), seed by seed, and report them against the first one")
     ns = ap.parse_args()
     global THREADS, BASE_CONFIG
     THREADS = ns.threads
@@ -199,6 +203,21 @@ def main() -> None:
         child(json.loads(ns.child))
         return
     os.makedirs(ns.out, exist_ok=True)
+    if ns.only:
+        chosen = {}
+        for item in ns.only:
+            name, _, js = item.partition("=")
+            chosen[name] = json.loads(js) if js else {**METHODS, **ABLATIONS}[name]
+        recs, t0 = [], time.time()
+        for seed in range(ns.seeds):
+            for name, ov in chosen.items():
+                recs.append(run_one(name, ov, seed, ns.budget, os.path.join(ns.out, "runs", f"{name}_{seed}")))
+                print(f"[{time.time() - t0:6.0f}s] {name} seed {seed}: final {recs[-1]['evals'][-1]['eval_reward']:.3f} "
+                      f"after {recs[-1]['iterations']} it", flush=True)
+        report(recs, baseline=next(iter(chosen)))
+        from treegrpo.io import atomic_write_json
+        atomic_write_json(os.path.join(ns.out, "explore.json"), recs)
+        return
     records, t0 = [], time.time()
     for seed in range(ns.seeds):  # interleaved: every method once per seed
         for name, ov in METHODS.items():

@@ -5,7 +5,8 @@ import statistics as st
 import pytest
 import torch
 
-from treegrpo.advantages import RewardError, aggregate_rewards, assign_advantages, backup, leaf_advantages
+from treegrpo.advantages import (RewardError, aggregate_rewards, assign_advantages, backup, leaf_advantages,
+                                 subtract_parent_value)
 from treegrpo.config import AdvantageConfig, TreeConfig
 from treegrpo.tree import sample_trees
 
@@ -38,6 +39,36 @@ def test_k2_w2_hand_computed_mean_and_softmax():
     soft_t2 = backup(parents, logp, leaf, "softmax", 2.0)
     w1 = math.sqrt(3) / (1 + math.sqrt(3))
     assert soft_t2[0][0].item() == pytest.approx((1 - w1) * a[0] + w1 * a[1], rel=1e-5)
+
+
+def test_parent_baseline_hand_computed():
+    a = [-1.0, 2.0, 0.5, -1.5]                           # leaf advantages of a k=2, w=2 tree
+    parents = [torch.tensor([0, 0]), torch.tensor([0, 0, 1, 1])]
+    logp = [torch.tensor([0.0, math.log(3.0)]), torch.zeros(4)]
+    edge = backup(parents, logp, torch.tensor(a), "mean")  # node values 0.5 and -0.5
+    out = subtract_parent_value(parents, logp, edge, 1, "mean")
+    assert out[1].tolist() == pytest.approx([-1.5, 1.5, 1.0, -1.0])
+    assert out[0].tolist() == pytest.approx([0.5, -0.5])  # the root's value is 0 under the mean
+    soft = subtract_parent_value(parents, logp, edge, 1, "softmax")
+    root = 0.25 * 0.5 + 0.75 * -0.5                       # root children weighted 1/4, 3/4 by their log-probs
+    assert soft[0].tolist() == pytest.approx([0.5 - root, -0.5 - root])
+    # a trajectory group: 3 edges out of the root, then chains; chain edges keep their advantage
+    tp = [torch.tensor([0, 0, 0]), torch.tensor([0, 1, 2])]
+    tadv = [torch.tensor([1.0, -2.0, 1.0]), torch.tensor([1.0, -2.0, 1.0])]
+    tout = subtract_parent_value(tp, [torch.zeros(3), torch.zeros(3)], tadv, 1, "mean")
+    assert tout[0].tolist() == pytest.approx([1.0, -2.0, 1.0]) and tout[1].tolist() == pytest.approx([1.0, -2.0, 1.0])
+
+
+def test_parent_baseline_in_assign_advantages():
+    tb, tb2 = _batch(), _batch()
+    r = torch.rand(24, generator=torch.Generator().manual_seed(3))
+    assign_advantages(tb, {"x": r}, {"x": 1.0}, AdvantageConfig(backup="mean", adv_clip=0, flat_floor=0))
+    assign_advantages(tb2, {"x": r}, {"x": 1.0}, AdvantageConfig(backup="mean", adv_clip=0, flat_floor=0,
+                                                                 edge_baseline="parent"))
+    for j in range(1, 3):   # siblings' advantages now sum to zero at every internal node
+        s = torch.zeros(tb2.advantages[j - 1].numel()).index_add_(0, tb2.parents[j], tb2.advantages[j])
+        assert s.abs().max().item() < 1e-5
+        assert torch.allclose(tb2.advantages[j], tb.advantages[j] - tb.advantages[j - 1][tb.parents[j]], atol=1e-6)
 
 
 def test_k3_w1_hand_computed():
