@@ -121,3 +121,19 @@ def test_interrupted_run_with_lr_schedule_resumes_to_the_same_lora_bytes(tmp_pat
     a = read_lora_file(str(tmp_path / "a" / "r.safetensors"))[0]
     b = read_lora_file(str(tmp_path / "b" / "r.safetensors"))[0]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_eval_every_seconds_of_training_time(tmp_path):
+    from treegrpo.trainer import Trainer
+    from treegrpo.backends import load_policy
+
+    def evals(every_s, out):
+        cfg = _cfg(out, iterations=3, prompts_per_iter=2, eval_every_s=every_s, eval_seeds=1)
+        tr = Trainer(cfg, load_policy(cfg)[0], cli.build_rewards(cfg, torch.device("cpu")), progress=False)
+        tr.train()
+        return [e["iteration"] for e in tr.evals]
+
+    assert evals(1e-9, tmp_path / "a") == [0, 1, 2, 3]      # every iteration passes a multiple of the period
+    assert evals(1e6, tmp_path / "b") == [0, 3]             # only the start and the end
+    with pytest.raises(ConfigError, match="eval_every_s"):
+        _cfg(tmp_path, eval_every_s=-1.0)

@@ -247,6 +247,8 @@ class TrainConfig:
     trees_per_prompt: int = _f(1, "trees (initial noises) per prompt per iteration")
     seed: int = _f(0, "seed of the prompt and noise schedule")
     eval_every: int = _f(10, "evaluate on fixed (prompt, noise) pairs every N iterations (0 = off)")
+    eval_every_s: float = _f(0.0, "also evaluate whenever the training time passes a multiple of this many seconds "
+                             "(0 = off): equal resolution in time when comparing methods")
     eval_prompts: list = _f([], "evaluation prompts (default: the training prompts)")
     eval_seeds: int = _f(4, "fixed noises per evaluation prompt")
     checkpoint_every: int = _f(50, "write a checkpoint every N iterations (0 = only at the end)")
@@ -288,6 +290,8 @@ class TrainConfig:
         _require(self.prompts_per_iter >= 1, c, "prompts_per_iter", f"must be >= 1, got {self.prompts_per_iter}")
         _require(self.trees_per_prompt >= 1, c, "trees_per_prompt", f"must be >= 1, got {self.trees_per_prompt}")
         _require(self.eval_every >= 0, c, "eval_every", f"must be >= 0, got {self.eval_every}")
+        _require(math.isfinite(self.eval_every_s) and self.eval_every_s >= 0, c, "eval_every_s",
+                 f"must be a number of seconds >= 0, got {self.eval_every_s}")
         _require(self.eval_seeds >= 1, c, "eval_seeds", f"must be >= 1, got {self.eval_seeds}")
         _require(self.checkpoint_every >= 0, c, "checkpoint_every", f"must be >= 0, got {self.checkpoint_every}")
         _require(self.keep_checkpoints >= 1, c, "keep_checkpoints", f"must be >= 1, got {self.keep_checkpoints}")

@@ -373,8 +373,11 @@ class Trainer:
             from tqdm.auto import tqdm
             bar = tqdm(total=total, initial=self.iteration, desc=f"{cfg.tree.method}", unit="it")
         try:
-            if cfg.eval_every and self.iteration == 0 and not self.evals and self.rank == 0:
+            evaluating = bool(cfg.eval_every or cfg.eval_every_s) and self.rank == 0
+            if evaluating and self.iteration == 0 and not self.evals:
                 self.evals.append(self.evaluate())
+            next_eval_t = (math.floor(self.train_time / cfg.eval_every_s) + 1) * cfg.eval_every_s if cfg.eval_every_s \
+                else math.inf
             while self.iteration < total:
                 if cfg.time_budget_s and self.train_time >= cfg.time_budget_s:
                     break
@@ -386,7 +389,10 @@ class Trainer:
                 if bar:
                     bar.update(1)
                     bar.set_postfix(reward=f"{stats['reward']:.3f}", loss=f"{stats['loss']:.2e}")
-                if cfg.eval_every and self.iteration % cfg.eval_every == 0 and self.rank == 0:
+                due_t = self.train_time >= next_eval_t
+                if due_t:
+                    next_eval_t = (math.floor(self.train_time / cfg.eval_every_s) + 1) * cfg.eval_every_s
+                if evaluating and (due_t or (cfg.eval_every and self.iteration % cfg.eval_every == 0)):
                     self.evals.append(self.evaluate())
                 if cfg.checkpoint_every and self.iteration % cfg.checkpoint_every == 0:
                     self.save_checkpoint()
@@ -398,7 +404,8 @@ class Trainer:
         finally:
             if bar:
                 bar.close()
-        if cfg.eval_every and self.rank == 0 and (not self.evals or self.evals[-1]["iteration"] != self.iteration):
+        if (cfg.eval_every or cfg.eval_every_s) and self.rank == 0 and \
+                (not self.evals or self.evals[-1]["iteration"] != self.iteration):
             self.evals.append(self.evaluate())
         self._write_logs()
         return {"iterations": self.iteration, "train_time": self.train_time, "total_nfe": self.total_nfe,
