@@ -1,15 +1,18 @@
 """TreeGRPO vs trajectory GRPO, side by side (issue: reproduce and beat the paper's efficiency claim).
 
 Trains, from the same base model, prompts, reward, seed schedule and optimiser:
-  tree          TreeGRPO, k=2, w=3 (8 leaves per prompt)
+  tree          TreeGRPO, k=2, w=3 (8 leaves per prompt), edge advantages with the parent's value subtracted
+  tree_paper    the same tree with the paper's edge advantages (a node's backed-up value, no baseline)
   traj_window   trajectory GRPO, 8 trajectories per prompt, SDE on the same 3-step window (MixGRPO-style)
   traj_all      trajectory GRPO, 8 trajectories per prompt, SDE on every step (DanceGRPO/Flow-GRPO-style)
-with the same learning rate and the same tail solver after the window. Each (method, seed) run is a
-separate process (peak RSS per run), the runs are interleaved seed by seed so machine noise hits all
-methods alike, and every run trains for the same wall-clock budget. Evaluation on fixed (prompt, noise)
-pairs is not counted as training time.
+with the same learning rate (tuned on traj_window: ``--lr-sweep``) and the same tail solver after the
+window. Each (method, seed) run is a separate process (peak RSS per run) on one thread; the runs are
+interleaved seed by seed so machine noise hits all methods alike, ``--jobs`` of them at a time (one per
+core); every run trains for the same wall-clock budget. Evaluation on fixed (prompt, noise) pairs, every
+budget/8 seconds of training, is not counted as training time.
 
     python benchmarks/bench_methods.py [--seeds 4] [--budget 40] [--ablations] [--out benchmarks/results]
+    python benchmarks/bench_methods.py --lr-sweep 1.5e-3,3e-3,6e-3,1.2e-2 --seeds 2   # tune lr on traj_window
     python benchmarks/bench_methods.py --base-config sd35.json --budget 120 --seeds 2   # a diffusers model on a GPU
 
 Writes methods.json, reward_vs_time.png, reward_vs_nfe.png and prints the tables.
@@ -27,22 +30,23 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 THREADS = 1  # torch threads per run: one core, so a second process on a 2-core machine does not skew it
 
+LR = 6e-3  # the best of 1.5e-3 / 3e-3 / 6e-3 / 1.2e-2 for traj_window (--lr-sweep; README)
 BASE = {"tree": {"steps": 10, "window_start": 1, "window_width": 3, "branch": 2, "tail_solver": "dpmpp_2m",
-                 "tail_steps": 3}}
+                 "tail_steps": 3}, "optim": {"lr": LR}}
 METHODS = {
-    "tree": {"tree": {}},
+    "tree": {"advantage": {"edge_baseline": "parent"}},
+    "tree_paper": {"advantage": {"edge_baseline": "none"}},
     "traj_window": {"tree": {"method": "trajectory", "group_size": 8}},
     "traj_all": {"tree": {"method": "trajectory", "group_size": 8, "window_start": 0, "window_width": 10,
                           "tail_steps": 0}},
 }
-ABLATIONS = {
+ABLATIONS = {  # each is "tree" with these changes, reported against it
     "tree_k8_w1": {"tree": {"branch": 8, "window_width": 1, "window_start": 1}},
     "tree_mean_backup": {"advantage": {"backup": "mean"}},
     "tree_sum_logprob": {"tree": {"logprob_reduction": "sum"}},
     "tree_sliding": {"tree": {"window_schedule": "sliding", "window_max_start": 3, "window_every": 2}},
     "tree_no_flat_skip": {"advantage": {"flat_floor": 0.0}},
     "tree_euler_tail": {"tree": {"tail_solver": "euler", "tail_steps": 0}},
-    "tree_parent_baseline": {"advantage": {"edge_baseline": "parent"}},
 }
 
 
@@ -70,6 +74,21 @@ def run_one(name: str, overrides: dict, seed: int, budget: float, out_dir: str) 
     return rec
 
 
+def run_all(jobs: list[tuple[str, dict, int]], budget: float, out_dir: str, n_par: int, t0: float) -> list[dict]:
+    """Run (name, overrides, seed) jobs, ``n_par`` at a time, in the given (interleaved) order; records in order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(job):
+        name, ov, seed = job
+        rec = run_one(name, ov, seed, budget, os.path.join(out_dir, "runs", f"{name}_{seed}"))
+        print(f"[{time.time() - t0:6.0f}s] {name} seed {seed}: final {rec['evals'][-1]['eval_reward']:.3f} "
+              f"after {rec['iterations']} it ({rec['split']['t_iter']:.2f} s/it)", flush=True)
+        return rec
+
+    with ThreadPoolExecutor(max_workers=n_par) as ex:
+        return list(ex.map(one, jobs))
+
+
 def child(spec: dict) -> None:
     import torch
 
@@ -79,8 +98,9 @@ def child(spec: dict) -> None:
     torch.set_num_threads(spec.get("threads", 1))
     base = spec.get("base")
     d = merge(base, spec["overrides"]) if base else merge(cli.demo_config_dict(), merge(BASE, spec["overrides"]))
-    d.update(seed=spec["seed"], iterations=100000, time_budget_s=spec["budget"], eval_every=4, eval_seeds=4,
-             checkpoint_every=0, output_dir=spec["out"], run_name="bench")
+    d.update(seed=spec["seed"], iterations=100000, time_budget_s=spec["budget"], eval_every=0,
+             eval_every_s=spec["budget"] / 8, eval_seeds=4, checkpoint_every=0, output_dir=spec["out"],
+             run_name="bench")
     cfg = TrainConfig.from_dict(d)
     tr, summary = cli.run_training(cfg, progress=False, write_lora=False)
     hist = tr.history
@@ -150,7 +170,7 @@ def report(records: list[dict], baseline: str = "traj_window") -> dict:
     base_n = sum(r["evals"][-1]["total_nfe"] for r in base_runs) / len(base_runs)
     print(f"\nbaseline {baseline}: final eval reward {target:.3f} (from {base0:.3f}) after {base_t:.1f} s, "
           f"{base_n:.0f} NFE")
-    print(f"{'method':<18}{'final':>7}{'div':>6}{'it':>5}{'s/it':>6}{'sample':>7}{'update':>7}{'RSS MB':>7}"
+    print(f"{'method':<18}{'final':>7}{'div':>6}{'it':>5}{'s/it':>6}{'ratio':>6}{'sample':>7}{'update':>7}{'RSS MB':>7}"
           f"{'t→base':>8}{'t→50%':>7}{'t→90%':>7}{'NFE→base':>10}{'r@t_base':>9}")
     for name in methods:
         runs = [r for r in records if r["method"] == name]
@@ -164,11 +184,12 @@ def report(records: list[dict], baseline: str = "traj_window") -> dict:
         split = {k: sum(r["split"][k] for r in runs) / len(runs) for k in runs[0]["split"]}
         rss = max(r["peak_rss_mb"] for r in runs)
         its = sum(r["iterations"] for r in runs) / len(runs)
-        out[name] = {"final_reward": fin, "diversity": div, "time_to_baseline_ratio": t_base, "t50_s": t50,
+        s_it = split["t_iter"] / (sum(r["split"]["t_iter"] for r in base_runs) / len(base_runs))
+        out[name] = {"iteration_time_ratio": s_it, "final_reward": fin, "diversity": div, "time_to_baseline_ratio": t_base, "t50_s": t50,
                      "t90_s": t90, "nfe_to_baseline_ratio": n_base, "reward_at_baseline_time": r_eq,
                      "split_s": split, "peak_rss_mb": rss, "iterations": its,
                      "reached_baseline": f"{t_base[2]}/{len(runs)}"}
-        print(f"{name:<18}{fin[0]:>7.3f}{div[0]:>6.3f}{its:>5.0f}{split['t_iter']:>6.2f}{split['t_sample']:>7.2f}"
+        print(f"{name:<18}{fin[0]:>7.3f}{div[0]:>6.3f}{its:>5.0f}{split['t_iter']:>6.2f}{s_it:>6.2f}{split['t_sample']:>7.2f}"
               f"{split['t_update']:>7.2f}{rss:>7.0f}{t_base[0]:>8.2f}{t50[0]:>7.1f}{t90[0]:>7.1f}{n_base[0]:>10.2f}"
               f"{r_eq[0]:>9.3f}  (t→base ±{t_base[1]:.2f}, reached {t_base[2]}/{len(runs)})")
     return {"target_reward": target, "baseline": baseline, "methods": out}
@@ -179,7 +200,7 @@ def main() -> None:
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--seeds", type=int, default=4)
     ap.add_argument("--budget", type=float, default=40.0, help="training seconds per run")
-    ap.add_argument("--ablations", action="store_true", help="also run the ablations (1 seed each by default)")
+    ap.add_argument("--ablations", action="store_true", help="also run the ablations (--ablation-seeds each)")
     ap.add_argument("--ablation-seeds", type=int, default=2)
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run (1 keeps runs comparable on a "
@@ -189,6 +210,10 @@ def main() -> None:
     ap.add_argument("--only", action="append", default=[], metavar="NAME[=JSON]",
                     help="run just these methods (names from the tables above, or a new name with a JSON dict of "
                     "TrainConfig overrides), seed by seed, and report them against the first one")
+    ap.add_argument("--lr-sweep", metavar="LR,LR,...", help="run traj_window at these learning rates instead "
+                    "(the baseline the shared lr is tuned on); writes lr_sweep.json")
+    ap.add_argument("--jobs", type=int, default=0, help="runs at a time (default: 2 on a CPU with 2+ cores, 1 with "
+                    "--base-config); each run uses --threads threads")
     ns = ap.parse_args()
     global THREADS, BASE_CONFIG
     THREADS = ns.threads
@@ -203,41 +228,41 @@ def main() -> None:
         child(json.loads(ns.child))
         return
     os.makedirs(ns.out, exist_ok=True)
-    if ns.only:
+    n_par = ns.jobs or (1 if ns.base_config else min(2, os.cpu_count() or 1))
+    t0 = time.time()
+    from treegrpo.io import atomic_write_json
+
+    def interleaved(methods: dict, seeds: int) -> list:
+        """Every method once per seed, the order rotated by one per seed (so runs that share the machine
+        pair up differently)."""
+        items = list(methods.items())
+        return [(name, ov, seed) for seed in range(seeds)
+                for name, ov in items[seed % len(items):] + items[:seed % len(items)]]
+
+    if ns.only or ns.lr_sweep:
         chosen = {}
         for item in ns.only:
             name, _, js = item.partition("=")
-            chosen[name] = json.loads(js) if js else {**METHODS, **ABLATIONS}[name]
-        recs, t0 = [], time.time()
-        for seed in range(ns.seeds):
-            for name, ov in chosen.items():
-                recs.append(run_one(name, ov, seed, ns.budget, os.path.join(ns.out, "runs", f"{name}_{seed}")))
-                print(f"[{time.time() - t0:6.0f}s] {name} seed {seed}: final {recs[-1]['evals'][-1]['eval_reward']:.3f} "
-                      f"after {recs[-1]['iterations']} it", flush=True)
-        report(recs, baseline=next(iter(chosen)))
-        from treegrpo.io import atomic_write_json
-        atomic_write_json(os.path.join(ns.out, "explore.json"), recs)
+            chosen[name] = json.loads(js) if js else {**METHODS, **{k: merge(METHODS["tree"], v)
+                                                                    for k, v in ABLATIONS.items()}}[name]
+        for lr in (ns.lr_sweep.split(",") if ns.lr_sweep else []):
+            chosen[f"traj_window_lr{lr}"] = merge(METHODS["traj_window"], {"optim": {"lr": float(lr)}})
+        recs = run_all(interleaved(chosen, ns.seeds), ns.budget, ns.out, n_par, t0)
+        res = report(recs, baseline=next(iter(chosen)))
+        atomic_write_json(os.path.join(ns.out, "lr_sweep.json" if ns.lr_sweep else "explore.json"),
+                          {"result": res, "records": recs, "budget_s": ns.budget})
         return
-    records, t0 = [], time.time()
-    for seed in range(ns.seeds):  # interleaved: every method once per seed
-        for name, ov in METHODS.items():
-            records.append(run_one(name, ov, seed, ns.budget, os.path.join(ns.out, "runs", f"{name}_{seed}")))
-            print(f"[{time.time() - t0:6.0f}s] {name} seed {seed}: final {records[-1]['evals'][-1]['eval_reward']:.3f} "
-                  f"after {records[-1]['iterations']} it", flush=True)
-    result = {"main": report(records), "records": records, "budget_s": ns.budget}
+    records = run_all(interleaved(METHODS, ns.seeds), ns.budget, ns.out, n_par, t0)
+    result = {"main": report(records), "vs_all_step": report(records, baseline="traj_all"), "records": records,
+              "budget_s": ns.budget, "lr": LR if not BASE_CONFIG else None, "parallel_runs": n_par}
     plot(records, "train_time", os.path.join(ns.out, "reward_vs_time.png"), "training wall-clock (s)")
     plot(records, "total_nfe", os.path.join(ns.out, "reward_vs_nfe.png"), "denoiser evaluations (NFE)")
     if ns.ablations:
-        abl = []
-        for seed in range(ns.ablation_seeds):
-            for name, ov in ABLATIONS.items():
-                abl.append(run_one(name, ov, seed, ns.budget, os.path.join(ns.out, "runs", f"{name}_{seed}")))
-                print(f"[{time.time() - t0:6.0f}s] {name} seed {seed}: final {abl[-1]['evals'][-1]['eval_reward']:.3f}",
-                      flush=True)
+        abl = run_all(interleaved({k: merge(METHODS["tree"], v) for k, v in ABLATIONS.items()}, ns.ablation_seeds),
+                      ns.budget, ns.out, n_par, t0)
         tree_runs = [r for r in records if r["method"] == "tree" and r["seed"] < ns.ablation_seeds]
         result["ablations"] = report(tree_runs + abl, baseline="tree")
         result["ablation_records"] = abl
-    from treegrpo.io import atomic_write_json
     atomic_write_json(os.path.join(ns.out, "methods.json"), result)
     print(f"total {time.time() - t0:.0f} s; wrote {ns.out}/methods.json and the PNGs")
 

@@ -1,0 +1,57 @@
+"""The method-comparison harness: its time-to-reach arithmetic, and one tiny run end to end."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import bench_methods as bm  # noqa: E402
+
+
+def _evals(pts):
+    return [{"train_time": t, "total_nfe": 100 * t, "eval_reward": r, "eval_diversity": 0.1} for t, r in pts]
+
+
+def test_time_to_reach_interpolates_and_reports_nan_when_never_reached():
+    ev = _evals([(0, 0.5), (10, 0.4), (20, 0.6), (30, 0.7)])
+    assert bm.time_to_reach(ev, 0.55) == pytest.approx(17.5)      # the first crossing, 0.4 → 0.6
+    assert bm.time_to_reach(ev, 0.55, "total_nfe") == pytest.approx(1750)
+    assert bm.time_to_reach(ev, 0.5) == 0                         # reached at the start
+    assert math.isnan(bm.time_to_reach(ev, 0.8))
+    assert bm.reward_at(ev, 25) == pytest.approx(0.65)
+    assert bm.mean_std([1.0, 3.0, math.nan]) == (2.0, pytest.approx(math.sqrt(2)), 2)
+
+
+def _rec(method, seed, pts, t_iter):
+    return {"method": method, "seed": seed, "evals": _evals(pts), "iterations": 10, "peak_rss_mb": 1.0,
+            "split": {"t_sample": 0.0, "t_decode": 0.0, "t_reward": 0.0, "t_update": 0.0, "t_iter": t_iter}}
+
+
+def test_report_ratios_against_the_baseline():
+    recs = [_rec("base", 0, [(0, 0.5), (40, 0.7)], 2.0), _rec("base", 1, [(0, 0.5), (40, 0.7)], 2.0),
+            _rec("fast", 0, [(0, 0.5), (10, 0.7)], 1.0), _rec("fast", 1, [(0, 0.5), (20, 0.7)], 1.0)]
+    out = bm.report(recs, baseline="base")["methods"]
+    assert out["fast"]["time_to_baseline_ratio"][:2] == (pytest.approx(0.375), pytest.approx(math.sqrt(2) * 0.125))
+    assert out["fast"]["iteration_time_ratio"] == pytest.approx(0.5)
+    assert out["base"]["time_to_baseline_ratio"][0] == pytest.approx(1.0)
+    assert out["fast"]["t50_s"][0] == pytest.approx(7.5)         # half the baseline's gain: 5 s and 10 s
+
+
+def test_one_tiny_comparison_end_to_end(tmp_path):
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_methods.py"), "--seeds", "1",
+                        "--budget", "1.5", "--only", "tree", "--only", "traj_window", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.load(open(tmp_path / "explore.json"))
+    by = {x["method"]: x for x in res["records"]}
+    assert set(by) == {"tree", "traj_window"}
+    assert by["tree"]["nfe_per_iter"] == 24 * (1 + 7 + 8 * 3)       # prefix + window + 3-step tail, 24 prompts
+    assert by["traj_window"]["nfe_per_iter"] == 24 * (1 + 1 + 8 * 2 + 8 * 3)
+    for x in by.values():
+        assert x["iterations"] >= 1 and x["evals"][0]["iteration"] == 0 and x["evals"][-1]["iteration"] == x["iterations"]
+    assert "tree" in r.stdout and "traj_window" in r.stdout
