@@ -8,6 +8,12 @@ at a local diffusers folder; the same split is reported.
 
     python benchmarks/bench_families.py [--iterations 4] [--threads 1] [--model DIR --device cuda]
     python benchmarks/bench_families.py --random-size real --device cuda --height 512 --out results/families_gpu.json
+    python benchmarks/bench_families.py --random-size real --families sd35m --methods tree,traj_window,traj_all \
+        --device cuda --height 512      # the paper's per-iteration comparison at SD3.5-Medium size
+
+``--methods`` times TreeGRPO (k=2, w=3) and the two trajectory baselines with the same 8 leaves per prompt on
+each model: the time per iteration and its split, the quantity the paper's 2.4x is about (it does not
+measure learning: the weights are random).
 """
 from __future__ import annotations
 
@@ -26,8 +32,15 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 PARTS = ("t_sample", "t_decode", "t_reward", "t_update", "t_iter")
 
 
+METHOD_TREES = {  # same 8 leaves per prompt; the trajectory baselines share the prefix and the tail solver
+    "tree": {},
+    "traj_window": {"method": "trajectory", "group_size": 8},
+    "traj_all": {"method": "trajectory", "group_size": 8, "window_start": 0, "window_width": 10, "tail_steps": 0},
+}
+
+
 def make_config(model: str, family: str, iterations: int, device: str, out: str, height: int, microbatch: int = 64,
-                **pipeline):
+                method: str = "tree", **pipeline):
     from treegrpo.config import TrainConfig
     return TrainConfig.from_dict({
         "backend": "diffusers", "model": model, "prompts": ["a red circle", "a blue square", "a green triangle",
@@ -35,15 +48,15 @@ def make_config(model: str, family: str, iterations: int, device: str, out: str,
         "cfg": 1.0 if family == "flux" else 4.5, "rewards": [{"name": "jpeg_compressibility", "weight": 1.0}],
         "pipeline": {"height": height, "width": height, **pipeline},
         "tree": {"steps": 10, "window_start": 1, "window_width": 3, "branch": 2, "tail_solver": "dpmpp_2m",
-                 "tail_steps": 3},
+                 "tail_steps": 3, **METHOD_TREES[method]},
         "lora": {"rank": 8, "alpha": 16.0}, "optim": {"lr": 1e-3, "microbatch": microbatch},
         "iterations": iterations + 1, "prompts_per_iter": 4, "eval_every": 0, "checkpoint_every": 0,
         "output_dir": out, "run_name": f"bench_{family}", "device": device})
 
 
-def summarize(trainer, family: str, t0: float, device: str) -> dict:
+def summarize(trainer, family: str, t0: float, device: str, method: str = "tree") -> dict:
     hist = trainer.history[1:]  # the first iteration warms up (allocations, lazy imports, autotuning)
-    row = {"family": family, "iterations": len(hist), "nfe_per_iter": hist[0]["nfe"],
+    row = {"family": family, "method": method, "iterations": len(hist), "nfe_per_iter": hist[0]["nfe"],
            "lora_params": sum(p.numel() for p in trainer.params), "wall_s": time.perf_counter() - t0,
            "denoiser_params": sum(p.numel() for p in trainer.policy.model.parameters())}
     for k in PARTS:
@@ -62,8 +75,10 @@ def run_family(folder: str, family: str, iterations: int, device: str, out: str,
     return summarize(trainer, family, t0, device)
 
 
-def run_random(name: str, iterations: int, device: str, out: str, height: int, layers: int = 0) -> dict:
-    """A real-size random-weight pipeline (``random_pipelines.py``), built in memory on ``device``."""
+def run_random(name: str, iterations: int, device: str, out: str, height: int, layers: int = 0,
+               methods: tuple = ("tree",)) -> list[dict]:
+    """A real-size random-weight pipeline (``random_pipelines.py``), built in memory on ``device``, trained
+    by each of ``methods`` in turn (a fresh LoRA each); one row per method."""
     from random_pipelines import FAMILY_OF, build
     from treegrpo import cli
     from treegrpo.backends.diffusers import DiffusersPolicy
@@ -71,21 +86,24 @@ def run_random(name: str, iterations: int, device: str, out: str, height: int, l
 
     family = FAMILY_OF[name]
     on_gpu = device.startswith("cuda")
-    cfg = make_config(f"random:{name}", family, iterations, device, out, height, microbatch=16,
-                      gradient_checkpointing=on_gpu)
-    if on_gpu:
-        torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
-    pipe = build(name, device=device, dtype=torch.bfloat16 if on_gpu else torch.float32, layers=layers)
-    policy = DiffusersPolicy(pipe, family, cfg.pipeline, device, guidance_hint=cfg.cfg)
-    trainer = Trainer(cfg, policy, cli.build_rewards(cfg, torch.device(device)), progress=False,
-                      base_model_name=f"random:{name}")
-    trainer.train()
-    row = summarize(trainer, name, t0, device)
-    del trainer, policy, pipe
-    if on_gpu:
-        torch.cuda.empty_cache()
-    return row
+    rows = []
+    for method in methods:
+        cfg = make_config(f"random:{name}", family, iterations, device, out + "_" + method, height, microbatch=16,
+                          method=method, gradient_checkpointing=on_gpu)
+        if on_gpu:
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        # a fresh pipeline per method (LoRA is injected in place); build() seeds its random weights
+        pipe = build(name, device=device, dtype=torch.bfloat16 if on_gpu else torch.float32, layers=layers)
+        policy = DiffusersPolicy(pipe, family, cfg.pipeline, device, guidance_hint=cfg.cfg)
+        trainer = Trainer(cfg, policy, cli.build_rewards(cfg, torch.device(device)), progress=False,
+                          base_model_name=f"random:{name}")
+        trainer.train()
+        rows.append(summarize(trainer, name, t0, device, method))
+        del trainer, policy, pipe
+        if on_gpu:
+            torch.cuda.empty_cache()
+    return rows
 
 
 def main() -> None:
@@ -100,19 +118,25 @@ def main() -> None:
                     help="real: published denoiser/VAE sizes with random weights (sd15, sdxl, sd35m, flux), for a GPU")
     ap.add_argument("--layers", type=int, default=0, help="with --random-size real: cap the denoiser depth "
                     "(a CPU smoke test of the real widths)")
+    ap.add_argument("--methods", default="tree", help="with --random-size real: comma-separated methods to time "
+                    f"on each model ({', '.join(METHOD_TREES)})")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "families.json"))
     args = ap.parse_args()
+    bad = [m for m in args.methods.split(",") if m not in METHOD_TREES]
+    if bad:
+        ap.error(f"unknown --methods {bad}; choose from {list(METHOD_TREES)}")
     torch.set_num_threads(args.threads)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         if args.random_size == "real":
             names = args.families.split(",") if args.families != "sd,sd_v,sdxl,sd3,flux" else ["sd15", "sdxl", "sd35m", "flux"]
             for name in names:
-                rows.append(run_random(name, args.iterations, args.device, os.path.join(tmp, "out_" + name),
-                                       args.height, args.layers))
-                r = rows[-1]
-                print(f"{name:6s} NFE/it {r['nfe_per_iter']:4d}  " + "  ".join(f"{k[2:]} {r[k]:.3f}s" for k in PARTS)
-                      + (f"  peak {r['peak_gpu_mb']:.0f} MB" if "peak_gpu_mb" in r else ""), flush=True)
+                for r in run_random(name, args.iterations, args.device, os.path.join(tmp, "out_" + name),
+                                    args.height, args.layers, tuple(args.methods.split(","))):
+                    rows.append(r)
+                    print(f"{name:6s} {r['method']:12s} NFE/it {r['nfe_per_iter']:4d}  "
+                          + "  ".join(f"{k[2:]} {r[k]:.3f}s" for k in PARTS)
+                          + (f"  peak {r['peak_gpu_mb']:.0f} MB" if "peak_gpu_mb" in r else ""), flush=True)
             targets = []
         elif args.model:
             from treegrpo.backends.diffusers import detect_family
@@ -129,11 +153,15 @@ def main() -> None:
     from treegrpo.io import atomic_write_json
     atomic_write_json(args.out, {"threads": args.threads, "device": args.device, "torch": torch.__version__,
                                  "random_size": args.random_size, "height": args.height, "rows": rows})
-    print("\n| family | NFE/iter | sampling s | decode s | reward s | update s | iteration s | update share |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| family | method | NFE/iter | sampling s | decode s | reward s | update s | iteration s | update share "
+          "| ÷ tree |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    tree_t = {r["family"]: r["t_iter"] for r in rows if r.get("method", "tree") == "tree"}
     for r in rows:
-        print(f"| {r['family']} | {r['nfe_per_iter']} | {r['t_sample']:.3f} | {r['t_decode']:.3f} | {r['t_reward']:.3f} "
-              f"| {r['t_update']:.3f} | {r['t_iter']:.3f} | {r['t_update'] / r['t_iter']:.0%} |")
+        rel = r["t_iter"] / tree_t[r["family"]] if r["family"] in tree_t else float("nan")
+        print(f"| {r['family']} | {r.get('method', 'tree')} | {r['nfe_per_iter']} | {r['t_sample']:.3f} | "
+              f"{r['t_decode']:.3f} | {r['t_reward']:.3f} | {r['t_update']:.3f} | {r['t_iter']:.3f} | "
+              f"{r['t_update'] / r['t_iter']:.0%} | {rel:.2f} |")
 
 
 if __name__ == "__main__":

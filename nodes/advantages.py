@@ -17,7 +17,8 @@ class AdvantageBackup(io.ComfyNode):
         return io.Schema(
             node_id="TreeGRPOAdvantageBackup", display_name="TreeGRPO Advantage Backup", category=f"{CATEGORY}/training",
             description="Leaf rewards -> z-scored leaf advantages -> advantages of every window edge, backed up "
-                        "deepest level first (softmax over sibling log-probs, or mean).",
+                        "deepest level first (softmax over sibling log-probs, or mean), optionally relative to "
+                        "the mean of their siblings.",
             inputs=[
                 Tree.Input("tree", tooltip="tree from the TreeGRPO Tree Sampler"),
                 Rewards.Input("rewards", tooltip="rewards of the tree's leaves, in leaf order"),
@@ -29,14 +30,18 @@ class AdvantageBackup(io.ComfyNode):
                                tooltip="clip edge advantages to +-this (0 = off)"),
                 io.Float.Input("flat_floor", default=1e-3, min=0.0, max=10.0, step=0.0001,
                                tooltip="trees whose reward spread is below this are not trained"),
+                io.Combo.Input("edge_baseline", options=["siblings", "none"], default=AdvantageConfig.edge_baseline,
+                               optional=True, tooltip="siblings: each edge's advantage minus the mean of the "
+                               "edges out of the same node (siblings compete); none: the paper's edge advantages"),
             ],
             outputs=[Tree.Output(display_name="tree", tooltip="the tree with per-edge advantages, for the Trainer Step"),
                      io.String.Output(display_name="stats", tooltip="advantage statistics (JSON)")],
         )
 
     @classmethod
-    def execute(cls, tree, rewards, backup, temperature, adv_clip, flat_floor):
-        cfg = AdvantageConfig(backup=backup, temperature=temperature, adv_clip=adv_clip, flat_floor=flat_floor)
+    def execute(cls, tree, rewards, backup, temperature, adv_clip, flat_floor, edge_baseline=None):
+        cfg = AdvantageConfig(backup=backup, temperature=temperature, adv_clip=adv_clip, flat_floor=flat_floor,
+                              edge_baseline=edge_baseline or AdvantageConfig.edge_baseline)
         out = backup_tree(tree, rewards, cfg)
         return io.NodeOutput(out, json.dumps(out.adv_stats, indent=1))
 

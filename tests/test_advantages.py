@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from treegrpo.advantages import (RewardError, aggregate_rewards, assign_advantages, backup, leaf_advantages,
-                                 subtract_parent_value)
+                                 sibling_baseline)
 from treegrpo.config import AdvantageConfig, TreeConfig
 from treegrpo.tree import sample_trees
 
@@ -41,31 +41,29 @@ def test_k2_w2_hand_computed_mean_and_softmax():
     assert soft_t2[0][0].item() == pytest.approx((1 - w1) * a[0] + w1 * a[1], rel=1e-5)
 
 
-def test_parent_baseline_hand_computed():
+def test_sibling_baseline_hand_computed():
     a = [-1.0, 2.0, 0.5, -1.5]                           # leaf advantages of a k=2, w=2 tree
     parents = [torch.tensor([0, 0]), torch.tensor([0, 0, 1, 1])]
-    logp = [torch.tensor([0.0, math.log(3.0)]), torch.zeros(4)]
-    edge = backup(parents, logp, torch.tensor(a), "mean")  # node values 0.5 and -0.5
-    out = subtract_parent_value(parents, logp, edge, 1, "mean")
-    assert out[1].tolist() == pytest.approx([-1.5, 1.5, 1.0, -1.0])
-    assert out[0].tolist() == pytest.approx([0.5, -0.5])  # the root's value is 0 under the mean
-    soft = subtract_parent_value(parents, logp, edge, 1, "softmax")
-    root = 0.25 * 0.5 + 0.75 * -0.5                       # root children weighted 1/4, 3/4 by their log-probs
-    assert soft[0].tolist() == pytest.approx([0.5 - root, -0.5 - root])
-    # a trajectory group: 3 edges out of the root, then chains; chain edges keep their advantage
+    logp = [torch.tensor([0.0, 0.0]), torch.tensor([0.0, math.log(3.0), 0.0, 0.0])]
+    edge = backup(parents, logp, torch.tensor(a), "softmax")  # u0: 1/4·(-1) + 3/4·2 = 1.25; u1: -0.5
+    assert edge[0].tolist() == pytest.approx([1.25, -0.5])
+    out = sibling_baseline(parents, edge)
+    assert out[1].tolist() == pytest.approx([-1.5, 1.5, 1.0, -1.0])  # minus the siblings' means 0.5, -0.5
+    assert out[0].tolist() == pytest.approx([0.875, -0.875])         # minus (1.25 - 0.5)/2
+    # a trajectory group: 3 edges out of the root, then chains; unchanged (z-scored root edges, only children)
     tp = [torch.tensor([0, 0, 0]), torch.tensor([0, 1, 2])]
     tadv = [torch.tensor([1.0, -2.0, 1.0]), torch.tensor([1.0, -2.0, 1.0])]
-    tout = subtract_parent_value(tp, [torch.zeros(3), torch.zeros(3)], tadv, 1, "mean")
+    tout = sibling_baseline(tp, tadv)
     assert tout[0].tolist() == pytest.approx([1.0, -2.0, 1.0]) and tout[1].tolist() == pytest.approx([1.0, -2.0, 1.0])
 
 
-def test_parent_baseline_in_assign_advantages():
+def test_sibling_baseline_in_assign_advantages():
     tb, tb2 = _batch(), _batch()
     r = torch.rand(24, generator=torch.Generator().manual_seed(3))
-    assign_advantages(tb, {"x": r}, {"x": 1.0}, AdvantageConfig(backup="mean", adv_clip=0, flat_floor=0))
-    assign_advantages(tb2, {"x": r}, {"x": 1.0}, AdvantageConfig(backup="mean", adv_clip=0, flat_floor=0,
-                                                                 edge_baseline="parent"))
-    for j in range(1, 3):   # siblings' advantages now sum to zero at every internal node
+    assign_advantages(tb, {"x": r}, {"x": 1.0}, AdvantageConfig(backup="mean", adv_clip=0, flat_floor=0,
+                                                                edge_baseline="none"))
+    assign_advantages(tb2, {"x": r}, {"x": 1.0}, AdvantageConfig(backup="mean", adv_clip=0, flat_floor=0))
+    for j in range(1, 3):   # siblings' advantages sum to zero; under the mean backup: minus the parent's value
         s = torch.zeros(tb2.advantages[j - 1].numel()).index_add_(0, tb2.parents[j], tb2.advantages[j])
         assert s.abs().max().item() < 1e-5
         assert torch.allclose(tb2.advantages[j], tb.advantages[j] - tb.advantages[j - 1][tb.parents[j]], atol=1e-6)
@@ -114,7 +112,8 @@ def test_assign_advantages_on_sampled_trees_flat_tree_and_invariants():
     g = torch.Generator().manual_seed(1)
     r = torch.rand(24, generator=g)
     r[8:16] = 0.5                                        # tree 1 is flat
-    stats = assign_advantages(tb, {"demo": r}, {"demo": 1.0}, AdvantageConfig(backup="mean", adv_clip=0))
+    stats = assign_advantages(tb, {"demo": r}, {"demo": 1.0}, AdvantageConfig(backup="mean", adv_clip=0,
+                                                                                     edge_baseline="none"))
     assert stats["flat_trees"] == 1 and tb.trainable.tolist() == [True, False, True]
     leaf = tb.advantages[-1]
     assert torch.equal(leaf[8:16], torch.zeros(8))
@@ -132,10 +131,11 @@ def test_adv_clip_and_prompt_level_stats():
     tb = _batch()
     r = torch.zeros(24)
     r[0] = 100.0                                          # one outlier leaf -> z = sqrt(7) ≈ 2.65
-    assign_advantages(tb, {"x": r}, {"x": 1.0}, AdvantageConfig(adv_clip=2.0, flat_floor=0))
+    assign_advantages(tb, {"x": r}, {"x": 1.0}, AdvantageConfig(adv_clip=2.0, flat_floor=0, edge_baseline="none"))
     assert tb.advantages[-1].max().item() == pytest.approx(2.0)
     tb2 = _batch()
     tb2.prompt_ids = torch.tensor([0, 1, 0])
     r2 = torch.arange(24, dtype=torch.float32)
-    assign_advantages(tb2, {"x": r2}, {"x": 1.0}, AdvantageConfig(reward_stats="prompt", flat_floor=0))
+    assign_advantages(tb2, {"x": r2}, {"x": 1.0}, AdvantageConfig(reward_stats="prompt", flat_floor=0,
+                                                                            edge_baseline="none"))
     assert tb2.advantages[-1][:8].mean().item() == pytest.approx(0, abs=1e-5)

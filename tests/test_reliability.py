@@ -40,6 +40,7 @@ CATALOGUE = [
     (lambda: TreeConfig(leaf_cap=-2), ConfigError, r"TreeConfig\.leaf_cap: must be >= 0"),
     (lambda: AdvantageConfig(backup="max"), ConfigError, r"AdvantageConfig\.backup: must be one of"),
     (lambda: AdvantageConfig(temperature=0), ConfigError, r"AdvantageConfig\.temperature: must be > 0"),
+    (lambda: AdvantageConfig(edge_baseline="grandparent"), ConfigError, r"AdvantageConfig\.edge_baseline: must be one of"),
     (lambda: OptimConfig(lr=0), ConfigError, r"OptimConfig\.lr: must be > 0"),
     (lambda: OptimConfig(lr=-1e-4), ConfigError, r"OptimConfig\.lr: must be > 0"),
     (lambda: OptimConfig(microbatch=0), ConfigError, r"OptimConfig\.microbatch: must be >= 1"),
@@ -144,7 +145,8 @@ def test_random_trees_nfe_leaves_and_advantage_invariants(T, k, w, data):
     assert tb.nfe == n_trees * expected_nfe(cfg) == sum(pol.rows)
     assert tb.leaves.shape[0] == n_trees * sizes[-1] == n_trees * cfg.leaves
     r = torch.tensor(data.draw(st.lists(st.floats(-5, 5), min_size=tb.leaves.shape[0], max_size=tb.leaves.shape[0])))
-    assign_advantages(tb, {"r": r}, {"r": 1.0}, AdvantageConfig(backup="mean", adv_clip=0, flat_floor=0))
+    assign_advantages(tb, {"r": r}, {"r": 1.0}, AdvantageConfig(backup="mean", adv_clip=0, flat_floor=0,
+                                                                edge_baseline="none"))
     leaf = tb.advantages[-1]
     per = tb.leaves.shape[0] // n_trees
     for t in range(n_trees):
@@ -153,6 +155,14 @@ def test_random_trees_nfe_leaves_and_advantage_invariants(T, k, w, data):
         child, par = tb.advantages[j], tb.parents[j]
         for u in range(tb.advantages[j - 1].numel()):
             assert abs(float(tb.advantages[j - 1][u]) - float(child[par == u].mean())) < 1e-5
+    paper = [a.clone() for a in tb.advantages]
+    assign_advantages(tb, {"r": r}, {"r": 1.0}, AdvantageConfig(backup="mean", adv_clip=0, flat_floor=0))
+    for j in range(1, tb.width):                                          # sibling baseline: sibling sums are 0
+        par = tb.parents[j]
+        for u in range(paper[j - 1].numel()):
+            if int((par == u).sum()) >= 2:
+                assert abs(float(tb.advantages[j][par == u].sum())) < 1e-4
+                assert torch.allclose(tb.advantages[j][par == u], paper[j][par == u] - paper[j - 1][u], atol=1e-5)
 
 
 DISK_FULL_WRITER = r"""

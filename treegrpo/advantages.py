@@ -94,28 +94,20 @@ def backup(parents: list[torch.Tensor], logp_old: list[torch.Tensor], leaf_adv: 
     return out
 
 
-def subtract_parent_value(parents: list[torch.Tensor], logp_old: list[torch.Tensor], edge_adv: list[torch.Tensor],
-                          n_roots: int, mode: str = "softmax", temperature: float = 1.0) -> list[torch.Tensor]:
-    """Per-state baseline: ``A_edge(p → c) − A_node(p)`` for every edge whose parent has ≥ 2 children.
+def sibling_baseline(parents: list[torch.Tensor], edge_adv: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Per-state baseline: each edge's advantage minus the mean over its siblings (the edges out of the
+    same parent), wherever a parent has ≥ 2 children; ``edge_adv`` is :func:`backup`'s output per level.
 
-    ``edge_adv`` is :func:`backup`'s output (per level, ``(n_{j+1},)``); the value of a node at window
-    level j ≥ 1 is the advantage of the edge into it, a root's (level 0, ``n_roots`` of them) is backed up
-    from its children with the same weights. Siblings share their parent's state, so subtracting its value
-    leaves the expected gradient unchanged and removes the part of the advantage the siblings share. An edge
-    that is its parent's only child (a trajectory's chain) keeps its advantage: there is nothing to compare."""
+    Siblings leave the same state, so the baseline keeps the expected gradient and removes the part of
+    the advantage they share (under the mean backup it is exactly the parent's value). An only child
+    (a trajectory's chain) keeps its advantage, and a trajectory group's first step (z-scored, mean 0) is
+    unchanged, so trajectory GRPO is the same with or without it."""
     out = []
-    for j, (par, adv) in enumerate(zip(parents, edge_adv)):
-        n_p = n_roots if j == 0 else edge_adv[j - 1].numel()
-        cnt = torch.zeros(n_p, device=adv.device).index_add_(0, par, torch.ones_like(adv))
-        if j == 0:
-            if mode == "softmax":
-                pi = segment_softmax(logp_old[0].float() / temperature, par, n_p)
-            else:
-                pi = 1.0 / cnt[par]
-            value = torch.zeros(n_p, dtype=adv.dtype, device=adv.device).index_add_(0, par, pi * adv)
-        else:
-            value = edge_adv[j - 1]
-        out.append(torch.where(cnt[par] >= 2, adv - value[par], adv))
+    for par, adv in zip(parents, edge_adv):
+        n_p = int(par.max()) + 1 if par.numel() else 0
+        cnt = torch.zeros(n_p, dtype=adv.dtype, device=adv.device).index_add_(0, par, torch.ones_like(adv))
+        mean = segment_mean(adv, par, n_p)
+        out.append(torch.where(cnt[par] >= 2, adv - mean[par], adv))
     return out
 
 
@@ -140,9 +132,8 @@ def assign_advantages(batch, raw: dict[str, torch.Tensor], weights: dict[str, fl
     trainable = spread >= cfg.flat_floor if cfg.flat_floor > 0 else torch.ones_like(spread, dtype=torch.bool)
     a_leaf = torch.where(trainable[leaf_tree], a_leaf, torch.zeros_like(a_leaf))
     edge_adv = backup(batch.parents, batch.logp_old, a_leaf, cfg.backup, cfg.temperature)
-    if cfg.edge_baseline == "parent":
-        edge_adv = subtract_parent_value(batch.parents, batch.logp_old, edge_adv, batch.latents[0].shape[0],
-                                         cfg.backup, cfg.temperature)
+    if cfg.edge_baseline == "siblings":
+        edge_adv = sibling_baseline(batch.parents, edge_adv)
     from .loss import clip_advantages
     batch.advantages = [clip_advantages(a, cfg.adv_clip) for a in edge_adv]
     batch.trainable = trainable

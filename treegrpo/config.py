@@ -125,14 +125,15 @@ class AdvantageConfig:
     eps: float = _f(1e-6, "added to standard deviations")
     adv_clip: float = _f(5.0, "clip edge advantages to [-adv_clip, adv_clip] (0 = off)")
     flat_floor: float = _f(1e-3, "trees whose aggregated-reward spread (std) is below this are not trained")
-    edge_baseline: str = _f("none", "none | parent: subtract the parent node's backed-up value from each "
-                            "edge's advantage (a per-state baseline over siblings)")
+    edge_baseline: str = _f("siblings", "siblings | none: subtract from each edge's advantage the mean over its "
+                            "siblings (a per-state baseline; measured better), or keep the paper's backed-up "
+                            "advantages")
 
     def __post_init__(self) -> None:
         c = "AdvantageConfig"
         _choice(self, "backup", ("softmax", "mean"))
         _choice(self, "reward_stats", ("tree", "prompt"))
-        _choice(self, "edge_baseline", ("none", "parent"))
+        _choice(self, "edge_baseline", ("siblings", "none"))
         _require(self.temperature > 0, c, "temperature", f"must be > 0, got {self.temperature}")
         _require(self.eps > 0, c, "eps", f"must be > 0, got {self.eps}")
         _require(self.adv_clip >= 0, c, "adv_clip", f"must be >= 0, got {self.adv_clip}")

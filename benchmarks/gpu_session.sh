@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One prepared device session (≤ 10 minutes of GPU time), for when a GPU machine is lent:
+#   1. the paper's comparison at SD3.5-Medium size: time per iteration (and its split) of TreeGRPO k=2, w=3
+#      vs window-SDE and all-step-SDE trajectory GRPO, same 8 leaves per prompt, random weights at 512 px;
+#   2. the per-family split at the published sizes (SD1.5, SDXL, SD3.5-M, Flux-dev), TreeGRPO only.
+# Results land in $OUT (or benchmarks/results) as families_gpu_methods.json and families_gpu.json.
+#   bash benchmarks/gpu_session.sh            # DEVICE=cuda HEIGHT=512 ITERS=2 by default
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-python}
+DEVICE=${DEVICE:-cuda}
+HEIGHT=${HEIGHT:-512}
+ITERS=${ITERS:-2}
+LAYERS=${LAYERS:-0}          # >0 caps the denoiser depth: a CPU smoke test of this script
+DEST=${OUT:-benchmarks/results}
+mkdir -p "$DEST"
+$PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+timeout 330 $PY benchmarks/bench_families.py --random-size real --families sd35m \
+    --methods tree,traj_window,traj_all --device "$DEVICE" --height "$HEIGHT" --iterations "$ITERS" \
+    --layers "$LAYERS" --out "$DEST/families_gpu_methods.json"
+timeout 240 $PY benchmarks/bench_families.py --random-size real --families "${FAMILIES:-sd15,sdxl,sd35m,flux}" \
+    --device "$DEVICE" --height "$HEIGHT" --iterations "$ITERS" --layers "$LAYERS" \
+    --out "$DEST/families_gpu.json" || echo "per-family timings stopped (time limit): partial results above"
