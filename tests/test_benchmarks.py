@@ -50,8 +50,8 @@ def test_one_tiny_comparison_end_to_end(tmp_path):
     res = json.load(open(tmp_path / "explore.json"))
     by = {x["method"]: x for x in res["records"]}
     assert set(by) == {"tree", "traj_window"}
-    assert by["tree"]["nfe_per_iter"] == 24 * (1 + 7 + 8 * 3)       # prefix + window + 3-step tail, 24 prompts
-    assert by["traj_window"]["nfe_per_iter"] == 24 * (1 + 1 + 8 * 2 + 8 * 3)
+    assert by["tree"]["nfe_per_iter"] == 24 * (1 + 7 + 8 * 2)       # prefix + window + 2-step tail, 24 prompts
+    assert by["traj_window"]["nfe_per_iter"] == 24 * (1 + 1 + 8 * 2 + 8 * 2)
     for x in by.values():
         assert x["iterations"] >= 1 and x["evals"][0]["iteration"] == 0 and x["evals"][-1]["iteration"] == x["iterations"]
     assert "tree" in r.stdout and "traj_window" in r.stdout

@@ -60,7 +60,9 @@ def test_short_training_run_raises_reward(tmp_path):
     trainer, summary = cli.run_training(cfg, progress=False)
     before, after = trainer.evals[0]["eval_reward"], trainer.evals[-1]["eval_reward"]
     print(f"eval reward {before:.4f} -> {after:.4f}")
-    assert after - before > 0.05, (before, after)  # measured: 0.561 -> 0.643 on the 2-core machine
+    # measured, seeds 0/1/2: +0.037/+0.068/+0.089 (sibling baseline), +0.084/+0.054/+0.045 (paper's advantages);
+    # no learning stays at 0 and a sign error goes down. How much it learns is the benchmarks' job.
+    assert after - before > 0.03, (before, after)
     assert os.path.exists(summary["lora"]) and os.path.exists(tmp_path / "log.csv")
     log = json.load(open(tmp_path / "log.json"))
     assert len(log["train"]) == 30 and all(h["nfe"] == 16 * (1 + 7 + 8 * 3) for h in log["train"])
