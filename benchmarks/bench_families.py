@@ -39,6 +39,16 @@ METHOD_TREES = {  # same 8 leaves per prompt; the trajectory baselines share the
 }
 
 
+def tree_for(method: str, family: str) -> dict:
+    """TreeConfig of ``method``; DDIM families (sd, sdxl) have no noise in their last step (ᾱ' = 1), so
+    "all steps" there means every step but the last."""
+    tree = {"steps": 10, "window_start": 1, "window_width": 3, "branch": 2, "tail_solver": "dpmpp_2m",
+            "tail_steps": 3, **METHOD_TREES[method]}
+    if method == "traj_all" and family in ("sd", "sdxl"):
+        tree["window_width"] = tree["steps"] - 1
+    return tree
+
+
 def make_config(model: str, family: str, iterations: int, device: str, out: str, height: int, microbatch: int = 64,
                 method: str = "tree", **pipeline):
     from treegrpo.config import TrainConfig
@@ -47,8 +57,7 @@ def make_config(model: str, family: str, iterations: int, device: str, out: str,
                                                             "a yellow cross"],
         "cfg": 1.0 if family == "flux" else 4.5, "rewards": [{"name": "jpeg_compressibility", "weight": 1.0}],
         "pipeline": {"height": height, "width": height, **pipeline},
-        "tree": {"steps": 10, "window_start": 1, "window_width": 3, "branch": 2, "tail_solver": "dpmpp_2m",
-                 "tail_steps": 3, **METHOD_TREES[method]},
+        "tree": tree_for(method, family),
         "lora": {"rank": 8, "alpha": 16.0}, "optim": {"lr": 1e-3, "microbatch": microbatch},
         "iterations": iterations + 1, "prompts_per_iter": 4, "eval_every": 0, "checkpoint_every": 0,
         "output_dir": out, "run_name": f"bench_{family}", "device": device})
@@ -66,13 +75,17 @@ def summarize(trainer, family: str, t0: float, device: str, method: str = "tree"
     return row
 
 
-def run_family(folder: str, family: str, iterations: int, device: str, out: str, height: int) -> dict:
-    """A saved pipeline folder through the CLI trainer (the whole loading path)."""
+def run_family(folder: str, family: str, iterations: int, device: str, out: str, height: int,
+               methods: tuple = ("tree",)) -> list[dict]:
+    """A saved pipeline folder through the CLI trainer (the whole loading path), once per method."""
     from treegrpo import cli
-    cfg = make_config(folder, family, iterations, device, out, height)
-    t0 = time.perf_counter()
-    trainer, _ = cli.run_training(cfg, progress=False, write_lora=False)
-    return summarize(trainer, family, t0, device)
+    rows = []
+    for method in methods:
+        cfg = make_config(folder, family, iterations, device, out + "_" + method, height, method=method)
+        t0 = time.perf_counter()
+        trainer, _ = cli.run_training(cfg, progress=False, write_lora=False)
+        rows.append(summarize(trainer, family, t0, device, method))
+    return rows
 
 
 def run_random(name: str, iterations: int, device: str, out: str, height: int, layers: int = 0,
@@ -118,8 +131,8 @@ def main() -> None:
                     help="real: published denoiser/VAE sizes with random weights (sd15, sdxl, sd35m, flux), for a GPU")
     ap.add_argument("--layers", type=int, default=0, help="with --random-size real: cap the denoiser depth "
                     "(a CPU smoke test of the real widths)")
-    ap.add_argument("--methods", default="tree", help="with --random-size real: comma-separated methods to time "
-                    f"on each model ({', '.join(METHOD_TREES)})")
+    ap.add_argument("--methods", default="tree", help="comma-separated methods to time on each model "
+                    f"({', '.join(METHOD_TREES)})")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "families.json"))
     args = ap.parse_args()
     bad = [m for m in args.methods.split(",") if m not in METHOD_TREES]
@@ -145,11 +158,11 @@ def main() -> None:
             from diffusers_fixtures import save_pipeline
             targets = [(f, save_pipeline(f, os.path.join(tmp, f))) for f in args.families.split(",")]
         for fam, folder in targets:
-            rows.append(run_family(folder, fam, args.iterations, args.device, os.path.join(tmp, "out_" + fam),
-                                   args.height))
-            r = rows[-1]
-            print(f"{fam:6s} NFE/it {r['nfe_per_iter']:4d}  " + "  ".join(f"{k[2:]} {r[k]:.3f}s" for k in PARTS),
-                  flush=True)
+            for r in run_family(folder, fam, args.iterations, args.device, os.path.join(tmp, "out_" + fam),
+                                args.height, tuple(args.methods.split(","))):
+                rows.append(r)
+                print(f"{fam:6s} {r['method']:12s} NFE/it {r['nfe_per_iter']:4d}  "
+                      + "  ".join(f"{k[2:]} {r[k]:.3f}s" for k in PARTS), flush=True)
     from treegrpo.io import atomic_write_json
     atomic_write_json(args.out, {"threads": args.threads, "device": args.device, "torch": torch.__version__,
                                  "random_size": args.random_size, "height": args.height, "rows": rows})

@@ -245,7 +245,12 @@ def main() -> None:
         t = TreeConfig(**BASE_CONFIG.get("tree", {}))
         for name in ("traj_window", "traj_all"):  # same leaves per prompt as the tree; all-step SDE = every step
             METHODS[name]["tree"]["group_size"] = t.leaves
-        METHODS["traj_all"]["tree"].update(window_width=t.steps)
+        family = BASE_CONFIG.get("pipeline", {}).get("family", "auto")
+        if family == "auto" and BASE_CONFIG.get("backend") == "diffusers" and BASE_CONFIG.get("model"):
+            from treegrpo.backends.diffusers import detect_family
+            family = detect_family(BASE_CONFIG["model"], BASE_CONFIG.get("pipeline", {}).get("config"))
+        # DDIM families have no noise in their last step: "all steps" is every step but the last there
+        METHODS["traj_all"]["tree"].update(window_width=t.steps - (family in ("sd", "sdxl")))
     if ns.child:
         child(json.loads(ns.child))
         return

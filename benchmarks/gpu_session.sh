@@ -12,12 +12,13 @@ DEVICE=${DEVICE:-cuda}
 HEIGHT=${HEIGHT:-512}
 ITERS=${ITERS:-2}
 LAYERS=${LAYERS:-0}          # >0 caps the denoiser depth: a CPU smoke test of this script
+# CPU smoke test: DEVICE=cpu HEIGHT=32 ITERS=1 LAYERS=1 METHODS_FAMILY=sd15 FAMILIES=sd15 OUT=/tmp/x bash ...
 DEST=${OUT:-benchmarks/results}
 mkdir -p "$DEST"
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
-timeout 330 $PY benchmarks/bench_families.py --random-size real --families sd35m \
+timeout "${T_METHODS:-330}" $PY benchmarks/bench_families.py --random-size real --families "${METHODS_FAMILY:-sd35m}" \
     --methods tree,traj_window,traj_all --device "$DEVICE" --height "$HEIGHT" --iterations "$ITERS" \
-    --layers "$LAYERS" --out "$DEST/families_gpu_methods.json"
-timeout 240 $PY benchmarks/bench_families.py --random-size real --families "${FAMILIES:-sd15,sdxl,sd35m,flux}" \
+    --layers "$LAYERS" --out "$DEST/families_gpu_methods.json" || echo "method timings stopped (time limit)"
+timeout "${T_FAMILIES:-240}" $PY benchmarks/bench_families.py --random-size real --families "${FAMILIES:-sd15,sdxl,sd35m,flux}" \
     --device "$DEVICE" --height "$HEIGHT" --iterations "$ITERS" --layers "$LAYERS" \
     --out "$DEST/families_gpu.json" || echo "per-family timings stopped (time limit): partial results above"

@@ -55,3 +55,28 @@ def test_one_tiny_comparison_end_to_end(tmp_path):
     for x in by.values():
         assert x["iterations"] >= 1 and x["evals"][0]["iteration"] == 0 and x["evals"][-1]["iteration"] == x["iterations"]
     assert "tree" in r.stdout and "traj_window" in r.stdout
+
+
+def test_base_config_runs_the_baselines_on_a_diffusers_model(tmp_path):
+    """--base-config (the GPU path) on a tiny SD1.x folder: the all-step baseline stops before the noiseless
+    last DDIM step, and every method trains through the diffusers backend."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from diffusers_fixtures import save_pipeline
+
+    folder = save_pipeline("sd", str(tmp_path / "sd"))
+    base = {"backend": "diffusers", "model": folder, "prompts": ["a red circle", "a blue square"], "cfg": 2.0,
+            "rewards": [{"name": "jpeg_compressibility", "weight": 1.0}], "pipeline": {"height": 16, "width": 16},
+            "tree": {"steps": 4, "window_start": 1, "window_width": 2, "branch": 2}, "lora": {"rank": 4, "alpha": 8.0},
+            "prompts_per_iter": 2, "device": "cpu"}
+    cfg_path = tmp_path / "base.json"
+    cfg_path.write_text(json.dumps(base))
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_methods.py"), "--base-config",
+                        str(cfg_path), "--seeds", "1", "--budget", "0.5", "--only", "traj_window", "--only", "tree",
+                        "--only", "traj_all", "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    by = {x["method"]: x for x in json.load(open(tmp_path / "out" / "explore.json"))["records"]}
+    # 2 prompts × 2 (cfg > 1: cond + uncond evaluations, batched); tree: 1 + (1 + 2) + 4 leaves × 1 tail step
+    assert by["tree"]["nfe_per_iter"] == 2 * 2 * (1 + 3 + 4 * 1)
+    assert by["traj_window"]["nfe_per_iter"] == 2 * 2 * (1 + 1 + 4 * 1 + 4 * 1)
+    assert by["traj_all"]["nfe_per_iter"] == 2 * 2 * (1 + 4 * 2 + 4 * 1)   # SDE on steps 0..2, the last step ODE
