@@ -40,12 +40,13 @@ METHOD_TREES = {  # same 8 leaves per prompt; the trajectory baselines share the
 
 
 def tree_for(method: str, family: str) -> dict:
-    """TreeConfig of ``method``; DDIM families (sd, sdxl) have no noise in their last step (ᾱ' = 1), so
-    "all steps" there means every step but the last."""
+    """TreeConfig of ``method`` on ``family`` (the all-step baseline skips a DDIM family's noiseless last step)."""
+    from bench_methods import all_step_width
+
     tree = {"steps": 10, "window_start": 1, "window_width": 3, "branch": 2, "tail_solver": "dpmpp_2m",
             "tail_steps": 3, **METHOD_TREES[method]}
-    if method == "traj_all" and family in ("sd", "sdxl"):
-        tree["window_width"] = tree["steps"] - 1
+    if method == "traj_all":
+        tree["window_width"] = all_step_width(tree["steps"], family)
     return tree
 
 

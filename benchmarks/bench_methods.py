@@ -54,6 +54,12 @@ ABLATIONS = {  # each is "tree" with these changes, reported against it
 }
 
 
+def all_step_width(steps: int, family: str) -> int:
+    """SDE window of the all-step baseline: every step, except on DDIM families (sd, sdxl), whose last step
+    has no noise (ᾱ' = 1)."""
+    return steps - (family in ("sd", "sdxl"))
+
+
 def merge(a: dict, b: dict) -> dict:
     out = json.loads(json.dumps(a))
     for k, v in b.items():
@@ -249,8 +255,7 @@ def main() -> None:
         if family == "auto" and BASE_CONFIG.get("backend") == "diffusers" and BASE_CONFIG.get("model"):
             from treegrpo.backends.diffusers import detect_family
             family = detect_family(BASE_CONFIG["model"], BASE_CONFIG.get("pipeline", {}).get("config"))
-        # DDIM families have no noise in their last step: "all steps" is every step but the last there
-        METHODS["traj_all"]["tree"].update(window_width=t.steps - (family in ("sd", "sdxl")))
+        METHODS["traj_all"]["tree"].update(window_width=all_step_width(t.steps, family))
     if ns.child:
         child(json.loads(ns.child))
         return

@@ -105,9 +105,8 @@ def sibling_baseline(parents: list[torch.Tensor], edge_adv: list[torch.Tensor]) 
     out = []
     for par, adv in zip(parents, edge_adv):
         n_p = int(par.max()) + 1 if par.numel() else 0
-        cnt = torch.zeros(n_p, dtype=adv.dtype, device=adv.device).index_add_(0, par, torch.ones_like(adv))
-        mean = segment_mean(adv, par, n_p)
-        out.append(torch.where(cnt[par] >= 2, adv - mean[par], adv))
+        only_child = torch.bincount(par, minlength=n_p)[par] < 2
+        out.append(torch.where(only_child, adv, adv - segment_mean(adv, par, n_p)[par]))
     return out
 
 

@@ -60,6 +60,11 @@ class IterationLog:
     stats: dict = field(default_factory=dict)
 
 
+
+def _next_multiple(t: float, every: float) -> float:
+    """The first multiple of ``every`` after ``t`` (seconds); ``inf`` when ``every`` is 0 (off)."""
+    return (math.floor(t / every) + 1) * every if every else math.inf
+
 class Trainer:
     """TreeGRPO (or trajectory GRPO) LoRA training on one policy.
 
@@ -376,8 +381,7 @@ class Trainer:
             evaluating = bool(cfg.eval_every or cfg.eval_every_s) and self.rank == 0
             if evaluating and self.iteration == 0 and not self.evals:
                 self.evals.append(self.evaluate())
-            next_eval_t = (math.floor(self.train_time / cfg.eval_every_s) + 1) * cfg.eval_every_s if cfg.eval_every_s \
-                else math.inf
+            next_eval_t = _next_multiple(self.train_time, cfg.eval_every_s)
             while self.iteration < total:
                 if cfg.time_budget_s and self.train_time >= cfg.time_budget_s:
                     break
@@ -391,7 +395,7 @@ class Trainer:
                     bar.set_postfix(reward=f"{stats['reward']:.3f}", loss=f"{stats['loss']:.2e}")
                 due_t = self.train_time >= next_eval_t
                 if due_t:
-                    next_eval_t = (math.floor(self.train_time / cfg.eval_every_s) + 1) * cfg.eval_every_s
+                    next_eval_t = _next_multiple(self.train_time, cfg.eval_every_s)
                 if evaluating and (due_t or (cfg.eval_every and self.iteration % cfg.eval_every == 0)):
                     self.evals.append(self.evaluate())
                 if cfg.checkpoint_every and self.iteration % cfg.checkpoint_every == 0:
