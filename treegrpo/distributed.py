@@ -62,5 +62,9 @@ class DataParallel:
             dist.barrier()
 
     def close(self) -> None:
+        """Tear the group down together: rank 0 is still writing files when the others finish, and a rank
+        that destroys its gloo group while a peer is busy can abort at exit ("terminate called without an
+        active exception", seen once in CI)."""
         if self.world > 1 and dist.is_initialized():
+            dist.barrier()
             dist.destroy_process_group()
