@@ -179,7 +179,7 @@ def test_resume_gives_the_same_lora_bytes(saved, tmp_path):
     tb = read_lora_file(str(tmp_path / "b" / "tiny_sd.safetensors"))[0]
     assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
     ck = torch.load(sorted((tmp_path / "b" / "checkpoints").glob("*.pt"))[-1], weights_only=True)
-    assert {"lora", "optimizer", "scheduler", "torch_rng", "python_rng", "numpy_rng", "iteration"} <= set(ck)
+    assert {"lora", "optimizer", "train_time", "torch_rng", "python_rng", "numpy_rng", "iteration"} <= set(ck)
 
 
 @pytest.mark.parametrize("family", ["sdxl", "flux"])

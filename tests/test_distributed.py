@@ -57,3 +57,33 @@ def test_two_process_gloo_run_equals_one_process(tmp_path):
     lr = _config(one)["optim"]["lr"]
     for k in a:
         assert torch.allclose(a[k], b[k], atol=1e-2 * lr, rtol=0), (k, float((a[k] - b[k]).abs().max()))
+
+
+def _torchrun(args, env, timeout=600):
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), *args],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_time_budget_and_time_based_lr_are_shared_by_the_ranks(tmp_path):
+    """Under a time budget every rank must stop at the same iteration (else one waits forever in the
+    gradient all-reduce) and set the same lr: the ranks agree on the clock, the slowest rank's time."""
+    script = tmp_path / "clock.py"
+    script.write_text("import sys\nfrom treegrpo.distributed import DataParallel\n"
+                      "dp = DataParallel(cpu=True)\n"
+                      "open(f'{sys.argv[1]}/clock{dp.rank}.txt', 'w').write(str(dp.max_over_ranks(0.25 + dp.rank)))\n"
+                      "dp.close()\n")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    r = _torchrun([str(script), str(tmp_path)], env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [(tmp_path / f"clock{i}.txt").read_text() for i in (0, 1)] == ["1.25", "1.25"]
+
+    out = tmp_path / "budget"
+    out.mkdir()
+    cfg = _config(out, iterations=10 ** 6, time_budget_s=3.0, optim={"lr_schedule": "cosine", "lr": 3e-3})
+    (out / "cfg.json").write_text(json.dumps(cfg))
+    r = _torchrun(["-m", "treegrpo.cli", "train", "--quiet", "--config", str(out / "cfg.json")], env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = json.load(open(out / "log.json"))["train"]
+    assert len(log) >= 2 and log[-1]["train_time"] >= 3.0 > log[-2]["train_time"]
+    assert log[-1]["lr"] < log[0]["lr"] == 3e-3

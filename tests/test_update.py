@@ -107,3 +107,8 @@ def test_lr_factor_schedules():
     assert [lr_factor(i, 5, 1, "linear") for i in range(5)] == [0.5, 1.0, 0.75, 0.5, 0.25]
     assert lr_factor(1, 5, 1, "cosine") == 1.0 and abs(lr_factor(3, 5, 1, "cosine") - 0.5) < 1e-12
     assert lr_factor(9, 5, 0, "cosine") == 0.0  # past the end: clamped, never negative
+    # a time budget further along than the iterations sets the progress; warm-up still comes first
+    assert lr_factor(1, 100, 0, "linear", time_fraction=0.75) == 0.25
+    assert lr_factor(50, 100, 0, "linear", time_fraction=0.1) == 0.5
+    assert lr_factor(0, 100, 2, "cosine", time_fraction=0.9) == pytest.approx(1 / 3)
+    assert lr_factor(3, 100, 0, "constant", time_fraction=0.99) == 1.0

@@ -180,7 +180,8 @@ class OptimConfig:
     max_grad_norm: float = _f(1.0, "gradient clipping norm (0 = off)")
     microbatch: int = _f(64, "parent nodes per forward/backward (gradient accumulation over microbatches)")
     updates_per_batch: int = _f(1, "optimiser passes over each batch of trees")
-    lr_schedule: str = _f("constant", "learning-rate schedule over the iterations: constant | linear | cosine (to 0)")
+    lr_schedule: str = _f("constant", "learning-rate schedule over the run: constant | linear | cosine (to 0 "
+                                     "at `iterations`, or at `time_budget_s` of training if that comes first)")
     warmup: int = _f(0, "iterations of linear learning-rate warm-up from 0")
 
     def __post_init__(self) -> None:

@@ -57,6 +57,15 @@ class DataParallel:
             p.grad = flat[off:off + n].view_as(g).to(g.dtype).clone()
             off += n
 
+    def max_over_ranks(self, value: float) -> float:
+        """The largest ``value`` over ranks (the training clock: every rank must see the same time, or the
+        time budget and a time-based lr schedule would differ between them)."""
+        if self.world == 1:
+            return value
+        t = torch.tensor([float(value)], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t)
+
     def barrier(self) -> None:
         if self.world > 1:
             dist.barrier()

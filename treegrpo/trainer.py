@@ -109,9 +109,6 @@ class Trainer:
             check_base_model(meta, self.base_model_name, cfg.lora.init_from)
             self.load_lora_weights(from_state_dict(t, meta))
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
-        o = cfg.optim
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda i: lr_factor(i, cfg.iterations, o.warmup, o.lr_schedule))
         self.iteration = 0
         self.history: list[dict] = []
         self.evals: list[dict] = []
@@ -120,6 +117,16 @@ class Trainer:
         self.out = cfg.output_dir
 
     # ------------------------------------------------------------------ one iteration
+    def _set_lr(self) -> float:
+        """Set this iteration's learning rate from the schedule (iterations done and, under a time budget,
+        the training time used); returns it."""
+        o, budget = self.cfg.optim, self.cfg.time_budget_s
+        frac = self.train_time / budget if budget else 0.0
+        lr = o.lr * lr_factor(self.iteration, self.cfg.iterations, o.warmup, o.lr_schedule, frac)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        return lr
+
     def _check_stop(self) -> None:
         if self.stop is not None and self.stop():
             raise TrainingInterrupted("training stopped by request")
@@ -174,17 +181,18 @@ class Trainer:
         raw = self.score(images, batch.leaf_prompts)
         t3 = time.perf_counter()
         adv_stats = assign_advantages(batch, raw, self.weights, cfg.advantage)
+        stats_lr = self._set_lr()
         self.policy.model.train()
         upd = self._run(lambda: grpo_update(
             self.policy, batch, self.optimizer, cfg.optim, noise_level=cfg.tree.noise_level, eta=cfg.tree.eta,
             guidance=cfg.cfg, params=self.params, callback=self._cb,
             all_reduce=getattr(self.dist, "all_reduce_grads", None)))
         self.policy.model.eval()
-        stats_lr = self.optimizer.param_groups[0]["lr"]
-        self.scheduler.step()
         t4 = time.perf_counter()
         self.total_nfe += batch.nfe
         self.train_time += t4 - t0
+        if hasattr(self.dist, "max_over_ranks"):  # one clock for all ranks: same lr, same stop iteration
+            self.train_time = self.dist.max_over_ranks(self.train_time)
         stats = {"iteration": it, "window_start": s, **adv_stats, **{k: v for k, v in upd.items()},
                  "nfe": batch.nfe, "calls": batch.calls, "lr": stats_lr, "t_sample": t1 - t0, "t_decode": t2 - t1,
                  "t_reward": t3 - t2, "t_update": t4 - t3, "t_iter": t4 - t0, "train_time": self.train_time,
@@ -263,7 +271,7 @@ class Trainer:
     def checkpoint_state(self) -> dict:
         return {"iteration": self.iteration, "lora": {k: v.detach().cpu().clone() for k, v in
                                                        zip(self._param_names(), self.params)},
-                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(), "history": json.dumps(self.history),
+                "optimizer": self.optimizer.state_dict(), "history": json.dumps(self.history),
                 "evals": json.dumps(self.evals), "train_time": self.train_time, "total_nfe": self.total_nfe,
                 "config": json.dumps(self.cfg.to_dict(), default=str), "run_name": self.cfg.run_name,
                 "torch_rng": torch.get_rng_state(), "python_rng": json.dumps(random.getstate()),
@@ -301,9 +309,7 @@ class Trainer:
                 if n not in state["lora"] or state["lora"][n].shape != p.shape:
                     raise ValueError(f"checkpoint {path} does not fit the model: parameter {n}")
                 p.copy_(state["lora"][n])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if "scheduler" in state:
-            self.scheduler.load_state_dict(state["scheduler"])
+        self.optimizer.load_state_dict(state["optimizer"])  # the lr is re-set from (iteration, train_time)
         self.iteration = int(state["iteration"])
         self.history = json.loads(state["history"])
         self.evals = json.loads(state["evals"])

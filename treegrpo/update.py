@@ -123,14 +123,19 @@ def backward_edges(policy: Policy, batch: TreeBatch, edges: EdgeSet, cfg: OptimC
     return out
 
 
-def lr_factor(iteration: int, total: int, warmup: int = 0, schedule: str = "constant") -> float:
+def lr_factor(iteration: int, total: int, warmup: int = 0, schedule: str = "constant",
+              time_fraction: float = 0.0) -> float:
     """Learning-rate multiplier of ``iteration`` (0-based) of ``total``: linear warm-up over ``warmup``
-    iterations ((i+1)/(warmup+1)), then ``constant``, ``linear`` to 0 or ``cosine`` to 0."""
+    iterations ((i+1)/(warmup+1)), then ``constant``, ``linear`` to 0 or ``cosine`` to 0.
+
+    The decay follows the run's progress: the iterations done after the warm-up, or ``time_fraction``
+    (training seconds so far / the time budget) when that is further along, so a run stopped by its time
+    budget ends its schedule there too."""
     if iteration < warmup:
         return (iteration + 1) / (warmup + 1)
     if schedule == "constant":
         return 1.0
-    p = min(max((iteration - warmup) / max(1, total - warmup), 0.0), 1.0)
+    p = min(max((iteration - warmup) / max(1, total - warmup), time_fraction, 0.0), 1.0)
     if schedule == "linear":
         return 1.0 - p
     if schedule == "cosine":
