@@ -13,6 +13,7 @@ budget/8 seconds of training, is not counted as training time.
 
     python benchmarks/bench_methods.py [--seeds 4] [--budget 60] [--ablations] [--out benchmarks/results]
     python benchmarks/bench_methods.py --lr-sweep 1.5e-3,3e-3,6e-3,1.2e-2 --seeds 2   # tune lr on traj_window
+    python benchmarks/bench_methods.py --window-width 4 --lr 6e-3   # k=2, w=4: 16 leaves, 12 prompts/iteration
     python benchmarks/bench_methods.py --base-config sd35.json --budget 120 --seeds 2   # a diffusers model on a GPU
 
 Writes methods.json, reward_vs_time.png, reward_vs_nfe.png and prints the tables.
@@ -68,12 +69,29 @@ def merge(a: dict, b: dict) -> dict:
 
 
 BASE_CONFIG: dict | None = None  # --base-config: a TrainConfig dict (e.g. a diffusers model on a GPU)
+LEAVES_PER_ITER = 192  # demo: 24 prompts × 8 leaves at w = 3; kept when --window-width changes the tree
+
+
+def set_window_width(width: int) -> None:
+    """Demo settings for a k=2 tree of window ``width``: 2**width leaves (and trajectories) per prompt,
+    ``LEAVES_PER_ITER / 2**width`` prompts per iteration, so every width trains on the same number of leaves
+    per iteration."""
+    leaves = 2 ** width
+    if leaves > LEAVES_PER_ITER or BASE["tree"]["window_start"] + width > BASE["tree"]["steps"]:
+        raise SystemExit(f"--window-width {width}: 2**{width} leaves per tree do not fit the demo "
+                         f"({LEAVES_PER_ITER} leaves per iteration, {BASE['tree']['steps']} steps)")
+    BASE["tree"]["window_width"] = width
+    BASE["prompts_per_iter"] = LEAVES_PER_ITER // leaves
+    for name in ("traj_window", "traj_all"):
+        METHODS[name]["tree"]["group_size"] = leaves
+    ABLATIONS.pop("tree_k8_w1")  # branch factor vs width at equal leaves: all of them at the first step
+    ABLATIONS[f"tree_k{leaves}_w1"] = {"tree": {"branch": leaves, "window_width": 1, "window_start": 1}}
 
 
 def run_one(name: str, overrides: dict, seed: int, budget: float, out_dir: str) -> dict:
     """One training run in a child process; returns its record (with the child's own peak RSS)."""
-    spec = json.dumps({"overrides": overrides, "seed": seed, "budget": budget, "out": out_dir, "threads": THREADS,
-                       "base": BASE_CONFIG})
+    spec = json.dumps({"overrides": overrides if BASE_CONFIG else merge(BASE, overrides), "seed": seed,
+                       "budget": budget, "out": out_dir, "threads": THREADS, "base": BASE_CONFIG})
     p = subprocess.Popen([sys.executable, __file__, "--child", spec], stdout=subprocess.PIPE, text=True)
     _, status, usage = os.wait4(p.pid, 0)
     out = p.stdout.read()
@@ -108,7 +126,7 @@ def child(spec: dict) -> None:
 
     torch.set_num_threads(spec.get("threads", 1))
     base = spec.get("base")
-    d = merge(base, spec["overrides"]) if base else merge(cli.demo_config_dict(), merge(BASE, spec["overrides"]))
+    d = merge(base, spec["overrides"]) if base else merge(cli.demo_config_dict(), spec["overrides"])
     d.update(seed=spec["seed"], iterations=100000, time_budget_s=spec["budget"], eval_every=0,
              eval_every_s=spec["budget"] / 8, eval_seeds=4, checkpoint_every=0, output_dir=spec["out"],
              run_name="bench")
@@ -195,7 +213,8 @@ def report(records: list[dict], baseline: str = "traj_window") -> dict:
     print(f"\nbaseline {baseline}: final eval reward {target:.3f} (from {base0:.3f}) after {base_t:.1f} s, "
           f"{base_n:.0f} NFE")
     print(f"{'method':<18}{'final':>7}{'div':>6}{'it':>5}{'s/it':>6}{'ratio':>6}{'sample':>7}{'update':>7}{'RSS MB':>7}"
-          f"{'t→base':>8}{'t→50%':>7}{'t→90%':>7}{'NFE→base':>10}{'r@t_base':>9}{'div@base':>9}")
+          f"{'t→base':>8}{'t→50%':>7}{'t→90%':>7}{'i→50%':>7}{'i→90%':>7}{'NFE→base':>10}{'r@t_base':>9}"
+          f"{'div@base':>9}")
     for name in methods:
         runs = [r for r in records if r["method"] == name]
         fin = mean_std([r["evals"][-1]["eval_reward"] for r in runs])
@@ -204,6 +223,10 @@ def report(records: list[dict], baseline: str = "traj_window") -> dict:
         t50 = mean_std([time_to_reach(r["evals"], base0 + 0.5 * (target - base0)) for r in runs])
         t90 = mean_std([time_to_reach(r["evals"], base0 + 0.9 * (target - base0)) for r in runs])
         n_base = mean_std([time_to_reach(r["evals"], target, "total_nfe") / base_n for r in runs])
+        # learning per iteration: iterations to 50 % / 90 % of the baseline's gain (a saturating curve's total
+        # gain over its iteration count would hide a slower climb)
+        i50, i90 = (mean_std([time_to_reach(r["evals"], base0 + f * (target - base0), "iteration") for r in runs])
+                    for f in (0.5, 0.9))
         r_eq = mean_std([reward_at(r["evals"], base_t) for r in runs])
         div_eq = mean_std([diversity_at_reward(r["evals"], target) for r in runs])
         split = {k: sum(r["split"][k] for r in runs) / len(runs) for k in runs[0]["split"]}
@@ -212,12 +235,13 @@ def report(records: list[dict], baseline: str = "traj_window") -> dict:
         s_it = split["t_iter"] / (sum(r["split"]["t_iter"] for r in base_runs) / len(base_runs))
         out[name] = {"iteration_time_ratio": s_it, "final_reward": fin, "diversity": div,
                      "diversity_at_baseline_reward": div_eq, "time_to_baseline_ratio": t_base, "t50_s": t50,
-                     "t90_s": t90, "nfe_to_baseline_ratio": n_base, "reward_at_baseline_time": r_eq,
+                     "t90_s": t90, "it50": i50, "it90": i90, "nfe_to_baseline_ratio": n_base,
+                     "reward_at_baseline_time": r_eq,
                      "split_s": split, "peak_rss_mb": rss, "iterations": its,
                      "reached_baseline": f"{t_base[2]}/{len(runs)}"}
         print(f"{name:<18}{fin[0]:>7.3f}{div[0]:>6.3f}{its:>5.0f}{split['t_iter']:>6.2f}{s_it:>6.2f}{split['t_sample']:>7.2f}"
-              f"{split['t_update']:>7.2f}{rss:>7.0f}{t_base[0]:>8.2f}{t50[0]:>7.1f}{t90[0]:>7.1f}{n_base[0]:>10.2f}"
-              f"{r_eq[0]:>9.3f}{div_eq[0]:>9.3f}  (t→base ±{t_base[1]:.2f}, reached {t_base[2]}/{len(runs)})")
+              f"{split['t_update']:>7.2f}{rss:>7.0f}{t_base[0]:>8.2f}{t50[0]:>7.1f}{t90[0]:>7.1f}{i50[0]:>7.1f}"
+              f"{i90[0]:>7.1f}{n_base[0]:>10.2f}{r_eq[0]:>9.3f}{div_eq[0]:>9.3f}  (t→base ±{t_base[1]:.2f}, reached {t_base[2]}/{len(runs)})")
     return {"target_reward": target, "baseline": baseline, "methods": out}
 
 
@@ -240,11 +264,20 @@ def main() -> None:
                     "TrainConfig overrides), seed by seed, and report them against the first one")
     ap.add_argument("--lr-sweep", metavar="LR,LR,...", help="run traj_window at these learning rates instead "
                     "(the baseline the shared lr is tuned on); writes lr_sweep.json")
+    ap.add_argument("--lr", type=float, default=LR, help="the shared learning rate (tune it on the window "
+                    "baseline with --lr-sweep)")
+    ap.add_argument("--window-width", type=int, default=3, help="demo: the tree's window w (k=2, 2**w leaves and "
+                    "trajectories per prompt, the same leaves per iteration for every w)")
     ap.add_argument("--jobs", type=int, default=0, help="runs at a time (default: 2 on a CPU with 2+ cores, 1 with "
                     "--base-config); each run uses --threads threads")
     ns = ap.parse_args()
     global THREADS, BASE_CONFIG
     THREADS = ns.threads
+    BASE["optim"]["lr"] = ns.lr
+    if ns.window_width != 3 and not ns.child:
+        if ns.base_config:
+            raise SystemExit("--window-width applies to the demo; with --base-config set tree.window_width there")
+        set_window_width(ns.window_width)
     if ns.base_config:
         BASE_CONFIG = json.load(open(ns.base_config, encoding="utf-8"))
         from treegrpo.config import TreeConfig
@@ -286,7 +319,8 @@ def main() -> None:
         return
     records = run_all(interleaved(METHODS, ns.seeds), ns.budget, ns.out, n_par, t0)
     result = {"main": report(records), "vs_all_step": report(records, baseline="traj_all"), "records": records,
-              "budget_s": ns.budget, "lr": LR if not BASE_CONFIG else None, "parallel_runs": n_par}
+              "budget_s": ns.budget, "lr": ns.lr if not BASE_CONFIG else None, "parallel_runs": n_par,
+              "window_width": ns.window_width if not BASE_CONFIG else None}
     plot(records, "train_time", os.path.join(ns.out, "reward_vs_time.png"), "training wall-clock (s)")
     plot(records, "total_nfe", os.path.join(ns.out, "reward_vs_nfe.png"), "denoiser evaluations (NFE)")
     if ns.ablations:

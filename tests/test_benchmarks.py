@@ -14,7 +14,8 @@ import bench_methods as bm  # noqa: E402
 
 
 def _evals(pts):
-    return [{"train_time": t, "total_nfe": 100 * t, "eval_reward": r, "eval_diversity": 0.1} for t, r in pts]
+    return [{"train_time": t, "total_nfe": 100 * t, "iteration": t / 4, "eval_reward": r, "eval_diversity": 0.1}
+            for t, r in pts]
 
 
 def test_time_to_reach_interpolates_and_reports_nan_when_never_reached():
@@ -40,6 +41,7 @@ def test_report_ratios_against_the_baseline():
     assert out["fast"]["iteration_time_ratio"] == pytest.approx(0.5)
     assert out["base"]["time_to_baseline_ratio"][0] == pytest.approx(1.0)
     assert out["fast"]["t50_s"][0] == pytest.approx(7.5)         # half the baseline's gain: 5 s and 10 s
+    assert out["fast"]["it50"][0] == pytest.approx(7.5 / 4)       # the same crossings in iterations (4 s each)
 
 
 def test_one_tiny_comparison_end_to_end(tmp_path):
@@ -80,3 +82,18 @@ def test_base_config_runs_the_baselines_on_a_diffusers_model(tmp_path):
     assert by["tree"]["nfe_per_iter"] == 2 * 2 * (1 + 3 + 4 * 1)
     assert by["traj_window"]["nfe_per_iter"] == 2 * 2 * (1 + 1 + 4 * 1 + 4 * 1)
     assert by["traj_all"]["nfe_per_iter"] == 2 * 2 * (1 + 4 * 2 + 4 * 1)   # SDE on steps 0..2, the last step ODE
+
+
+def test_window_width_keeps_the_leaves_per_iteration(monkeypatch):
+    """--window-width 4: 16 leaves (and trajectories) per prompt, 12 prompts per iteration (192 leaves, as at
+    w = 3), and the branch-vs-width ablation puts all 16 leaves at the first step."""
+    import copy
+
+    for name in ("BASE", "METHODS", "ABLATIONS"):
+        monkeypatch.setattr(bm, name, copy.deepcopy(getattr(bm, name)))
+    bm.set_window_width(4)
+    assert bm.BASE["tree"]["window_width"] == 4 and bm.BASE["prompts_per_iter"] == 12
+    assert bm.METHODS["traj_window"]["tree"]["group_size"] == bm.METHODS["traj_all"]["tree"]["group_size"] == 16
+    assert "tree_k8_w1" not in bm.ABLATIONS and bm.ABLATIONS["tree_k16_w1"]["tree"]["branch"] == 16
+    with pytest.raises(SystemExit, match="do not fit"):
+        bm.set_window_width(8)
