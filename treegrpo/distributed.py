@@ -57,6 +57,14 @@ class DataParallel:
             p.grad = flat[off:off + n].view_as(g).to(g.dtype).clone()
             off += n
 
+    def sum_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
+        """Element-wise sum of a 1-D float tensor over ranks (batch statistics for the logs), on the CPU."""
+        if self.world == 1:
+            return values
+        t = values.detach().to(self.device, torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t.cpu()
+
     def max_over_ranks(self, value: float) -> float:
         """The largest ``value`` over ranks (the training clock: every rank must see the same time, or the
         time budget and a time-based lr schedule would differ between them)."""

@@ -189,18 +189,47 @@ class Trainer:
             all_reduce=getattr(self.dist, "all_reduce_grads", None)))
         self.policy.model.eval()
         t4 = time.perf_counter()
-        self.total_nfe += batch.nfe
         self.train_time += t4 - t0
         if hasattr(self.dist, "max_over_ranks"):  # one clock for all ranks: same lr, same stop iteration
             self.train_time = self.dist.max_over_ranks(self.train_time)
         stats = {"iteration": it, "window_start": s, **adv_stats, **{k: v for k, v in upd.items()},
                  "nfe": batch.nfe, "calls": batch.calls, "lr": stats_lr, "t_sample": t1 - t0, "t_decode": t2 - t1,
-                 "t_reward": t3 - t2, "t_update": t4 - t3, "t_iter": t4 - t0, "train_time": self.train_time,
-                 "total_nfe": self.total_nfe}
+                 "t_reward": t3 - t2, "t_update": t4 - t3, "t_iter": t4 - t0, "train_time": self.train_time}
+        self._pool_over_ranks(stats, raw)
+        self.total_nfe += stats["nfe"]
+        stats["total_nfe"] = self.total_nfe
         if not math.isfinite(stats["loss"]):
             raise FloatingPointError(f"non-finite loss at iteration {it}")
         self.iteration += 1
         return stats
+
+    _SUMMED = ("flat_trees", "nfe", "edges", "parents", "forwards")
+    _PER_EDGE = ("loss", "kl", "ratio_mean", "clip_frac")
+
+    def _pool_over_ranks(self, stats: dict, raw: dict[str, torch.Tensor]) -> None:
+        """Data parallel: replace the rank-local batch statistics in ``stats`` by the whole batch's (every
+        rank's trees): reward mean/std over all leaves, counts summed, per-edge means weighted by edges.
+        Timings stay this rank's; ``grad_norm`` is already global (taken after the all-reduce)."""
+        if self.world == 1 or not hasattr(self.dist, "sum_over_ranks"):
+            return
+        names = sorted(raw)
+        total = weighted_raw(raw, self.weights).double()
+        e = float(stats["edges"])
+        vec = [total.numel(), float(total.sum()), float((total ** 2).sum())]
+        vec += [float(raw[k].double().sum()) for k in names]
+        vec += [float(stats.get(k, 0)) for k in self._SUMMED] + [float(stats.get(k, 0)) * e for k in self._PER_EDGE]
+        out = self.dist.sum_over_ranks(torch.tensor(vec, dtype=torch.float64)).tolist()
+        n, s1, s2 = out[:3]
+        stats["reward"] = s1 / n
+        stats["reward_std"] = math.sqrt(max(s2 / n - (s1 / n) ** 2, 0.0))
+        for k, v in zip(names, out[3:3 + len(names)]):
+            stats[f"reward/{k}"] = v / n
+        rest = out[3 + len(names):]
+        for k, v in zip(self._SUMMED, rest):
+            stats[k] = int(round(v))
+        edges = stats["edges"]
+        for k, v in zip(self._PER_EDGE, rest[len(self._SUMMED):]):
+            stats[k] = v / edges if edges else stats[k]
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
