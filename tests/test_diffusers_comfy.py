@@ -1,6 +1,7 @@
 """The diffusers backend against real ComfyUI 0.3.75 code: ComfyUI-format LoRA exports name only modules that
 ComfyUI's own LoRA key maps know (every key loads, none is dropped), and a single-file checkpoint in the
-original (LDM) layout loads through diffusers' ``from_single_file`` into the same model."""
+original (LDM) layout, the denoiser alone or the whole checkpoint, loads through diffusers' ``from_single_file`` into
+the same model."""
 import importlib.util
 import logging
 from pathlib import Path
@@ -102,3 +103,46 @@ def test_single_file_unet_checkpoint_loads_like_the_folder(comfy_tiny, tmp_path)
     cond = ref.encode_prompts(["a red circle"])
     with torch.no_grad():
         assert torch.allclose(single.denoise(x, torch.tensor([1.5]), cond, 1.0), ref.denoise(x, torch.tensor([1.5]), cond, 1.0))
+
+
+def test_full_single_file_checkpoint_loads_like_the_folder(comfy_tiny, tmp_path):
+    """A whole SD1.x checkpoint in the original layout, as published (UNet ``model.diffusion_model.*``, VAE
+    ``first_stage_model.*``, CLIP ``cond_stage_model.transformer.*``), + ``pipeline.config`` for the configs and
+    the tokenizer: every component equals the diffusers folder's, and the images decode the same."""
+    import re
+
+    import comfy.diffusers_convert
+    import comfy.utils
+    from safetensors.torch import save_file
+    folder = save_pipeline("sd", str(tmp_path / "sd"))
+    ref = DiffusersPolicy.load(folder, PC)
+    patcher, _, _ = comfy_tiny("sd15", 0)
+    mapping = comfy.utils.unet_to_diffusers(patcher.model.model_config.unet_config)
+    ldm = {"model.diffusion_model." + mapping[k]: v for k, v in ref.pipe.unet.state_dict().items()}
+    vae = comfy.diffusers_convert.convert_vae_state_dict(ref.pipe.vae.state_dict())
+    # ComfyUI's converter numbers the decoder's up blocks for SD's 4 levels (up.3 = diffusers up_blocks.0);
+    # the tiny VAE has fewer, and the original layout counts from 0
+    shift = 4 - len(ref.pipe.vae.config.block_out_channels)
+    vae = {re.sub(r"^decoder\.up\.(\d+)\.", lambda m: f"decoder.up.{int(m.group(1)) - shift}.", k): v
+           for k, v in vae.items()}
+    ldm.update({"first_stage_model." + k: v for k, v in vae.items()})
+    # published SD1.x files: cond_stage_model.transformer.text_model.* (transformers 5 names it without text_model.)
+    te = {k if k.startswith("text_model.") else "text_model." + k: v
+          for k, v in ref.pipe.text_encoder.state_dict().items()}
+    ldm.update({"cond_stage_model.transformer." + k: v for k, v in te.items()})
+    path = str(tmp_path / "tiny_sd15_full.safetensors")
+    save_file({k: v.contiguous() for k, v in ldm.items()}, path)
+    single = DiffusersPolicy.load(path, PipelineConfig(height=16, width=16, config=folder))
+    for name in ("unet", "vae", "text_encoder"):
+        a, b = getattr(ref.pipe, name).state_dict(), getattr(single.pipe, name).state_dict()
+        assert a.keys() == b.keys(), (name, sorted(a.keys() ^ b.keys())[:5])
+        bad = [k for k in a if not torch.equal(a[k], b[k].reshape(a[k].shape))]
+        assert not bad, (name, bad[:5])
+    x = torch.randn((1, *ref.latent_shape()), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        c_ref, c_single = ref.encode_prompts(["a red circle"]), single.encode_prompts(["a red circle"])
+        assert torch.equal(c_single["cond"]["embeds"], c_ref["cond"]["embeds"])
+        # bit-identical weights; the two pipelines' UNets differ at float rounding (~3e-6 seen)
+        assert torch.allclose(single.denoise(x, torch.tensor([1.5]), c_single, 1.0),
+                              ref.denoise(x, torch.tensor([1.5]), c_ref, 1.0), atol=1e-5, rtol=0)
+        assert torch.equal(single.decode(x), ref.decode(x))
