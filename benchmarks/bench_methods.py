@@ -266,7 +266,7 @@ def main() -> None:
                     "(the baseline the shared lr is tuned on); writes lr_sweep.json")
     ap.add_argument("--lr", type=float, default=LR, help="the shared learning rate (tune it on the window "
                     "baseline with --lr-sweep)")
-    ap.add_argument("--window-width", type=int, default=3, help="demo: the tree's window w (k=2, 2**w leaves and "
+    ap.add_argument("--window-width", type=int, default=BASE["tree"]["window_width"], help="demo: the tree's window w (k=2, 2**w leaves and "
                     "trajectories per prompt, the same leaves per iteration for every w)")
     ap.add_argument("--jobs", type=int, default=0, help="runs at a time (default: 2 on a CPU with 2+ cores, 1 with "
                     "--base-config); each run uses --threads threads")
@@ -274,7 +274,7 @@ def main() -> None:
     global THREADS, BASE_CONFIG
     THREADS = ns.threads
     BASE["optim"]["lr"] = ns.lr
-    if ns.window_width != 3 and not ns.child:
+    if ns.window_width != BASE["tree"]["window_width"] and not ns.child:
         if ns.base_config:
             raise SystemExit("--window-width applies to the demo; with --base-config set tree.window_width there")
         set_window_width(ns.window_width)
