@@ -127,6 +127,22 @@ def test_all_sde_chain_matches_exact_marginals_at_every_level():
         assert x.var().item() == pytest.approx((1 - s) ** 2 * 0.25 + s**2, rel=0.06)
 
 
+def test_antithetic_tree_keeps_the_exact_marginals():
+    """Mirrored siblings change the joint law of a node's children, not their marginals: every level of a
+    k=2 tree branching at 6 steps (σ[20..26] of T = 100), and its leaves after the ODE tail, match the flow
+    chain's closed form N((1−σ)m, (1−σ)²v + σ²) and the data N(m, v)."""
+    pol = AnalyticPolicy("flow", var=0.25, means=(0.5,), shape=(8, 1, 1))
+    cfg = TreeConfig(steps=100, window_start=20, window_width=6, branch=2, antithetic=True)
+    tb = sample_trees(pol, ["p0"] * 500, cfg, generator=torch.Generator().manual_seed(6))
+    for j in (2, 4, 6):
+        s = tb.sigmas[20 + j].item()
+        x = tb.latents[j].flatten()
+        assert x.mean().item() == pytest.approx((1 - s) * 0.5, abs=0.03)
+        assert x.var().item() == pytest.approx((1 - s) ** 2 * 0.25 + s**2, rel=0.06)
+    assert tb.leaves.mean().item() == pytest.approx(0.5, abs=0.03)
+    assert tb.leaves.var().item() == pytest.approx(0.25, rel=0.06)
+
+
 def test_epsilon_sde_chain_matches_exact_discrete_variance():
     """The discretised DDIM(eta=1) chain on Gaussian data has a closed-form variance at every step:
     with a = v/(v+σ²), c = sqrt(σ'² − std²): Var' = (a + c(1−a)/σ)²·Var + std²."""

@@ -5,8 +5,10 @@ import random
 import pytest
 import torch
 
+from treegrpo.backends.base import select_cond
 from treegrpo.config import ConfigError, TreeConfig
-from treegrpo.tree import expected_nfe, level_sizes, sample_trees, tail_sigmas, window_start_at
+from treegrpo.sde import sde_mean_std
+from treegrpo.tree import expected_nfe, level_sizes, mirror_siblings, sample_trees, tail_sigmas, window_start_at
 
 from analytic import AnalyticPolicy
 
@@ -94,6 +96,50 @@ def test_higher_order_tails_are_more_accurate_than_euler():
            for name in ("euler@3", "heun@3", "euler@5", "dpmpp_2m@5")}
     assert err["heun@3"] < 0.6 * err["euler@3"]
     assert err["dpmpp_2m@5"] < 0.6 * err["euler@5"]
+
+
+def test_mirror_siblings_pairs_within_each_parent():
+    eps = torch.arange(1.0, 13.0)[:, None]               # 2 trees x 6 children, branch 3 (2 parents per tree)
+    out = mirror_siblings(eps, 3, 6).flatten().tolist()
+    assert out == [1, -1, 3, 4, -4, 6, 7, -7, 9, 10, -10, 12]
+    assert mirror_siblings(eps, 1, 6) is eps             # only children (trajectory chains) are untouched
+    # a leaf cap can cut a parent's children short: ranks still count within the parent
+    assert mirror_siblings(torch.arange(1.0, 6.0)[:, None], 2, 5).flatten().tolist() == [1, -1, 3, -3, 5]
+
+
+@pytest.mark.parametrize("k,method", [(2, "tree"), (3, "tree"), (2, "trajectory")])
+def test_antithetic_children_mirror_their_siblings(k, method):
+    pol = AnalyticPolicy("flow", shape=(4, 1, 1))
+    cfg = TreeConfig(steps=6, window_start=1, window_width=3, branch=k, method=method, antithetic=True)
+    gens = lambda: [torch.Generator().manual_seed(10 + t) for t in range(2)]
+    tb = sample_trees(pol, ["p0", "p1"], cfg, generator=gens())
+    ref = sample_trees(pol, ["p0", "p1"], TreeConfig(**{**cfg.__dict__, "antithetic": False}), generator=gens())
+    assert tb.nfe == ref.nfe == 2 * expected_nfe(cfg)
+    for j, b in enumerate(cfg.branching):
+        x, par, lp = tb.latents[j + 1], tb.parents[j], tb.logp_old[j]
+        rank = torch.arange(x.shape[0]) % b
+        if b == 1:   # trajectory chains after the first step: independent noise, as without the option
+            continue
+        # children 2i and 2i+1 of a parent sit symmetrically about the SDE mean: their sum is twice the
+        # mean, and the Gaussian density gives them the same behaviour log-prob
+        first, second = (rank % 2 == 0) & (rank + 1 < b), rank % 2 == 1
+        mid = (x[first] + x[second]) / 2
+        assert torch.equal(par[first], par[second])
+        assert not torch.allclose(x[first], x[second])
+        assert torch.allclose(lp[first], lp[second], atol=1e-6)
+        # the pair's midpoint is the SDE mean of their parent, recomputed here from the parent's latent
+        xp, sig, sig_n = tb.latents[j], tb.sigmas[1 + j], tb.sigmas[2 + j]
+        n = xp.shape[0]
+        x0 = pol.denoise(xp, sig.expand(n), select_cond(tb.cond, tb.tree_of(j)), 1.0)
+        mean, _ = sde_mean_std("flow", xp, x0, sig.expand(n), sig_n.expand(n), noise_level=cfg.noise_level,
+                               eta=cfg.eta, sigma_1_next=tb.sigmas[1])
+        assert torch.allclose(mid, mean[par[first]], atol=1e-5)
+        if b == 3:   # the odd child keeps its own draw: it is not the mirror of anything
+            odd = x[rank == 2]
+            assert not torch.allclose(odd, 2 * mid - odd)
+    # an even-ranked child gets exactly the draw it would get without the option (same generator stream)
+    keep = torch.arange(tb.latents[1].shape[0]) % cfg.branching[0] % 2 == 0
+    assert torch.equal(tb.latents[1][keep], ref.latents[1][keep])
 
 
 def test_window_schedules():

@@ -49,6 +49,8 @@ class TreeConfig:
     window_max_start: int = _f(-1, "sliding/random: last allowed window start (-1 = steps - width)")
     leaf_cap: int = _f(0, "keep only the first N leaves of each tree (0 = all k**w)")
     noise_level: float = _f(0.7, "flow SDE noise level a (Flow-GRPO form)")
+    antithetic: bool = _f(False, "mirrored siblings: a node's children come in pairs with noise ε and −ε (each "
+                                 "child is still N(μ, σ²); pairs cancel the even-order terms of their difference)")
     eta: float = _f(1.0, "epsilon models: DDIM eta of the SDE steps")
     logprob_reduction: str = _f("mean", "mean | sum of the per-dimension Gaussian log-density")
     tail_solver: str = _f("euler", "ODE solver after the window: euler | heun (2 NFE/step) | dpmpp_2m (2nd order, 1 NFE/step)")

@@ -182,6 +182,19 @@ def ode_solve(den: Denoiser, x: torch.Tensor, sigmas: torch.Tensor, tree_idx: to
     return x
 
 
+def mirror_siblings(eps: torch.Tensor, branch: int, per_tree: int) -> torch.Tensor:
+    """Antithetic children: within each parent's ``branch`` children (tree-major, ``per_tree`` children per
+    tree, ordered by parent), child 2i+1 gets −ε of child 2i; an odd last child keeps its own draw.
+    ``eps`` (n_children, ...) standard normal → same shape, every row still standard normal."""
+    if branch < 2:
+        return eps
+    rank = torch.arange(eps.shape[0], device=eps.device) % per_tree % branch
+    odd = (rank % 2 == 1).nonzero().flatten()
+    out = eps.clone()
+    out[odd] = -eps[odd - 1]
+    return out
+
+
 def initial_latent(policy: Policy, noise: torch.Tensor, sigma0: torch.Tensor) -> torch.Tensor:
     """``σ_0·noise`` unless the backend scales noise itself (ComfyUI: ``model_sampling.noise_scaling``)."""
     scale = getattr(policy, "noise_scaling", None)
@@ -249,6 +262,8 @@ def sample_trees(policy: Policy, prompts: list[str], cfg: TreeConfig, *, cond: A
             eps = torch.cat([torch.randn((sizes[j + 1], *shape), generator=g, device="cpu") for g in generator]).to(dev)
         else:
             eps = torch.randn((parent.numel(), *shape), generator=generator, device="cpu").to(dev)
+        if cfg.antithetic:
+            eps = mirror_siblings(eps, b, sizes[j + 1])
         x_child = mean[parent] + std[parent] * eps
         logps.append(gaussian_logprob(x_child, mean[parent], std[parent], cfg.logprob_reduction))
         parents.append(parent)
