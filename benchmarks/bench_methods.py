@@ -1,9 +1,11 @@
 """TreeGRPO vs trajectory GRPO, side by side (issue: reproduce and beat the paper's efficiency claim).
 
 Trains, from the same base model, prompts, reward, seed schedule and optimiser:
-  tree          TreeGRPO, k=2, w=3 (8 leaves per prompt), edge advantages relative to their siblings' mean
+  tree          TreeGRPO, k=2, w=3 (8 leaves per prompt), mirrored siblings (noise ε, −ε), edge advantages
+                relative to their siblings' mean
   tree_paper    the same tree with the paper's edge advantages (a node's backed-up value, no baseline)
   traj_window   trajectory GRPO, 8 trajectories per prompt, SDE on the same 3-step window (MixGRPO-style)
+  traj_window_mirrored  the same with mirrored pairs at its branching step (the tree's noise, offered to it)
   traj_all      trajectory GRPO, 8 trajectories per prompt, SDE on every step (DanceGRPO/Flow-GRPO-style)
 with the same learning rate (tuned on traj_window: ``--lr-sweep``) and the same tail solver after the
 window. Each (method, seed) run is a separate process (peak RSS per run) on one thread; the runs are
@@ -39,9 +41,11 @@ LR = 3e-3
 BASE = {"tree": {"steps": 10, "window_start": 1, "window_width": 3, "branch": 2, "tail_solver": "dpmpp_2m",
                  "tail_steps": 2}, "optim": {"lr": LR}}
 METHODS = {
-    "tree": {"advantage": {"edge_baseline": "siblings"}},
-    "tree_paper": {"advantage": {"edge_baseline": "none"}},
+    "tree": {"advantage": {"edge_baseline": "siblings"}, "tree": {"antithetic": True}},
+    "tree_paper": {"advantage": {"edge_baseline": "none"}, "tree": {"antithetic": True}},
     "traj_window": {"tree": {"method": "trajectory", "group_size": 8}},
+    # the baseline offered the tree's mirrored noise (pairs at its one branching step); reported, not tuned on
+    "traj_window_mirrored": {"tree": {"method": "trajectory", "group_size": 8, "antithetic": True}},
     "traj_all": {"tree": {"method": "trajectory", "group_size": 8, "window_start": 0, "window_width": 10,
                           "tail_steps": 0}},
 }
@@ -52,6 +56,7 @@ ABLATIONS = {  # each is "tree" with these changes, reported against it
     "tree_sliding": {"tree": {"window_schedule": "sliding", "window_max_start": 3, "window_every": 2}},
     "tree_no_flat_skip": {"advantage": {"flat_floor": 0.0}},
     "tree_euler_tail": {"tree": {"tail_solver": "euler", "tail_steps": 0}},
+    "tree_independent": {"tree": {"antithetic": False}},
 }
 
 
@@ -72,6 +77,13 @@ BASE_CONFIG: dict | None = None  # --base-config: a TrainConfig dict (e.g. a dif
 LEAVES_PER_ITER = 192  # demo: 24 prompts × 8 leaves at w = 3; kept when --window-width changes the tree
 
 
+def set_group_size(leaves: int) -> None:
+    """Every trajectory baseline samples as many trajectories per prompt as the tree has leaves."""
+    for ov in METHODS.values():
+        if ov.get("tree", {}).get("method") == "trajectory":
+            ov["tree"]["group_size"] = leaves
+
+
 def set_window_width(width: int) -> None:
     """Demo settings for a k=2 tree of window ``width``: 2**width leaves (and trajectories) per prompt,
     ``LEAVES_PER_ITER / 2**width`` prompts per iteration, so every width trains on the same number of leaves
@@ -82,8 +94,7 @@ def set_window_width(width: int) -> None:
                          f"({LEAVES_PER_ITER} leaves per iteration, {BASE['tree']['steps']} steps)")
     BASE["tree"]["window_width"] = width
     BASE["prompts_per_iter"] = LEAVES_PER_ITER // leaves
-    for name in ("traj_window", "traj_all"):
-        METHODS[name]["tree"]["group_size"] = leaves
+    set_group_size(leaves)
     ABLATIONS.pop("tree_k8_w1")  # branch factor vs width at equal leaves: all of them at the first step
     ABLATIONS[f"tree_k{leaves}_w1"] = {"tree": {"branch": leaves, "window_width": 1, "window_start": 1}}
 
@@ -282,8 +293,7 @@ def main() -> None:
         BASE_CONFIG = json.load(open(ns.base_config, encoding="utf-8"))
         from treegrpo.config import TreeConfig
         t = TreeConfig(**BASE_CONFIG.get("tree", {}))
-        for name in ("traj_window", "traj_all"):  # same leaves per prompt as the tree; all-step SDE = every step
-            METHODS[name]["tree"]["group_size"] = t.leaves
+        set_group_size(t.leaves)  # same leaves per prompt as the tree; all-step SDE = every step
         family = BASE_CONFIG.get("pipeline", {}).get("family", "auto")
         if family == "auto" and BASE_CONFIG.get("backend") == "diffusers" and BASE_CONFIG.get("model"):
             from treegrpo.backends.diffusers import detect_family
@@ -318,7 +328,8 @@ def main() -> None:
                           {"result": res, "records": recs, "budget_s": ns.budget})
         return
     records = run_all(interleaved(METHODS, ns.seeds), ns.budget, ns.out, n_par, t0)
-    result = {"main": report(records), "vs_all_step": report(records, baseline="traj_all"), "records": records,
+    result = {"main": report(records), "vs_all_step": report(records, baseline="traj_all"),
+              "vs_window_mirrored": report(records, baseline="traj_window_mirrored"), "records": records,
               "budget_s": ns.budget, "lr": ns.lr if not BASE_CONFIG else None, "parallel_runs": n_par,
               "window_width": ns.window_width if not BASE_CONFIG else None}
     plot(records, "train_time", os.path.join(ns.out, "reward_vs_time.png"), "training wall-clock (s)")
