@@ -24,12 +24,18 @@ def tree_inputs():
         io.Combo.Input("window_schedule", options=["fixed", "sliding", "random"], default="fixed",
                        tooltip="fixed: the window stays at window_start; sliding: it moves one step per iteration "
                                "and wraps within the first half of the steps; random: a random start there each iteration"),
+        io.Boolean.Input("antithetic", default=True, optional=True,
+                         tooltip="mirrored siblings: a node's children come in pairs with noise +e and -e. Each child "
+                                 "is still an ordinary SDE sample; the pairs make the comparison between siblings "
+                                 "less noisy, so the LoRA learns more per iteration"),
     ]
 
 
-def tree_config(steps, window_start, window_width, branch, noise_level, window_schedule="fixed", **kw) -> TreeConfig:
+def tree_config(steps, window_start, window_width, branch, noise_level, window_schedule="fixed", antithetic=True,
+                **kw) -> TreeConfig:
     return TreeConfig(steps=steps, window_start=window_start, window_width=window_width, branch=branch,
                       noise_level=noise_level, eta=min(1.0, noise_level), window_schedule=window_schedule,
+                      antithetic=bool(antithetic),
                       window_max_start=-1 if window_schedule == "fixed" else
                       min(steps - window_width, max(window_start, steps // 2 - 1)), **kw)
 
@@ -86,8 +92,8 @@ class TreeSampler(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, positive, negative, latent, seed, cfg, scheduler, steps, window_start, window_width,
-                branch, noise_level, window_schedule, trees_per_latent, prompt, run=None):
-        tcfg = tree_config(steps, window_start, window_width, branch, noise_level, window_schedule)
+                branch, noise_level, window_schedule, trees_per_latent, prompt, run=None, antithetic=True):
+        tcfg = tree_config(steps, window_start, window_width, branch, noise_level, window_schedule, antithetic)
         trees = latent["samples"].shape[0] * trees_per_latent
         tree = sample_tree(model, positive, negative, latent, tcfg, seed=seed, cfg=cfg, scheduler=scheduler,
                            trees=trees, prompt=prompt, run=run, iteration=run.iteration if run else 0)

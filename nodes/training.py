@@ -142,7 +142,7 @@ class Train(io.ComfyNode):
     def execute(cls, model, clip, vae, prompts, negative, reward_model, weight_2, width, height, cfg, scheduler,
                 steps, window_start, window_width, branch, noise_level, window_schedule, iterations,
                 prompts_per_iteration, lora_rank, lora_alpha, learning_rate, seed, run_name, eval_every,
-                reward_model_2=None, gradient_checkpointing=False):
+                reward_model_2=None, gradient_checkpointing=False, antithetic=True):
         texts = [p.strip() for p in prompts.splitlines() if p.strip()]
         rewards = {reward_model["name"]: reward_model["model"]}
         specs = [{"name": reward_model["name"], "weight": 1.0}]
@@ -151,7 +151,7 @@ class Train(io.ComfyNode):
                 raise ValueError("reward_model and reward_model_2 are the same reward type")
             rewards[reward_model_2["name"]] = reward_model_2["model"]
             specs.append({"name": reward_model_2["name"], "weight": weight_2})
-        tcfg = tree_config(steps, window_start, window_width, branch, noise_level, window_schedule)
+        tcfg = tree_config(steps, window_start, window_width, branch, noise_level, window_schedule, antithetic)
         tc = TrainConfig(backend="comfy", prompts=texts, negative_prompt=negative, cfg=cfg, rewards=specs, tree=tcfg,
                          advantage=AdvantageConfig(),
                          lora=LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=DEFAULT_TARGETS),

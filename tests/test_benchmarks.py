@@ -94,6 +94,7 @@ def test_window_width_keeps_the_leaves_per_iteration(monkeypatch):
     bm.set_window_width(4)
     assert bm.BASE["tree"]["window_width"] == 4 and bm.BASE["prompts_per_iter"] == 12
     assert bm.METHODS["traj_window"]["tree"]["group_size"] == bm.METHODS["traj_all"]["tree"]["group_size"] == 16
+    assert bm.METHODS["traj_window_mirrored"]["tree"]["group_size"] == 16
     assert "tree_k8_w1" not in bm.ABLATIONS and bm.ABLATIONS["tree_k16_w1"]["tree"]["branch"] == 16
     with pytest.raises(SystemExit, match="do not fit"):
         bm.set_window_width(8)

@@ -184,7 +184,7 @@ def train_graph(run_name, iterations, prompts="a red circle\na blue square\na gr
         "reward_model": ["rm", 0], "weight_2": 1.0, "width": 16, "height": 16, "cfg": 1.0, "scheduler": "simple",
         "steps": 6, "window_start": 1, "window_width": 2, "branch": 2, "noise_level": 0.7,
         "window_schedule": "sliding", "iterations": iterations, "prompts_per_iteration": 2, "lora_rank": 4, "lora_alpha": 4.0,
-        "learning_rate": 1e-3, "seed": 0, "run_name": run_name, "eval_every": 2}}
+        "learning_rate": 1e-3, "seed": 0, "run_name": run_name, "eval_every": 2, "antithetic": False}}
     g["save"] = {"class_type": "TreeGRPOSaveLoRA", "inputs": {"lora": ["train", 1],
                                                               "filename_prefix": f"treegrpo/{run_name}"}}
     g["curve"] = {"class_type": "PreviewImage", "inputs": {"images": ["train", 2]}}
@@ -197,6 +197,7 @@ def test_train_node_full_loop_writes_lora_and_images(rt):
     saved = r.outputs["save"]["text"][0].split("saved ", 1)[1]
     tensors, meta = read_lora_file(saved)
     assert meta["treegrpo.step"] == "3" and all(k.startswith("diffusion_model.") for k in tensors)
+    assert json.loads(meta["treegrpo.tree_config"])["antithetic"] is False   # the widget reached the sampler
     log = json.load(open(Path(rt.base_dir) / "output" / "treegrpo" / "full_loop" / "log.json"))
     assert len(log["train"]) == 3
 

@@ -142,6 +142,14 @@ def test_antithetic_children_mirror_their_siblings(k, method):
     assert torch.equal(tb.latents[1][keep], ref.latents[1][keep])
 
 
+def test_mirrored_siblings_by_default_for_trees_only():
+    assert TreeConfig().mirrored and not TreeConfig(method="trajectory").mirrored
+    assert not TreeConfig(antithetic=False).mirrored and TreeConfig(method="trajectory", antithetic=True).mirrored
+    pol = AnalyticPolicy("flow", shape=(4, 1, 1))
+    tb = sample_trees(pol, ["p0"], TreeConfig(steps=4, window_start=1, window_width=2), generator=torch.Generator())
+    assert torch.allclose(tb.logp_old[1][0::2], tb.logp_old[1][1::2], atol=1e-6)   # mirrored pairs: equal density
+
+
 def test_window_schedules():
     fixed = TreeConfig(steps=10, window_start=1, window_width=3)
     assert {window_start_at(fixed, i) for i in range(20)} == {1}
@@ -159,6 +167,7 @@ def test_window_schedules():
     (dict(method="beam"), "method"), (dict(logprob_reduction="max"), "logprob_reduction"),
     (dict(branch=1, window_width=3), "branch"), (dict(noise_level=0), "noise_level"), (dict(eta=0), "eta"),
     (dict(group_size=4), "group_size"), (dict(window_schedule="sliding", window_max_start=9), "window_max_start"),
+    (dict(antithetic="yes"), "antithetic"),
 ])
 def test_tree_config_errors_name_the_field(kw, field):
     with pytest.raises(ConfigError, match=rf"TreeConfig\.{field}:"):

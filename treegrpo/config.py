@@ -49,8 +49,9 @@ class TreeConfig:
     window_max_start: int = _f(-1, "sliding/random: last allowed window start (-1 = steps - width)")
     leaf_cap: int = _f(0, "keep only the first N leaves of each tree (0 = all k**w)")
     noise_level: float = _f(0.7, "flow SDE noise level a (Flow-GRPO form)")
-    antithetic: bool = _f(False, "mirrored siblings: a node's children come in pairs with noise ε and −ε (each "
-                                 "child is still N(μ, σ²); pairs cancel the even-order terms of their difference)")
+    antithetic: Optional[bool] = _f(None, "mirrored siblings: a node's children come in pairs with noise ε and −ε "
+                                          "(each child is still N(μ, σ²); pairs cancel the even-order terms of their "
+                                          "difference). None: on for the tree method, off for trajectory GRPO")
     eta: float = _f(1.0, "epsilon models: DDIM eta of the SDE steps")
     logprob_reduction: str = _f("mean", "mean | sum of the per-dimension Gaussian log-density")
     tail_solver: str = _f("euler", "ODE solver after the window: euler | heun (2 NFE/step) | dpmpp_2m (2nd order, 1 NFE/step)")
@@ -88,6 +89,8 @@ class TreeConfig:
                  f"must be > 0, got {self.noise_level}")
         _require(0 < self.eta <= 1, c, "eta", f"must be in (0, 1], got {self.eta}")
         _require(self.tail_steps >= 0, c, "tail_steps", f"must be >= 0, got {self.tail_steps}")
+        _require(self.antithetic in (None, True, False), c, "antithetic",
+                 f"must be true, false or null (auto), got {self.antithetic!r}")
         _require(self.leaves <= self.max_leaves, c, "branch",
                  f"{'x'.join(map(str, self.branching))} = {self.leaves} leaves per tree exceed max_leaves="
                  f"{self.max_leaves} (each leaf is a full latent plus its ODE tail); lower branch/window_width, "
@@ -98,6 +101,12 @@ class TreeConfig:
     @property
     def max_start(self) -> int:
         return self.steps - self.window_width if self.window_max_start < 0 else self.window_max_start
+
+    @property
+    def mirrored(self) -> bool:
+        """Whether siblings get mirrored noise: ``antithetic``, or by default for trees only (measured: it speeds
+        the tree's learning per iteration 1.5×; on trajectory GRPO's one branching step it did not help)."""
+        return self.method == "tree" if self.antithetic is None else bool(self.antithetic)
 
     @property
     def leaves_full(self) -> int:

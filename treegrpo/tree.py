@@ -262,7 +262,7 @@ def sample_trees(policy: Policy, prompts: list[str], cfg: TreeConfig, *, cond: A
             eps = torch.cat([torch.randn((sizes[j + 1], *shape), generator=g, device="cpu") for g in generator]).to(dev)
         else:
             eps = torch.randn((parent.numel(), *shape), generator=generator, device="cpu").to(dev)
-        if cfg.antithetic:
+        if cfg.mirrored:
             eps = mirror_siblings(eps, b, sizes[j + 1])
         x_child = mean[parent] + std[parent] * eps
         logps.append(gaussian_logprob(x_child, mean[parent], std[parent], cfg.logprob_reduction))
