@@ -16,6 +16,8 @@ budget/8 seconds of training, is not counted as training time.
     python benchmarks/bench_methods.py [--seeds 4] [--budget 60] [--ablations] [--out benchmarks/results]
     python benchmarks/bench_methods.py --lr-sweep 1.5e-3,3e-3,6e-3,1.2e-2 --seeds 2   # tune lr on traj_window
     python benchmarks/bench_methods.py --window-width 4 --lr 6e-3   # k=2, w=4: 16 leaves, 12 prompts/iteration
+    python benchmarks/bench_methods.py --first-seed 4 --out more      # seeds 4-7, then pool both runs:
+    python benchmarks/bench_methods.py --merge benchmarks/results/methods.json more/methods.json --out pooled
     python benchmarks/bench_methods.py --base-config sd35.json --budget 120 --seeds 2   # a diffusers model on a GPU
 
 Writes methods.json, reward_vs_time.png, reward_vs_nfe.png and prints the tables.
@@ -260,6 +262,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--seeds", type=int, default=4)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds run are first-seed .. first-seed+seeds-1 (to "
+                    "add seeds to an earlier run: --first-seed 4, then --merge both methods.json)")
     ap.add_argument("--budget", type=float, default=60.0, help="training seconds per run")
     ap.add_argument("--ablation-budget", type=float, default=40.0, help="training seconds per ablation run (the "
                     "reference tree runs again beside them at this budget)")
@@ -273,6 +277,8 @@ def main() -> None:
     ap.add_argument("--only", action="append", default=[], metavar="NAME[=JSON]",
                     help="run just these methods (names from the tables above, or a new name with a JSON dict of "
                     "TrainConfig overrides), seed by seed, and report them against the first one")
+    ap.add_argument("--merge", nargs="+", metavar="METHODS_JSON", help="pool the runs of earlier methods.json files "
+                    "(e.g. seeds 0-3 and 4-7) into one report, PNGs and methods.json in --out; runs nothing")
     ap.add_argument("--lr-sweep", metavar="LR,LR,...", help="run traj_window at these learning rates instead "
                     "(the baseline the shared lr is tuned on); writes lr_sweep.json")
     ap.add_argument("--lr", type=float, default=LR, help="the shared learning rate (tune it on the window "
@@ -311,7 +317,7 @@ def main() -> None:
         """Every method once per seed, the order rotated by one per seed (so runs that share the machine
         pair up differently)."""
         items = list(methods.items())
-        return [(name, ov, seed) for seed in range(seeds)
+        return [(name, ov, seed) for seed in range(ns.first_seed, ns.first_seed + seeds)
                 for name, ov in items[seed % len(items):] + items[:seed % len(items)]]
 
     if ns.only or ns.lr_sweep:
@@ -327,14 +333,23 @@ def main() -> None:
         atomic_write_json(os.path.join(ns.out, "lr_sweep.json" if ns.lr_sweep else "explore.json"),
                           {"result": res, "records": recs, "budget_s": ns.budget})
         return
-    records = run_all(interleaved(METHODS, ns.seeds), ns.budget, ns.out, n_par, t0)
+    if ns.merge:
+        parts = [json.load(open(p, encoding="utf-8")) for p in ns.merge]
+        records = [r for d in parts for r in d["records"]]
+        abl = [r for d in parts for r in d.get("ablation_records", [])]
+        ns.budget, ns.lr, n_par, ns.window_width = (parts[0][k] for k in ("budget_s", "lr", "parallel_runs", "window_width"))
+    else:
+        records = run_all(interleaved(METHODS, ns.seeds), ns.budget, ns.out, n_par, t0)
     result = {"main": report(records), "vs_all_step": report(records, baseline="traj_all"),
               "vs_window_mirrored": report(records, baseline="traj_window_mirrored"), "records": records,
               "budget_s": ns.budget, "lr": ns.lr if not BASE_CONFIG else None, "parallel_runs": n_par,
               "window_width": ns.window_width if not BASE_CONFIG else None}
     plot(records, "train_time", os.path.join(ns.out, "reward_vs_time.png"), "training wall-clock (s)")
     plot(records, "total_nfe", os.path.join(ns.out, "reward_vs_nfe.png"), "denoiser evaluations (NFE)")
-    if ns.ablations:
+    if ns.merge and abl:
+        result.update(ablations=report(abl, baseline="tree"), ablation_records=abl,
+                      ablation_budget_s=parts[0]["ablation_budget_s"])
+    elif ns.ablations:
         # the reference runs again beside its variants, so that all of them share the same machine conditions
         variants = {"tree": METHODS["tree"], **{k: merge(METHODS["tree"], v) for k, v in ABLATIONS.items()}}
         abl = run_all(interleaved(variants, ns.ablation_seeds), ns.ablation_budget, ns.out, n_par, t0,

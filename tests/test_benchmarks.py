@@ -44,14 +44,38 @@ def test_report_ratios_against_the_baseline():
     assert out["fast"]["it50"][0] == pytest.approx(7.5 / 4)       # the same crossings in iterations (4 s each)
 
 
+def test_merge_pools_the_seeds_of_two_runs(tmp_path):
+    """--merge: seeds 0-1 from one methods.json and 2-3 from another give one report over all four."""
+    names = ("traj_window", "traj_all", "traj_window_mirrored", "tree")
+    parts = []
+    for first in (0, 2):
+        recs = [_rec(m, first + i, [(0, 0.5), (40 if m.startswith("traj") else 10 * (first + 1), 0.7)],
+                     2.0 if m.startswith("traj") else 1.0) for i in range(2) for m in names]
+        path = tmp_path / f"part{first}.json"
+        path.write_text(json.dumps({"records": recs, "budget_s": 40.0, "lr": 3e-3, "parallel_runs": 2,
+                                    "window_width": 3}))
+        parts.append(str(path))
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_methods.py"), "--merge", *parts,
+                        "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.load(open(tmp_path / "out" / "methods.json"))
+    assert len(res["records"]) == 16 and sorted({x["seed"] for x in res["records"]}) == [0, 1, 2, 3]
+    tree = res["main"]["methods"]["tree"]
+    # seeds 0-1 reach the baseline's 0.7 at 10 s, seeds 2-3 at 30 s, of the baseline's 40 s
+    assert tree["time_to_baseline_ratio"][0] == pytest.approx(0.5) and tree["time_to_baseline_ratio"][2] == 4
+    assert res["vs_window_mirrored"]["baseline"] == "traj_window_mirrored" and res["budget_s"] == 40.0
+    assert (tmp_path / "out" / "reward_vs_time.png").exists()
+
+
 def test_one_tiny_comparison_end_to_end(tmp_path):
     r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_methods.py"), "--seeds", "1",
-                        "--budget", "1.5", "--only", "tree", "--only", "traj_window", "--out", str(tmp_path)],
+                        "--budget", "1.5", "--only", "tree", "--only", "traj_window", "--first-seed", "3",
+                        "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.load(open(tmp_path / "explore.json"))
     by = {x["method"]: x for x in res["records"]}
-    assert set(by) == {"tree", "traj_window"}
+    assert set(by) == {"tree", "traj_window"} and {x["seed"] for x in res["records"]} == {3}
     assert by["tree"]["nfe_per_iter"] == 24 * (1 + 7 + 8 * 2)       # prefix + window + 2-step tail, 24 prompts
     assert by["traj_window"]["nfe_per_iter"] == 24 * (1 + 1 + 8 * 2 + 8 * 2)
     for x in by.values():

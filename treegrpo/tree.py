@@ -213,6 +213,8 @@ def sample_trees(policy: Policy, prompts: list[str], cfg: TreeConfig, *, cond: A
     ``noise``: initial noise (n_trees, C, H, W) (default: drawn from ``generator``).
     ``generator``: one ``torch.Generator``, or a list of one per tree (then each tree's SDE noise is the
     same whichever other trees share the batch: data-parallel ranks sample exactly what one process would).
+    Siblings are mirrored in pairs (noise ε, −ε) when ``cfg.mirrored`` (the default for trees; DESIGN §1's
+    independent children with ``antithetic=False``): same marginals and log-probs, less noisy comparisons.
     ``callback`` is called after every step (progress bars, interrupt checks)."""
     n_trees = len(prompts)
     if n_trees == 0:
