@@ -5,7 +5,8 @@ import statistics as st
 import pytest
 import torch
 
-from treegrpo.advantages import (RewardError, aggregate_rewards, assign_advantages, backup, leaf_advantages,
+from treegrpo.advantages import (RewardError, aggregate_rewards, assign_advantages, backup, batch_scaled_advantages,
+                                 leaf_advantages,
                                  sibling_baseline)
 from treegrpo.config import AdvantageConfig, TreeConfig
 from treegrpo.tree import sample_trees
@@ -139,3 +140,36 @@ def test_adv_clip_and_prompt_level_stats():
     assign_advantages(tb2, {"x": r2}, {"x": 1.0}, AdvantageConfig(reward_stats="prompt", flat_floor=0,
                                                                             edge_baseline="none"))
     assert tb2.advantages[-1][:8].mean().item() == pytest.approx(0, abs=1e-5)
+
+
+def test_batch_std_scope_keeps_each_trees_spread_relative_to_the_batch():
+    """Two trees of 2 leaves: centred rewards ±1 and ±0.1. GRPO's per-tree std makes both ±1; the batch
+    scope divides by the batch RMS (√0.505), so the near-flat tree keeps a tenth of the other's advantage."""
+    tree = torch.tensor([0, 0, 1, 1])
+    raw = {"x": torch.tensor([0.0, 2.0, 0.0, 0.2])}
+    a = batch_scaled_advantages(raw, {"x": 1.0}, tree, 2, tree, 2, 1e-6)
+    assert a.tolist() == pytest.approx([-1 / 0.505 ** 0.5, 1 / 0.505 ** 0.5, -0.1 / 0.505 ** 0.5, 0.1 / 0.505 ** 0.5],
+                                       rel=1e-5)
+    assert float((a ** 2).mean()) == pytest.approx(1.0, rel=1e-5)
+    z = leaf_advantages(aggregate_rewards(raw, {"x": 1.0}, tree, 2, 1e-6), tree, 2, 1e-6)
+    assert z.tolist() == pytest.approx([-1, 1, -1, 1], rel=1e-4)
+    # a pool (data parallel: another rank holding a copy of this batch) leaves the RMS, and so the result, alone
+    twice = batch_scaled_advantages(raw, {"x": 1.0}, tree, 2, tree, 2, 1e-6, pool=lambda s: 2 * s)
+    assert torch.allclose(twice, a)
+    # a flat tree gets zeros, and the other keeps unit RMS over the batch
+    flat = batch_scaled_advantages({"x": torch.tensor([0.0, 2.0, 0.5, 0.5])}, {"x": 1.0}, tree, 2, tree, 2, 1e-6)
+    assert flat[2:].abs().max() == 0 and flat[:2].tolist() == pytest.approx([-2 ** 0.5, 2 ** 0.5], rel=1e-5)
+
+
+def test_std_scope_batch_in_assign_advantages():
+    base = torch.rand(8, generator=torch.Generator().manual_seed(4))
+    r = torch.cat([base, 0.1 * base, base])               # tree 1: the same pattern at a tenth of the spread
+    tb, ref = _batch(), _batch()
+    kw = dict(backup="mean", adv_clip=0, flat_floor=0)
+    st = assign_advantages(tb, {"x": r}, {"x": 1.0}, AdvantageConfig(std_scope="batch", **kw))
+    assign_advantages(ref, {"x": r}, {"x": 1.0}, AdvantageConfig(**kw))
+    for adv, ref_adv in zip(tb.advantages, ref.advantages):   # every level scales with its tree's spread
+        n = adv.numel() // 3
+        assert torch.allclose(adv[n:2 * n], 0.1 * adv[:n], atol=1e-5) and torch.allclose(adv[2 * n:], adv[:n])
+        assert torch.allclose(ref_adv[n:2 * n], ref_adv[:n], atol=1e-4)   # GRPO's per-tree std: all alike
+    assert st["reward"] == pytest.approx(float(r.mean()))

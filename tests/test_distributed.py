@@ -27,11 +27,15 @@ def _config(out, **kw) -> dict:
     return d
 
 
-def test_two_process_gloo_run_equals_one_process(tmp_path):
+@pytest.mark.parametrize("std_scope", ["tree", "batch"])
+def test_two_process_gloo_run_equals_one_process(tmp_path, std_scope):
+    """(``std_scope`` batch: each rank divides by the whole batch's reward RMS, pooled over ranks.)"""
     one, two = tmp_path / "one", tmp_path / "two"
     for out in (one, two):
         out.mkdir()
-        (out / "cfg.json").write_text(json.dumps(_config(out)))
+        cfg = _config(out)
+        cfg["advantage"]["std_scope"] = std_scope
+        (out / "cfg.json").write_text(json.dumps(cfg))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     r1 = subprocess.run([sys.executable, "-m", "treegrpo.cli", "train", "--quiet", "--config", str(one / "cfg.json")],
                         capture_output=True, text=True, timeout=600, env=env)

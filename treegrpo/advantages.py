@@ -5,6 +5,8 @@ population statistics (``std`` with correction 0) within each group.
 """
 from __future__ import annotations
 
+from typing import Callable, Optional
+
 import torch
 
 
@@ -110,12 +112,38 @@ def sibling_baseline(parents: list[torch.Tensor], edge_adv: list[torch.Tensor]) 
     return out
 
 
-def assign_advantages(batch, raw: dict[str, torch.Tensor], weights: dict[str, float], cfg) -> dict:
+def batch_rms(x: torch.Tensor, pool: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> torch.Tensor:
+    """Root mean square of ``x`` (E,) over the batch; ``pool`` sums a (2,) float64 tensor over data-parallel
+    ranks, so that every rank divides by the whole batch's RMS."""
+    s = torch.stack([(x.double() ** 2).sum(), torch.tensor(float(x.numel()), dtype=torch.float64, device=x.device)])
+    if pool is not None:
+        s = pool(s).to(x.device)
+    return (s[0] / s[1].clamp_min(1)).sqrt().to(x.dtype)
+
+
+def batch_scaled_advantages(raw: dict[str, torch.Tensor], weights: dict[str, float], group: torch.Tensor,
+                            n_groups: int, tree: torch.Tensor, n_trees: int, eps: float,
+                            pool: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> torch.Tensor:
+    """Leaf advantages (n_leaves,) for ``std_scope='batch'``: each reward centred in its ``group`` and divided
+    by its RMS over the batch, their weighted sum centred in its tree and divided by its batch RMS. A tree
+    keeps its mean-zero shape, but one whose leaves barely differ gets small advantages instead of being
+    stretched to unit spread, so near-flat trees no longer weigh like informative ones."""
+    r = torch.zeros(tree.numel(), dtype=torch.float32, device=tree.device)
+    for name, vals in raw.items():
+        c = vals.float() - segment_mean(vals.float(), group, n_groups)[group]
+        r += float(weights[name]) * c / (batch_rms(c, pool) + eps)
+    r = r - segment_mean(r, tree, n_trees)[tree]
+    return r / (batch_rms(r, pool) + eps)
+
+
+def assign_advantages(batch, raw: dict[str, torch.Tensor], weights: dict[str, float], cfg,
+                      pool: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> dict:
     """Fill ``batch.advantages`` / ``batch.trainable`` / ``batch.rewards`` from raw leaf rewards.
 
     ``batch`` is a :class:`treegrpo.tree.TreeBatch`, ``cfg`` an :class:`AdvantageConfig`. Trees whose
     weighted raw reward has a spread (std) below ``cfg.flat_floor`` get zero advantages and are
-    marked untrainable. Returns summary statistics."""
+    marked untrainable. ``pool`` (data parallel) sums batch statistics over ranks. Returns summary
+    statistics."""
     leaf_tree = batch.leaf_tree
     n_leaves = leaf_tree.numel()
     raw = {k: v.detach().float().reshape(-1).to(leaf_tree.device) for k, v in raw.items()}
@@ -124,8 +152,11 @@ def assign_advantages(batch, raw: dict[str, torch.Tensor], weights: dict[str, fl
         group, n_groups = batch.prompt_ids.to(leaf_tree.device)[leaf_tree], int(batch.prompt_ids.max()) + 1
     else:
         group, n_groups = leaf_tree, batch.n_trees
-    r = aggregate_rewards(raw, weights, group, n_groups, cfg.eps)
-    a_leaf = leaf_advantages(r, leaf_tree, batch.n_trees, cfg.eps)
+    if cfg.std_scope == "batch":
+        a_leaf = batch_scaled_advantages(raw, weights, group, n_groups, leaf_tree, batch.n_trees, cfg.eps, pool)
+    else:
+        r = aggregate_rewards(raw, weights, group, n_groups, cfg.eps)
+        a_leaf = leaf_advantages(r, leaf_tree, batch.n_trees, cfg.eps)
     total = weighted_raw(raw, weights)
     spread = segment_std(total, leaf_tree, batch.n_trees)
     trainable = spread >= cfg.flat_floor if cfg.flat_floor > 0 else torch.ones_like(spread, dtype=torch.bool)

@@ -136,6 +136,8 @@ class AdvantageConfig:
     eps: float = _f(1e-6, "added to standard deviations")
     adv_clip: float = _f(5.0, "clip edge advantages to [-adv_clip, adv_clip] (0 = off)")
     flat_floor: float = _f(1e-3, "trees whose aggregated-reward spread (std) is below this are not trained")
+    std_scope: str = _f("tree", "tree | batch: divide centred rewards by the std within each tree (GRPO) or "
+                        "over the whole batch (near-flat trees then get small advantages)")
     edge_baseline: str = _f("siblings", "siblings | none: subtract from each edge's advantage the mean over its "
                             "siblings (a per-state baseline; measured better), or keep the paper's backed-up "
                             "advantages")
@@ -145,6 +147,7 @@ class AdvantageConfig:
         _choice(self, "backup", ("softmax", "mean"))
         _choice(self, "reward_stats", ("tree", "prompt"))
         _choice(self, "edge_baseline", ("siblings", "none"))
+        _choice(self, "std_scope", ("tree", "batch"))
         _require(self.temperature > 0, c, "temperature", f"must be > 0, got {self.temperature}")
         _require(self.eps > 0, c, "eps", f"must be > 0, got {self.eps}")
         _require(self.adv_clip >= 0, c, "adv_clip", f"must be >= 0, got {self.adv_clip}")

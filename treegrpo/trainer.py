@@ -180,7 +180,8 @@ class Trainer:
         t2 = time.perf_counter()
         raw = self.score(images, batch.leaf_prompts)
         t3 = time.perf_counter()
-        adv_stats = assign_advantages(batch, raw, self.weights, cfg.advantage)
+        adv_stats = assign_advantages(batch, raw, self.weights, cfg.advantage,
+                                      pool=getattr(self.dist, "sum_over_ranks", None) if self.world > 1 else None)
         stats_lr = self._set_lr()
         self.policy.model.train()
         upd = self._run(lambda: grpo_update(
