@@ -2,7 +2,7 @@
 
 Trains, from the same base model, prompts, reward, seed schedule and optimiser:
   tree          TreeGRPO, k=2, w=3 (8 leaves per prompt), mirrored siblings (noise ε, −ε), edge advantages
-                relative to their siblings' mean
+                relative to their siblings' mean, every window step the same weight in the loss
   tree_paper    the same tree with the paper's edge advantages (a node's backed-up value, no baseline)
   traj_window   trajectory GRPO, 8 trajectories per prompt, SDE on the same 3-step window (MixGRPO-style)
   traj_window_mirrored  the same with mirrored pairs at its branching step (the tree's noise, offered to it)
@@ -59,6 +59,7 @@ ABLATIONS = {  # each is "tree" with these changes, reported against it
     "tree_no_flat_skip": {"advantage": {"flat_floor": 0.0}},
     "tree_euler_tail": {"tree": {"tail_solver": "euler", "tail_steps": 0}},
     "tree_independent": {"tree": {"antithetic": False}},
+    "tree_edge_mean": {"optim": {"step_weight": "edges"}},  # the plain mean over edges (last step 4x the first)
 }
 
 

@@ -8,7 +8,7 @@ from treegrpo.config import AdvantageConfig, OptimConfig, TreeConfig
 from treegrpo.loss import grpo_edge_loss, kl_to_reference
 from treegrpo.sde import gaussian_logprob, sde_mean_std
 from treegrpo.tree import sample_trees
-from treegrpo.update import backward_edges, collect_edges, grpo_update
+from treegrpo.update import backward_edges, collect_edges, grpo_update, step_weights
 
 from analytic import AnalyticPolicy
 
@@ -25,8 +25,8 @@ def _setup(pred, method="tree", reduction="mean"):
     return pol, cfg, tb
 
 
-def _naive_grad(pol, tb, cfg, ocfg):
-    """Every edge on its own: a forward at its parent, its own log-prob, loss / E."""
+def _naive_grad(pol, tb, cfg, ocfg, per_step=None):
+    """Every edge on its own: a forward at its parent, its own log-prob, loss / E (times its step's weight)."""
     pol.model.zero_grad()
     E = sum(a.numel() for a in tb.advantages)
     s = tb.window_start
@@ -42,12 +42,14 @@ def _naive_grad(pol, tb, cfg, ocfg):
             lp = gaussian_logprob(tb.latents[j + 1][e:e + 1], mean, std, tb.reduction)
             loss, _ = grpo_edge_loss(lp, tb.logp_old[j][e:e + 1], tb.advantages[j][e:e + 1], ocfg.clip_range)
             loss = loss.sum() / E
+            wj = 1.0 if per_step is None else per_step[j]
+            loss = wj * loss
             if ocfg.kl_beta:
                 with torch.no_grad(), pol.lora_disabled():
                     x0r = pol.denoise(x, sig, select_cond(tb.cond, tree), 1.0)
                     mref, _ = sde_mean_std(tb.prediction, x, x0r, sig, sn, noise_level=cfg.noise_level,
                                            eta=cfg.eta, sigma_1_next=tb.sigmas[1])
-                loss = loss + ocfg.kl_beta * kl_to_reference(mean, mref, std, tb.reduction).sum() / E
+                loss = loss + wj * ocfg.kl_beta * kl_to_reference(mean, mref, std, tb.reduction).sum() / E
             loss.backward()
     return pol.model.to_q.weight.grad.clone()
 
@@ -56,17 +58,50 @@ def _naive_grad(pol, tb, cfg, ocfg):
 @pytest.mark.parametrize("kl_beta", [0.0, 0.3])
 def test_amortized_gradient_equals_naive_per_edge(pred, kl_beta):
     pol, cfg, tb = _setup(pred)
-    ocfg = OptimConfig(microbatch=3, kl_beta=kl_beta)
+    ocfg = OptimConfig(microbatch=3, kl_beta=kl_beta, step_weight="edges")
     naive = _naive_grad(pol, tb, cfg, ocfg)
     pol.model.zero_grad()
     pol.rows.clear()
-    edges = collect_edges(tb, skip_zero_adv=False)
+    edges = collect_edges(tb, skip_zero_adv=False, step_weight="edges")
     stats = backward_edges(pol, tb, edges, ocfg, noise_level=cfg.noise_level, eta=cfg.eta)
     assert edges.n_parents == 2 * (1 + 2 + 4) and edges.n_edges == 2 * (2 + 4 + 8)
     assert stats["forwards"] == edges.n_parents              # one forward per parent, not per edge
     assert torch.allclose(pol.model.to_q.weight.grad, naive, rtol=1e-4, atol=1e-7)
     assert naive.abs().sum() > 0
     assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_step_weights_by_hand():
+    assert step_weights([2, 4, 8], "edges") == [1.0, 1.0, 1.0]
+    w = step_weights([2, 4, 8], "steps")  # N = 14, w = 3: 14/6, 14/12, 14/24
+    assert w == pytest.approx([7 / 3, 7 / 6, 7 / 12])
+    assert [wi * n for wi, n in zip(w, [2, 4, 8])] == pytest.approx([14 / 3] * 3)  # equal total per step
+    assert sum(wi * n for wi, n in zip(w, [2, 4, 8])) == pytest.approx(14)      # edges still average 1
+    assert step_weights([8, 8, 8], "steps") == [1.0, 1.0, 1.0]                    # trajectory GRPO: unchanged
+    with pytest.raises(ValueError, match="edges or steps"):
+        step_weights([2, 4], "level")
+    with pytest.raises(ValueError, match="step_weight"):
+        OptimConfig(step_weight="level")
+
+
+@pytest.mark.parametrize("kl_beta", [0.0, 0.3])
+def test_step_weighted_gradient_equals_naive_per_edge(kl_beta):
+    pol, cfg, tb = _setup("flow")
+    ocfg = OptimConfig(microbatch=5, kl_beta=kl_beta, step_weight="steps")
+    per_step = step_weights([2 * 2, 2 * 4, 2 * 8], "steps")  # two trees of k=2, w=3
+    naive = _naive_grad(pol, tb, cfg, ocfg, per_step)
+    plain = _naive_grad(pol, tb, cfg, ocfg)
+    pol.model.zero_grad()
+    pol.rows.clear()
+    edges = collect_edges(tb, skip_zero_adv=False, step_weight="steps")
+    assert edges.weight.tolist() == pytest.approx([per_step[0]] * 4 + [per_step[1]] * 8 + [per_step[2]] * 16)
+    backward_edges(pol, tb, edges, ocfg, noise_level=cfg.noise_level, eta=cfg.eta)
+    assert torch.allclose(pol.model.to_q.weight.grad, naive, rtol=1e-4, atol=1e-7)
+    # the weighting turns the gradient, it does not just rescale it
+    assert float(torch.nn.functional.cosine_similarity(naive.flatten(), plain.flatten(), dim=0)) < 0.999
+    # trajectory GRPO has as many edges at every step: the weighting leaves it alone
+    _, _, tj = _setup("flow", method="trajectory")
+    assert bool((collect_edges(tj, skip_zero_adv=False, step_weight="steps").weight == 1).all())
 
 
 def test_microbatch_size_does_not_change_gradient():

@@ -194,6 +194,10 @@ class OptimConfig:
     max_grad_norm: float = _f(1.0, "gradient clipping norm (0 = off)")
     microbatch: int = _f(64, "parent nodes per forward/backward (gradient accumulation over microbatches)")
     updates_per_batch: int = _f(1, "optimiser passes over each batch of trees")
+    step_weight: str = _f("steps", "how the window steps share the loss: steps (every window step the same "
+                                   "total weight, as in the policy gradient's sum over steps and in trajectory "
+                                   "GRPO) | edges (the plain mean over edges, so a step with more edges weighs "
+                                   "more: in a k=2, w=3 tree the last step 4x the first)")
     lr_schedule: str = _f("constant", "learning-rate schedule over the run: constant | linear | cosine (to 0 "
                                      "at `iterations`, or at `time_budget_s` of training if that comes first)")
     warmup: int = _f(0, "iterations of linear learning-rate warm-up from 0")
@@ -208,6 +212,7 @@ class OptimConfig:
         _require(self.microbatch >= 1, c, "microbatch", f"must be >= 1, got {self.microbatch}")
         _require(self.updates_per_batch >= 1, c, "updates_per_batch", f"must be >= 1, got {self.updates_per_batch}")
         _choice(self, "lr_schedule", ("constant", "linear", "cosine"))
+        _choice(self, "step_weight", ("edges", "steps"))
         _require(self.warmup >= 0, c, "warmup", f"must be >= 0 iterations, got {self.warmup}")
 
 

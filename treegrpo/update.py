@@ -32,6 +32,7 @@ class EdgeSet:
     x_child: torch.Tensor     # (E, C, H, W)
     logp_old: torch.Tensor    # (E,)
     adv: torch.Tensor         # (E,)
+    weight: torch.Tensor      # (E,) loss weight of each edge (its window step's share; 1 = plain mean)
 
     @property
     def n_parents(self) -> int:
@@ -42,13 +43,31 @@ class EdgeSet:
         return self.adv.numel()
 
 
-def collect_edges(batch: TreeBatch, skip_zero_adv: bool = True) -> EdgeSet:
-    """Flatten the window edges of trainable trees; drop parents none of whose edges can move the loss."""
+def step_weights(edges_per_step: list[int], step_weight: str = "edges") -> list[float]:
+    """Loss weight of one edge at each window step, from the edge counts ``n_j`` of the steps.
+
+    ``edges``: 1 everywhere (the plain mean over edges). ``steps``: ``N / (w·n_j)`` with ``N = Σ n_j``, so
+    every step carries the same total weight ``N/w`` and a full tree's weights still average 1. Equal counts
+    (trajectory GRPO) give 1 either way."""
+    if step_weight == "edges":
+        return [1.0] * len(edges_per_step)
+    if step_weight != "steps":
+        raise ValueError(f"unknown step_weight {step_weight!r}; use edges or steps")
+    total, w = sum(edges_per_step), len(edges_per_step)
+    return [total / (w * n) if n else 0.0 for n in edges_per_step]
+
+
+def collect_edges(batch: TreeBatch, skip_zero_adv: bool = True, step_weight: str = "steps") -> EdgeSet:
+    """Flatten the window edges of trainable trees; drop parents none of whose edges can move the loss.
+
+    ``step_weight`` sets each edge's loss weight from its window step (see ``step_weights``); the counts are
+    those of the whole sampled batch, before flat trees and zero advantages are dropped."""
     if batch.advantages is None:
         raise ValueError("the tree batch has no advantages yet: run the advantage backup first")
     s = batch.window_start
     trainable = batch.trainable if batch.trainable is not None else torch.ones(batch.n_trees, dtype=torch.bool)
-    xs, sig, sig_n, ptree, eparent, xc, lo, ad = [], [], [], [], [], [], [], []
+    xs, sig, sig_n, ptree, eparent, xc, lo, ad, wt = [], [], [], [], [], [], [], [], []
+    per_step = step_weights([batch.latents[j + 1].shape[0] for j in range(batch.width)], step_weight)
     offset = 0
     for j in range(batch.width):
         par = batch.parents[j]
@@ -68,9 +87,10 @@ def collect_edges(batch: TreeBatch, skip_zero_adv: bool = True) -> EdgeSet:
         xc.append(batch.latents[j + 1][keep_e])
         lo.append(batch.logp_old[j][keep_e])
         ad.append(batch.advantages[j][keep_e])
+        wt.append(torch.full((int(keep_e.sum()),), per_step[j], dtype=batch.advantages[j].dtype, device=par.device))
         offset += n_used
     cat = torch.cat
-    return EdgeSet(cat(xs), cat(sig), cat(sig_n), cat(ptree), cat(eparent), cat(xc), cat(lo), cat(ad))
+    return EdgeSet(cat(xs), cat(sig), cat(sig_n), cat(ptree), cat(eparent), cat(xc), cat(lo), cat(ad), cat(wt))
 
 
 def policy_mean(policy: Policy, batch: TreeBatch, x, sigma, sigma_next, tree_idx, noise_level, eta, guidance):
@@ -85,7 +105,8 @@ def backward_edges(policy: Policy, batch: TreeBatch, edges: EdgeSet, cfg: OptimC
                    eta: float, guidance: float = 1.0, callback: Optional[Callable[[], None]] = None) -> dict:
     """Accumulate ∇(loss) into the parameters' ``.grad``: one forward per parent, microbatched.
 
-    The loss is ``Σ_edges [surrogate_e + β·KL_e] / E``, so microbatches add up to the full-batch gradient."""
+    The loss is ``Σ_edges weight_e·[surrogate_e + β·KL_e] / E``, so microbatches add up to the full-batch
+    gradient."""
     out = {"loss": 0.0, "kl": 0.0, "ratio_mean": 1.0, "clip_frac": 0.0, "forwards": 0}
     if edges.n_edges == 0:
         return out
@@ -102,12 +123,13 @@ def backward_edges(policy: Policy, batch: TreeBatch, edges: EdgeSet, cfg: OptimC
         local = edges.edge_parent[e0:e1] - p0
         logp = gaussian_logprob(edges.x_child[e0:e1], mean[local], std[local], batch.reduction)
         per_edge, ratio = grpo_edge_loss(logp, edges.logp_old[e0:e1], edges.adv[e0:e1], cfg.clip_range)
-        loss = per_edge.sum() / edges.n_edges
+        wt = edges.weight[e0:e1]
+        loss = (wt * per_edge).sum() / edges.n_edges
         if cfg.kl_beta > 0:
             with torch.no_grad(), policy.lora_disabled():
                 mean_ref, _ = policy_mean(policy, batch, *args)
             kl = kl_to_reference(mean, mean_ref, std, batch.reduction)[local]
-            loss = loss + cfg.kl_beta * kl.sum() / edges.n_edges
+            loss = loss + cfg.kl_beta * (wt * kl).sum() / edges.n_edges
             tot_kl += float(kl.detach().sum())
         if not torch.isfinite(loss):
             raise FloatingPointError(f"non-finite GRPO loss ({float(loss.detach())}) on parents {p0}..{p1 - 1}; "
@@ -152,7 +174,8 @@ def grpo_update(policy: Policy, batch: TreeBatch, optimizer: torch.optim.Optimiz
 
     ``all_reduce(params, n_edges)`` (optional, data parallel) turns each process's gradient of its mean edge
     loss into the gradient of the mean over all processes' edges (see ``treegrpo.distributed``)."""
-    edges = edges if edges is not None else collect_edges(batch, skip_zero_adv=cfg.kl_beta == 0)
+    edges = edges if edges is not None else collect_edges(batch, skip_zero_adv=cfg.kl_beta == 0,
+                                                          step_weight=cfg.step_weight)
     params = params if params is not None else [p for p in policy.model.parameters() if p.requires_grad]
     stats = {"edges": edges.n_edges, "parents": edges.n_parents, "grad_norm": 0.0}
     for _ in range(cfg.updates_per_batch):
