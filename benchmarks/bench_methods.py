@@ -3,14 +3,14 @@
 Trains, from the same base model, prompts, reward, seed schedule and optimiser:
   tree          TreeGRPO, k=2, w=3 (8 leaves per prompt), mirrored siblings (noise ε, −ε), edge advantages
                 relative to their siblings' mean, every window step the same weight in the loss
-  tree_paper    the same tree with the paper's edge advantages (a node's backed-up value, no baseline)
   traj_window   trajectory GRPO, 8 trajectories per prompt, SDE on the same 3-step window (MixGRPO-style)
   traj_window_mirrored  the same with mirrored pairs at its branching step (the tree's noise, offered to it)
   traj_all      trajectory GRPO, 8 trajectories per prompt, SDE on every step (DanceGRPO/Flow-GRPO-style)
 with the same learning rate (tuned on traj_window: ``--lr-sweep``) and the same tail solver after the
-window. Each (method, seed) run is a separate process (peak RSS per run) on one thread; the runs are
-interleaved seed by seed so machine noise hits all methods alike, ``--jobs`` of them at a time (one per
-core); every run trains for the same wall-clock budget. Evaluation on fixed (prompt, noise) pairs, every
+window. The paper's edge advantages (no sibling baseline) are an ablation: on mirrored k=2 siblings they
+give the same gradient as the tree's default. Each (method, seed) run is a separate process (peak RSS per
+run) on one thread; the runs are interleaved seed by seed so machine noise hits all methods alike,
+``--jobs`` of them at a time (one per core); every run trains for the same wall-clock budget. Evaluation on fixed (prompt, noise) pairs, every
 budget/8 seconds of training, is not counted as training time.
 
     python benchmarks/bench_methods.py [--seeds 4] [--budget 60] [--ablations] [--out benchmarks/results]
@@ -44,7 +44,6 @@ BASE = {"tree": {"steps": 10, "window_start": 1, "window_width": 3, "branch": 2,
                  "tail_steps": 2}, "optim": {"lr": LR}}
 METHODS = {
     "tree": {"advantage": {"edge_baseline": "siblings"}, "tree": {"antithetic": True}},
-    "tree_paper": {"advantage": {"edge_baseline": "none"}, "tree": {"antithetic": True}},
     "traj_window": {"tree": {"method": "trajectory", "group_size": 8}},
     # the baseline offered the tree's mirrored noise (pairs at its one branching step); reported, not tuned on
     "traj_window_mirrored": {"tree": {"method": "trajectory", "group_size": 8, "antithetic": True}},
@@ -60,6 +59,7 @@ ABLATIONS = {  # each is "tree" with these changes, reported against it
     "tree_euler_tail": {"tree": {"tail_solver": "euler", "tail_steps": 0}},
     "tree_independent": {"tree": {"antithetic": False}},
     "tree_edge_mean": {"optim": {"step_weight": "edges"}},  # the plain mean over edges (last step 4x the first)
+    "tree_paper_adv": {"advantage": {"edge_baseline": "none"}},  # the paper's edge advantages
 }
 
 
