@@ -10,8 +10,8 @@ with the same learning rate (tuned on traj_window: ``--lr-sweep``) and the same 
 window. The paper's edge advantages (no sibling baseline) are an ablation: on mirrored k=2 siblings they
 give the same gradient as the tree's default. Each (method, seed) run is a separate process (peak RSS per
 run) on one thread; the runs are interleaved seed by seed so machine noise hits all methods alike,
-``--jobs`` of them at a time (one per core); every run trains for the same wall-clock budget. Evaluation on fixed (prompt, noise) pairs, every
-budget/8 seconds of training, is not counted as training time.
+``--jobs`` of them at a time (one per core); every run trains for the same wall-clock budget. Evaluation
+on fixed (prompt, noise) pairs, every budget/8 seconds of training, is not counted as training time.
 
     python benchmarks/bench_methods.py [--seeds 4] [--budget 60] [--ablations] [--out benchmarks/results]
     python benchmarks/bench_methods.py --lr-sweep 1.5e-3,3e-3,6e-3,1.2e-2 --seeds 2   # tune lr on traj_window
