@@ -43,7 +43,7 @@ class EdgeSet:
         return self.adv.numel()
 
 
-def step_weights(edges_per_step: list[int], step_weight: str = "edges") -> list[float]:
+def step_weights(edges_per_step: list[int], step_weight: str) -> list[float]:
     """Loss weight of one edge at each window step, from the edge counts ``n_j`` of the steps.
 
     ``edges``: 1 everywhere (the plain mean over edges). ``steps``: ``N / (w·n_j)`` with ``N = Σ n_j``, so
