@@ -5,10 +5,11 @@ import json
 
 from comfy_api.latest import io
 
-from treegrpo.backends.comfy_session import backup_tree
+from treegrpo.comfyui.session import backup_tree
 from treegrpo.config import AdvantageConfig
 
 from .sockets import CATEGORY, Rewards, Tree
+from .widgets import config_default, widget
 
 
 class AdvantageBackup(io.ComfyNode):
@@ -22,16 +23,14 @@ class AdvantageBackup(io.ComfyNode):
             inputs=[
                 Tree.Input("tree", tooltip="tree from the TreeGRPO Tree Sampler"),
                 Rewards.Input("rewards", tooltip="rewards of the tree's leaves, in leaf order"),
-                io.Combo.Input("backup", options=["softmax", "mean"], default="softmax",
-                               tooltip="how child-edge advantages combine into their parent's"),
-                io.Float.Input("temperature", default=1.0, min=0.01, max=100.0, step=0.01,
-                               tooltip="softmax temperature on the behaviour log-probs"),
-                io.Float.Input("adv_clip", default=5.0, min=0.0, max=100.0, step=0.1,
-                               tooltip="clip edge advantages to +-this (0 = off)"),
-                io.Float.Input("flat_floor", default=1e-3, min=0.0, max=10.0, step=0.0001,
-                               tooltip="trees whose reward spread is below this are not trained"),
-                io.Combo.Input("edge_baseline", options=["siblings", "none"], default=AdvantageConfig.edge_baseline,
-                               optional=True, tooltip="siblings: each edge's advantage minus the mean of the "
+                widget(io.Combo, "backup", "how child-edge advantages combine into their parent's",
+                       options=["softmax", "mean"]),
+                widget(io.Float, "temperature", "softmax temperature on the behaviour log-probs", min=0.01,
+                       max=100.0, step=0.01),
+                widget(io.Float, "adv_clip", "clip edge advantages to +-this (0 = off)", min=0.0, max=100.0, step=0.1),
+                widget(io.Float, "flat_floor", "trees whose reward spread is below this are not trained", min=0.0,
+                       max=10.0, step=0.0001),
+                widget(io.Combo, "edge_baseline", options=["siblings", "none"], optional=True, tooltip="siblings: each edge's advantage minus the mean of the "
                                "edges out of the same node (siblings compete); none: the paper's edge advantages"),
             ],
             outputs=[Tree.Output(display_name="tree", tooltip="the tree with per-edge advantages, for the Trainer Step"),
@@ -41,7 +40,7 @@ class AdvantageBackup(io.ComfyNode):
     @classmethod
     def execute(cls, tree, rewards, backup, temperature, adv_clip, flat_floor, edge_baseline=None):
         cfg = AdvantageConfig(backup=backup, temperature=temperature, adv_clip=adv_clip, flat_floor=flat_floor,
-                              edge_baseline=edge_baseline or AdvantageConfig.edge_baseline)
+                              edge_baseline=edge_baseline or config_default("edge_baseline"))
         out = backup_tree(tree, rewards, cfg)
         return io.NodeOutput(out, json.dumps(out.adv_stats, indent=1))
 

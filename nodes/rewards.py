@@ -6,7 +6,7 @@ import os
 import folder_paths
 from comfy_api.latest import io
 
-from treegrpo.backends.comfy_session import ManagedReward
+from treegrpo.comfyui.session import ManagedReward
 from treegrpo.rewards.base import available, load_reward
 from treegrpo.rewards.scoring import score_images
 

@@ -4,27 +4,28 @@ from __future__ import annotations
 import comfy.samplers
 from comfy_api.latest import io
 
-from treegrpo.backends.comfy_demo import load_demo_comfy
-from treegrpo.backends.comfy_session import sample_tree
+from treegrpo.comfyui.demo import load_demo_comfy
+from treegrpo.comfyui.session import sample_tree
 from treegrpo.config import ConfigError, TreeConfig
 
 from .sockets import CATEGORY, Run, Tree
+from .widgets import widget
 
 
 def tree_inputs():
     """Widgets of the tree shape, shared by the Tree Sampler and the Train node."""
     return [
-        io.Int.Input("steps", default=10, min=1, max=200, tooltip="denoising steps T"),
-        io.Int.Input("window_start", default=1, min=0, max=199,
-                     tooltip="first SDE (branching) step; earlier steps are shared ODE steps. Keep it early (high noise)"),
-        io.Int.Input("window_width", default=3, min=1, max=10, tooltip="SDE steps in the window (tree depth)"),
-        io.Int.Input("branch", default=2, min=1, max=16, tooltip="children per node; a tree has branch^width leaves"),
-        io.Float.Input("noise_level", default=0.7, min=0.01, max=2.0, step=0.01,
-                       tooltip="SDE noise level (flow models) / DDIM eta (epsilon models, capped at 1)"),
-        io.Combo.Input("window_schedule", options=["fixed", "sliding", "random"], default="fixed",
-                       tooltip="fixed: the window stays at window_start; sliding: it moves one step per iteration "
-                               "and wraps within the first half of the steps; random: a random start there each iteration"),
-        io.Boolean.Input("antithetic", default=True, optional=True,
+        widget(io.Int, "steps", "denoising steps T", min=1, max=200),
+        widget(io.Int, "window_start", "first SDE (branching) step; earlier steps are shared ODE steps. Keep it "
+               "early (high noise)", min=0, max=199),
+        widget(io.Int, "window_width", "SDE steps in the window (tree depth)", min=1, max=10),
+        widget(io.Int, "branch", "children per node; a tree has branch^width leaves", min=1, max=16),
+        widget(io.Float, "noise_level", "SDE noise level (flow models) / DDIM eta (epsilon models, capped at 1)",
+               min=0.01, max=2.0, step=0.01),
+        widget(io.Combo, "window_schedule", "fixed: the window stays at window_start; sliding: it moves one step per "
+               "iteration and wraps within the first half of the steps; random: a random start there each iteration",
+               options=["fixed", "sliding", "random"]),
+        widget(io.Boolean, "antithetic", optional=True,
                          tooltip="mirrored siblings: a node's children come in pairs with noise +e and -e. Each child "
                                  "is still an ordinary SDE sample; the pairs make the comparison between siblings "
                                  "less noisy, so the LoRA learns more per iteration"),
@@ -70,9 +71,10 @@ class TreeSampler(io.ComfyNode):
                 io.Conditioning.Input("positive", tooltip="prompt conditioning"),
                 io.Conditioning.Input("negative", tooltip="negative conditioning (used when cfg > 1)"),
                 io.Latent.Input("latent", tooltip="empty latent: its size sets the image size, its batch the trees"),
-                io.Int.Input("seed", default=0, min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True,
-                             tooltip="seed of the initial noises and the SDE noise"),
-                io.Float.Input("cfg", default=1.0, min=1.0, max=30.0, step=0.1, tooltip="classifier-free guidance"),
+                widget(io.Int, "seed", "seed of the initial noises and the SDE noise (with a run: of every "
+                       "iteration's, as in the Train node)", min=0, max=0xFFFFFFFFFFFFFFFF,
+                       control_after_generate=True),
+                widget(io.Float, "cfg", "classifier-free guidance", min=1.0, max=30.0, step=0.1),
                 io.Combo.Input("scheduler", options=comfy.samplers.SCHEDULER_NAMES, default="simple",
                                tooltip="sigma schedule (ComfyUI's schedulers, with the model's shift)"),
                 *tree_inputs(),
@@ -96,7 +98,7 @@ class TreeSampler(io.ComfyNode):
         tcfg = tree_config(steps, window_start, window_width, branch, noise_level, window_schedule, antithetic)
         trees = latent["samples"].shape[0] * trees_per_latent
         tree = sample_tree(model, positive, negative, latent, tcfg, seed=seed, cfg=cfg, scheduler=scheduler,
-                           trees=trees, prompt=prompt, run=run, iteration=run.iteration if run else 0)
+                           trees=trees, prompt=prompt, run=run)
         return io.NodeOutput(tree, {"samples": tree.leaf_latents.cpu()})
 
 

@@ -2,34 +2,26 @@
 from __future__ import annotations
 
 import json
-import os
 
 import comfy.samplers
-import folder_paths
 from comfy_api.latest import io, ui
 
-from treegrpo.backends.comfy_session import RunState, patched_model, train_full, train_step
+from treegrpo.comfyui.policy import DEFAULT_TARGETS
+from treegrpo.comfyui.session import RunState, patched_model, train_full, train_step
 from treegrpo.config import AdvantageConfig, LoraConfig, OptimConfig, TrainConfig
-from treegrpo.backends.comfy import DEFAULT_TARGETS
 from treegrpo.lora import LoraDict
 from treegrpo.report import curve_image, image_grid
 
 from .sampling import tree_config, tree_inputs, validate_tree
 from .sockets import CATEGORY, RewardModel, Run, Tree
-
-
-def run_folder(run_name: str) -> str:
-    if not run_name or any(not (c.isalnum() or c in "-_.") for c in run_name):
-        raise ValueError(f"run_name {run_name!r}: use letters, digits, '-', '_' or '.'")
-    return os.path.join(folder_paths.get_output_directory(), "treegrpo", run_name)
+from .widgets import widget
 
 
 def lora_inputs():
     return [
-        io.Int.Input("lora_rank", default=16, min=1, max=256, tooltip="LoRA rank r"),
-        io.Float.Input("lora_alpha", default=16.0, min=0.01, max=1024.0, step=0.5, tooltip="LoRA alpha (scale alpha/r)"),
-        io.Float.Input("learning_rate", default=1e-3, min=1e-7, max=1.0, step=1e-5,
-                       tooltip="AdamW learning rate"),
+        widget(io.Int, "lora_rank", "LoRA rank r", min=1, max=256),
+        widget(io.Float, "lora_alpha", "LoRA alpha (scale alpha/r)", min=0.01, max=1024.0, step=0.5),
+        widget(io.Float, "learning_rate", "AdamW learning rate", min=1e-7, max=1.0, step=1e-5),
     ]
 
 
@@ -41,12 +33,11 @@ class TrainerState(io.ComfyNode):
             description="A named training run that survives between queued prompts (LoRA, optimiser, step). Saved "
                         "to output/treegrpo/<run_name>/ after every step and resumed from there by name.",
             inputs=[
-                io.String.Input("run_name", default="treegrpo_run", tooltip="runs with the same name continue"),
+                widget(io.String, "run_name", "runs with the same name continue (output/treegrpo/<run_name>/)"),
                 *lora_inputs(),
-                io.Float.Input("clip_range", default=1e-4, min=1e-6, max=1.0, step=1e-5, tooltip="PPO ratio clip"),
-                io.Float.Input("kl_beta", default=0.0, min=0.0, max=10.0, step=0.001,
-                               tooltip="KL weight to the base model (LoRA off)"),
-                io.Int.Input("seed", default=0, min=0, max=2**31 - 1, tooltip="seed of the LoRA initialisation"),
+                widget(io.Float, "clip_range", "PPO ratio clip", min=1e-6, max=1.0, step=1e-5),
+                widget(io.Float, "kl_beta", "KL weight to the base model (LoRA off)", min=0.0, max=10.0, step=0.001),
+                widget(io.Int, "seed", "seed of the LoRA initialisation", min=0, max=2**31 - 1),
                 io.Boolean.Input("gradient_checkpointing", default=False, optional=True,
                                  tooltip="recompute blocks in backward: less memory, more time"),
             ],
@@ -56,11 +47,9 @@ class TrainerState(io.ComfyNode):
     @classmethod
     def execute(cls, run_name, lora_rank, lora_alpha, learning_rate, clip_range, kl_beta, seed,
                 gradient_checkpointing=False):
-        st = RunState.get(run_name, run_folder(run_name),
-                          LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=DEFAULT_TARGETS),
-                          OptimConfig(lr=learning_rate, clip_range=clip_range, kl_beta=kl_beta), seed)
-        st.gradient_checkpointing = bool(gradient_checkpointing)
-        return io.NodeOutput(st)
+        return io.NodeOutput(RunState.get(run_name, LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=DEFAULT_TARGETS),
+                                          OptimConfig(lr=learning_rate, clip_range=clip_range, kl_beta=kl_beta), seed,
+                                          bool(gradient_checkpointing)))
 
 
 class TrainerStep(io.ComfyNode):
@@ -85,9 +74,9 @@ class TrainerStep(io.ComfyNode):
     @classmethod
     def execute(cls, tree, run, model):
         stats = train_step(tree, run)
-        lora = LoraDict(run.lora_state_dict(), metadata=run.metadata())
+        lora = LoraDict(run.trainer.lora_tensors("comfy"), metadata=run.trainer.metadata())
         text = json.dumps({k: (round(v, 5) if isinstance(v, float) else v) for k, v in stats.items()}, indent=1)
-        return io.NodeOutput(patched_model(model, run), lora, text, ui=ui.PreviewText(text))
+        return io.NodeOutput(patched_model(model, run.lora), lora, text, ui=ui.PreviewText(text))
 
 
 class Train(io.ComfyNode):
@@ -103,27 +92,25 @@ class Train(io.ComfyNode):
                 io.Vae.Input("vae", tooltip="decodes the leaves for the reward models"),
                 io.String.Input("prompts", multiline=True, default="a red circle\na blue square",
                                 tooltip="training prompts, one per line"),
-                io.String.Input("negative", default="", multiline=False, tooltip="negative prompt (cfg > 1)"),
+                widget(io.String, "negative", "negative prompt (cfg > 1)", multiline=False),
                 RewardModel.Input("reward_model", tooltip="from a TreeGRPO Reward Model Loader (weight 1)"),
                 RewardModel.Input("reward_model_2", optional=True, tooltip="optional second reward"),
                 io.Float.Input("weight_2", default=1.0, min=0.0, max=100.0, step=0.05, tooltip="weight of reward 2"),
                 io.Int.Input("width", default=512, min=8, max=4096, step=8, tooltip="image width (pixels)"),
                 io.Int.Input("height", default=512, min=8, max=4096, step=8, tooltip="image height (pixels)"),
-                io.Float.Input("cfg", default=1.0, min=1.0, max=30.0, step=0.1,
-                               tooltip="classifier-free guidance (1 = off; keep 1 for Flux)"),
+                widget(io.Float, "cfg", "classifier-free guidance (1 = off; keep 1 for Flux)", min=1.0, max=30.0,
+                       step=0.1),
                 io.Combo.Input("scheduler", options=comfy.samplers.SCHEDULER_NAMES, default="simple",
                                tooltip="sigma schedule (ComfyUI's schedulers, with the model's shift)"),
                 *tree_inputs(),
-                io.Int.Input("iterations", default=50, min=1, max=100000,
-                             tooltip="training iterations (a resumed run continues up to this many)"),
-                io.Int.Input("prompts_per_iteration", default=4, min=1, max=256,
-                             tooltip="prompts (one tree each) per iteration"),
+                widget(io.Int, "iterations", "training iterations (a resumed run continues up to this many)", min=1,
+                       max=100000),
+                widget(io.Int, "prompts_per_iteration", "prompts (one tree each) per iteration", min=1, max=256),
                 *lora_inputs(),
-                io.Int.Input("seed", default=0, min=0, max=2**31 - 1, tooltip="seed of the LoRA init, prompts and noises"),
-                io.String.Input("run_name", default="treegrpo_run",
-                                tooltip="checkpoints go to output/treegrpo/<run_name>/; the same name resumes"),
-                io.Int.Input("eval_every", default=10, min=0, max=100000,
-                             tooltip="evaluate on fixed noises every N iterations (reward curve)"),
+                widget(io.Int, "seed", "seed of the LoRA init, prompts and noises", min=0, max=2**31 - 1),
+                widget(io.String, "run_name", "checkpoints go to output/treegrpo/<run_name>/; the same name resumes"),
+                widget(io.Int, "eval_every", "evaluate on fixed noises every N iterations (reward curve)", min=0,
+                       max=100000),
                 io.Boolean.Input("gradient_checkpointing", default=False, optional=True,
                                  tooltip="recompute blocks in backward: less memory, more time"),
             ],
@@ -164,8 +151,7 @@ class Train(io.ComfyNode):
         if width % r or height % r:
             raise ValueError(f"width and height must be multiples of the VAE's scale factor {r}")
         trainer = train_full(model, vae, texts, conds, rewards, tc, (c, height // r, width // r),
-                             run_folder=run_folder(run_name), scheduler=scheduler,
-                             gradient_checkpointing=bool(gradient_checkpointing))
+                             scheduler=scheduler, gradient_checkpointing=bool(gradient_checkpointing))
         curve_vals = [e["eval_reward"] for e in trainer.evals] or [h["reward"] for h in trainer.history]
         curve = curve_image(curve_vals)
         ev = trainer.evaluate(prompts=texts[:8], seeds=2, return_images=True)
@@ -173,7 +159,7 @@ class Train(io.ComfyNode):
         grid = grid.movedim(0, -1)[None].float()
         lora = LoraDict(trainer.lora_tensors("comfy"), metadata=trainer.metadata())
         out_model = model.clone()
-        trainer.policy.lora.patch(out_model)
+        trainer.lora.patch(out_model)
         return io.NodeOutput(out_model, lora, curve, grid,
                              ui=ui.PreviewImage(grid.cpu(), cls=cls))
 

@@ -12,6 +12,8 @@ import contextlib
 import torch
 from torch import nn
 
+from treegrpo.policy import Policy
+
 
 def vp_sigmas(steps: int, n_train: int = 1000) -> torch.Tensor:
     """Sigmas of the SD linear-beta VP schedule, ``steps`` evenly spaced train timesteps, then 0."""
@@ -22,7 +24,7 @@ def vp_sigmas(steps: int, n_train: int = 1000) -> torch.Tensor:
     return torch.cat([sig[idx], torch.zeros(1, dtype=torch.float64)]).float()
 
 
-class AnalyticPolicy:
+class AnalyticPolicy(Policy):
     """Exact Gaussian denoiser, optionally with a learnable correction (``model``) for gradient tests."""
 
     def __init__(self, prediction="flow", var=0.25, means=(0.5, -1.0), shape=(4, 1, 1), learnable=False):

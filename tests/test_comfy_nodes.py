@@ -99,7 +99,7 @@ def test_step_nodes_two_queued_iterations_on_demo_model(rt):
     w2, meta2 = _lora(rt, "demo_steps")
     assert s2["iteration"] == s1["iteration"] + 1
     assert s1["nfe"] == 2 * (1 + 1 + 2 + 4 * 3)          # 2 trees, T=6, s=1, w=2, k=2
-    assert meta2["treegrpo.step"] == str(s2["iteration"])
+    assert meta2["treegrpo.step"] == str(s2["iteration"] + 1)  # iterations done; stats count from 0 (log.json)
     assert any(not torch.equal(w1[k], w2[k]) for k in w1)  # the LoRA moved
     assert all(k.startswith("diffusion_model.") for k in w2)
 
@@ -248,7 +248,7 @@ def test_real_server_runs_the_demo_graph_and_lists_the_workflows(comfyui_server)
 
 def test_reward_models_score_under_comfy_memory_management(rt, tmp_path):
     import reward_fixtures as rf
-    from treegrpo.backends.comfy_session import ManagedReward
+    from treegrpo.comfyui.session import ManagedReward
     from treegrpo.rewards.base import load_reward
 
     rf.register_tiny_configs()

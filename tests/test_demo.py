@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from treegrpo.backends.base import Policy
+from treegrpo.policy import Policy
 from treegrpo.backends.demo import DemoPolicy
 from treegrpo.demo import pretrain
 from treegrpo.demo.classifier import DEFAULT_CLASSIFIER_PATH, load_classifier

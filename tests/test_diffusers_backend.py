@@ -13,7 +13,7 @@ from treegrpo import cli
 from treegrpo.backends.diffusers import DiffusersPolicy, ModelLoadError, detect_family
 from treegrpo.config import ConfigError, PipelineConfig, TrainConfig, TreeConfig
 from treegrpo.lora import read_lora_file
-from treegrpo.tree import Denoiser, NFECounter, expected_nfe, ode_solve
+from treegrpo.tree import Denoiser, NFECounter, euler_solve, expected_nfe
 
 PROMPTS = ["a red circle", "a blue square"]
 PC = PipelineConfig(height=16, width=16)
@@ -55,7 +55,7 @@ def test_ode_sampling_equals_the_diffusers_pipeline(saved, family):
     sig = policy.sigmas(steps)
     den = Denoiser(policy, policy.encode_prompts(PROMPTS), guidance, NFECounter())
     with torch.no_grad():
-        ours = ode_solve(den, noise * sig[0], sig, torch.arange(2), "euler", prediction=policy.prediction)
+        ours = euler_solve(den, noise * sig[0], sig, torch.arange(2), prediction=policy.prediction)
         theirs = _pipe_latents(policy.pipe, family, noise, guidance, steps)
     assert theirs.shape == ours.shape
     err = (ours - theirs).abs().max() / theirs.abs().max()
@@ -138,15 +138,15 @@ def test_one_iteration_nfe_and_lora_exports(saved, tmp_path, family):
     sig = policy.sigmas(4)
     with torch.no_grad():
         den = Denoiser(policy, policy.encode_prompts(PROMPTS), cfg.cfg, NFECounter())
-        ours = ode_solve(den, noise * sig[0], sig, torch.arange(2), "euler", prediction=policy.prediction)
+        ours = euler_solve(den, noise * sig[0], sig, torch.arange(2), prediction=policy.prediction)
         with policy.lora_disabled():
-            base = ode_solve(den, noise * sig[0], sig, torch.arange(2), "euler", prediction=policy.prediction)
+            base = euler_solve(den, noise * sig[0], sig, torch.arange(2), prediction=policy.prediction)
     assert (ours - base).abs().max() > 1e-6
     fresh = DiffusersPolicy.load(saved[family], PC, guidance_hint=cfg.cfg)
     fresh.pipe.load_lora_weights(summary["lora_diffusers"])
     with torch.no_grad():
         den2 = Denoiser(fresh, fresh.encode_prompts(PROMPTS), cfg.cfg, NFECounter())
-        theirs = ode_solve(den2, noise * sig[0], sig, torch.arange(2), "euler", prediction=fresh.prediction)
+        theirs = euler_solve(den2, noise * sig[0], sig, torch.arange(2), prediction=fresh.prediction)
     assert torch.allclose(theirs, ours, atol=1e-5, rtol=1e-4), float((theirs - ours).abs().max())
 
 

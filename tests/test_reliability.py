@@ -89,7 +89,7 @@ def test_non_finite_reward_during_training_names_reward_and_checkpoints(tmp_path
         return r
 
     tr = Trainer(cfg, load_policy(cfg)[0], {"demo_adherence": flaky}, progress=False)
-    with pytest.raises(RewardError, match=r"reward 'demo_adherence' returned non-finite values at iteration 1"):
+    with pytest.raises(RewardError, match=r"reward .demo_adherence. returned non-finite values .* at iteration 1"):
         tr.train()
     ck = tr.latest_checkpoint()
     assert ck and ck.endswith("-0000001.pt")  # the last good state (one finished iteration)

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from treegrpo.config import TreeConfig
-from treegrpo.sde import (eps_sde_mean_std, eps_sde_mean_std_alphabar, flow_sde_mean_std, gaussian_logprob,
-                          ode_step, sde_step)
-from treegrpo.tree import Denoiser, NFECounter, ode_solve, sample_trees
+from treegrpo.sde import (SDEKernel, eps_sde_mean_std, eps_sde_mean_std_alphabar, flow_sde_mean_std,
+                          gaussian_logprob, ode_step)
+from treegrpo.tree import Denoiser, NFECounter, euler_solve, sample_trees
 
 from analytic import AnalyticPolicy
 
@@ -46,12 +46,13 @@ def test_sde_step_logprob_is_density_of_transition():
     x, x0 = torch.randn(3, 2, 2, 2, generator=g), torch.randn(3, 2, 2, 2, generator=g)
     noise = torch.randn(3, 2, 2, 2, generator=g)
     for pred, s, sn in (("flow", 0.7, 0.5), ("epsilon", 3.0, 1.5)):
-        st = sde_step(pred, x, x0, torch.full((3,), s), torch.full((3,), sn), noise)
-        assert torch.allclose(st.x_next, st.mean + st.std * noise)
+        kernel = SDEKernel(pred, noise_level=0.7, eta=1.0)
+        mean, std = kernel.mean_std(x, x0, torch.full((3,), s), torch.full((3,), sn))
+        x_next = mean + std * noise
         # independent: density of N(mean, std^2) evaluated with scipy-free closed form per element
         z = noise.double()
-        ref = (-0.5 * z**2 - torch.log(st.std.double()) - 0.5 * math.log(2 * math.pi)).flatten(1).mean(1)
-        assert torch.allclose(gaussian_logprob(st.x_next, st.mean, st.std).double(), ref, atol=1e-5)
+        ref = (-0.5 * z**2 - torch.log(std.double()) - 0.5 * math.log(2 * math.pi)).flatten(1).mean(1)
+        assert torch.allclose(kernel.logprob(x_next, mean, std).double(), ref, atol=1e-5)
 
 
 def test_eps_sigma_space_equals_alphabar_form():
@@ -96,7 +97,7 @@ def _marginal(pred, method, steps, n_trees=1250, mean_idx=0):
 
     if method == "ode":
         den = Denoiser(pol, pol.encode_prompts(prompts * 2), 1.0, NFECounter())
-        return ode_solve(den, start(2 * n_trees) * s0, sig, torch.arange(2 * n_trees), "euler").flatten()
+        return euler_solve(den, start(2 * n_trees) * s0, sig, torch.arange(2 * n_trees)).flatten()
     # SDE on every step with a non-zero std (epsilon: the last step to sigma = 0 is deterministic)
     width = steps - (1 if pred == "epsilon" else 0)
     cfg = TreeConfig(steps=steps, window_start=0, window_width=width, method="trajectory", group_size=2)

@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from treegrpo.backends.base import select_cond
+from treegrpo.policy import select_cond
 from treegrpo.config import ConfigError, TreeConfig
 from treegrpo.sde import sde_mean_std
 from treegrpo.tree import expected_nfe, level_sizes, mirror_siblings, sample_trees, tail_sigmas, window_start_at

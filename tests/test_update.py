@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from treegrpo.advantages import assign_advantages
-from treegrpo.backends.base import select_cond
+from treegrpo.policy import select_cond
 from treegrpo.config import AdvantageConfig, OptimConfig, TreeConfig
 from treegrpo.loss import grpo_edge_loss, kl_to_reference
 from treegrpo.sde import gaussian_logprob, sde_mean_std
@@ -63,7 +63,7 @@ def test_amortized_gradient_equals_naive_per_edge(pred, kl_beta):
     pol.model.zero_grad()
     pol.rows.clear()
     edges = collect_edges(tb, skip_zero_adv=False, step_weight="edges")
-    stats = backward_edges(pol, tb, edges, ocfg, noise_level=cfg.noise_level, eta=cfg.eta)
+    stats = backward_edges(pol, tb, edges, ocfg)
     assert edges.n_parents == 2 * (1 + 2 + 4) and edges.n_edges == 2 * (2 + 4 + 8)
     assert stats["forwards"] == edges.n_parents              # one forward per parent, not per edge
     assert torch.allclose(pol.model.to_q.weight.grad, naive, rtol=1e-4, atol=1e-7)
@@ -95,7 +95,7 @@ def test_step_weighted_gradient_equals_naive_per_edge(kl_beta):
     pol.rows.clear()
     edges = collect_edges(tb, skip_zero_adv=False, step_weight="steps")
     assert edges.weight.tolist() == pytest.approx([per_step[0]] * 4 + [per_step[1]] * 8 + [per_step[2]] * 16)
-    backward_edges(pol, tb, edges, ocfg, noise_level=cfg.noise_level, eta=cfg.eta)
+    backward_edges(pol, tb, edges, ocfg)
     assert torch.allclose(pol.model.to_q.weight.grad, naive, rtol=1e-4, atol=1e-7)
     # the weighting turns the gradient, it does not just rescale it
     assert float(torch.nn.functional.cosine_similarity(naive.flatten(), plain.flatten(), dim=0)) < 0.999
@@ -110,7 +110,7 @@ def test_microbatch_size_does_not_change_gradient():
     grads = []
     for mb in (1, 4, 64):
         pol.model.zero_grad()
-        backward_edges(pol, tb, edges, OptimConfig(microbatch=mb), noise_level=cfg.noise_level, eta=cfg.eta)
+        backward_edges(pol, tb, edges, OptimConfig(microbatch=mb))
         grads.append(pol.model.to_q.weight.grad.clone())
     assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-7) and torch.allclose(grads[0], grads[2], rtol=1e-4, atol=1e-7)
 
@@ -131,7 +131,7 @@ def test_grpo_update_moves_parameters_and_flat_trees_are_skipped():
     assert edges.n_parents == 7 and bool((edges.parent_tree == 0).all())
     w0 = pol.model.to_q.weight.detach().clone()
     opt = torch.optim.AdamW(pol.model.parameters(), lr=1e-2)
-    stats = grpo_update(pol, tb, opt, OptimConfig(), noise_level=cfg.noise_level, eta=cfg.eta)
+    stats = grpo_update(pol, tb, opt, OptimConfig())
     assert stats["edges"] == 14 and stats["grad_norm"] > 0
     assert not torch.allclose(pol.model.to_q.weight, w0)
 

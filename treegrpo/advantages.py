@@ -1,4 +1,4 @@
-"""Rewards → leaf advantages → backed-up edge advantages (DESIGN §1). Pure functions.
+"""Rewards → leaf advantages → backed-up edge advantages (docs/design.md §1). Pure functions.
 
 Groups are given as integer ids per element (``group[i]`` ∈ [0, n_groups)); statistics are
 population statistics (``std`` with correction 0) within each group.
@@ -39,15 +39,17 @@ def segment_softmax(logits: torch.Tensor, group: torch.Tensor, n: int) -> torch.
     return e / torch.zeros(n, dtype=e.dtype, device=e.device).index_add_(0, group, e)[group]
 
 
-def check_rewards(raw: dict[str, torch.Tensor], n: int) -> None:
-    """Every reward must be a finite (n,) tensor; the error names the reward and the bad leaves."""
+def check_rewards(raw: dict[str, torch.Tensor], n: int, where: str = "") -> None:
+    """Every reward must be a finite (n,) tensor; the error names the reward, the bad leaves and ``where``
+    (e.g. " at iteration 3"). The one sanity check of reward values: trainer, nodes and backup all call it."""
     for name, r in raw.items():
         if r.shape != (n,):
-            raise RewardError(f"reward {name!r} returned shape {tuple(r.shape)}, expected ({n},) (one per leaf)")
+            raise RewardError(f"reward {name!r} returned shape {tuple(r.shape)}, expected ({n},){where}: one value "
+                              "per image (score the leaf images of this tree)")
         bad = (~torch.isfinite(r)).nonzero().flatten()
         if bad.numel():
             raise RewardError(f"reward {name!r} returned non-finite values {r[bad][:5].tolist()} for leaves "
-                              f"{bad[:10].tolist()}; check the reward model and the decoded images")
+                              f"{bad[:10].tolist()}{where}; check the reward model and the decoded images")
 
 
 def aggregate_rewards(raw: dict[str, torch.Tensor], weights: dict[str, float], group: torch.Tensor,

@@ -91,7 +91,7 @@ def apply_flags(d: dict, ns: argparse.Namespace) -> dict:
 
 
 def demo_config_dict() -> dict:
-    """The embedded demo run (DESIGN §5): shapes flow model, prompt-adherence reward."""
+    """The embedded demo run (docs/design.md §5): shapes flow model, prompt-adherence reward."""
     from .demo.shapes import all_prompts
 
     return {
@@ -138,10 +138,11 @@ def run_training(cfg: TrainConfig, resume: bool = False, progress: bool = True, 
     summary = trainer.train(resume=resume)
     if write_lora:
         summary["lora"] = trainer.save_lora()
-        save_diffusers = getattr(policy, "save_diffusers_lora", None)
-        if save_diffusers is not None and trainer.rank == 0:  # the same tensors, diffusers' own key format
-            summary["lora_diffusers"] = save_diffusers(
+        if trainer.rank == 0:  # the same tensors in diffusers' own key format, where the backend has one
+            written = policy.save_diffusers_lora(
                 trainer.lora_weights(), os.path.join(cfg.output_dir, f"{cfg.run_name}_diffusers.safetensors"))
+            if written:
+                summary["lora_diffusers"] = written
     return trainer, summary
 
 
@@ -246,7 +247,7 @@ def cmd_sample(ns) -> int:
     from .backends import load_policy
     from .lora import add_lora, check_base_model, from_state_dict, load_into_model, read_lora_file
     from .report import image_grid, to_pil
-    from .tree import Denoiser, NFECounter, ode_solve
+    from .tree import sample_ode
 
     d = json.load(open(ns.config, encoding="utf-8")) if ns.config else demo_config_dict()
     cfg = TrainConfig.from_dict(apply_flags(d, ns))
@@ -262,11 +263,8 @@ def cmd_sample(ns) -> int:
     allp = [p for p in prompts for _ in range(ns.per_prompt)]
     g = torch.Generator().manual_seed(cfg.seed)
     noise = torch.randn((len(allp), *policy.latent_shape()), generator=g)
-    sig = policy.sigmas(cfg.tree.steps)
     with torch.no_grad():
-        x = ode_solve(Denoiser(policy, policy.encode_prompts(allp), cfg.cfg, NFECounter()), noise * sig[0], sig,
-                      torch.arange(len(allp)), "euler", prediction=policy.prediction)
-        imgs = policy.decode(x)
+        imgs = policy.decode(sample_ode(policy, allp, noise, cfg.tree.steps, cfg.cfg))
     to_pil(image_grid(imgs, nrow=ns.per_prompt)).save(ns.output)
     print(f"wrote {ns.output} ({len(prompts)} prompts x {ns.per_prompt})")
     return 0

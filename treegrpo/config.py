@@ -27,6 +27,13 @@ def _require(ok: bool, cls: str, name: str, msg: str) -> None:
         raise ConfigError(f"{cls}.{name}: {msg}")
 
 
+def check_run_name(name: str) -> str:
+    """A run name is a file name: letters, digits, '-', '_' or '.'; returns it, else raises ConfigError."""
+    if not (isinstance(name, str) and name and all(ch.isalnum() or ch in "-_." for ch in name)):
+        raise ConfigError(f"TrainConfig.run_name: use letters, digits, '-', '_' or '.', got {name!r}")
+    return name
+
+
 def _choice(obj, name: str, choices) -> None:
     v = getattr(obj, name)
     _require(v in choices, type(obj).__name__, name, f"must be one of {list(choices)}, got {v!r}")
@@ -34,7 +41,7 @@ def _choice(obj, name: str, choices) -> None:
 
 @dataclass
 class TreeConfig:
-    """Shape of the search tree (DESIGN §1). ``method='trajectory'`` turns the same machinery into
+    """Shape of the search tree (docs/design.md §1). ``method='trajectory'`` turns the same machinery into
     trajectory GRPO: ``group_size`` independent SDE trajectories from the shared noise."""
 
     steps: int = _f(10, "number of denoising steps T")
@@ -128,7 +135,7 @@ class TreeConfig:
 
 @dataclass
 class AdvantageConfig:
-    """Reward aggregation, leaf z-scores and the backup to internal nodes (DESIGN §1)."""
+    """Reward aggregation, leaf z-scores and the backup to internal nodes (docs/design.md §1)."""
 
     backup: str = _f("softmax", "softmax | mean: how child-edge advantages combine into a node's")
     temperature: float = _f(1.0, "softmax backup temperature tau on the old log-probs")
@@ -185,7 +192,7 @@ class LoraConfig:
 
 @dataclass
 class OptimConfig:
-    """GRPO update (DESIGN §1 Loss) and AdamW."""
+    """GRPO update (docs/design.md §1) and AdamW."""
 
     lr: float = _f(3e-4, "AdamW learning rate")
     weight_decay: float = _f(0.0, "AdamW weight decay")
@@ -317,8 +324,7 @@ class TrainConfig:
         _require(self.checkpoint_every >= 0, c, "checkpoint_every", f"must be >= 0, got {self.checkpoint_every}")
         _require(self.keep_checkpoints >= 1, c, "keep_checkpoints", f"must be >= 1, got {self.keep_checkpoints}")
         _require(self.time_budget_s >= 0, c, "time_budget_s", f"must be >= 0, got {self.time_budget_s}")
-        _require(bool(self.run_name) and all(ch.isalnum() or ch in "-_." for ch in self.run_name), c, "run_name",
-                 f"use letters, digits, '-', '_' or '.', got {self.run_name!r}")
+        check_run_name(self.run_name)
 
     def load_prompts(self) -> list[str]:
         """The training prompts (inline list, else the prompts file), validated."""

@@ -8,10 +8,11 @@ PEFT/diffusers keys: ``<prefix><module>.lora_A.weight`` / ``.lora_B.weight`` (pr
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 from torch import nn
@@ -61,6 +62,53 @@ def add_lora(model: nn.Module, cfg: LoraConfig, adapter_name: str = "default") -
     for p in params:
         p.requires_grad_(True)
     return params
+
+
+class PeftLoRA:
+    """The trainer's handle on PEFT LoRA layers injected into ``model`` (the diffusers and demo backends).
+
+    Same interface as :class:`treegrpo.comfyui.policy.ComfyLoRA`: ``parameters()``, ``named_lora_parameters()``
+    (backend-neutral names ``<module>.down`` / ``<module>.up``, what checkpoints store), ``weights()``, ``load(w)``."""
+
+    def __init__(self, model: nn.Module, cfg: LoraConfig, seed: int = 0):
+        self.model = model
+        with torch.random.fork_rng(devices=[]):  # the LoRA init depends on the run's seed only
+            torch.manual_seed(seed)
+            self._params = add_lora(model, cfg)
+
+    def parameters(self) -> list[nn.Parameter]:
+        return list(self._params)
+
+    def named_lora_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        ids = {id(p): n for n, p in self.model.named_parameters()}
+        out = []
+        for p in self._params:
+            n = ids[id(p)]
+            kind = "down" if ".lora_A." in n else "up"
+            out.append((n.split(".lora_A." if kind == "down" else ".lora_B.")[0] + "." + kind, p))
+        return out
+
+    def weights(self) -> "LoraWeights":
+        return extract_lora(self.model)
+
+    def load(self, w: "LoraWeights") -> None:
+        load_into_model(self.model, w)
+
+
+@contextlib.contextmanager
+def peft_adapters_disabled(model: nn.Module) -> Iterator[None]:
+    """Disable every PEFT LoRA layer inside ``model`` (for the KL reference), then restore."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    before = [not m.disable_adapters for m in layers]
+    for m in layers:
+        m.enable_adapters(False)
+    try:
+        yield
+    finally:
+        for m, on in zip(layers, before):
+            m.enable_adapters(on)
 
 
 def _lora_layers(model: nn.Module, adapter_name: str = "default"):

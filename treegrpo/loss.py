@@ -1,4 +1,4 @@
-"""GRPO edge loss and the KL term (DESIGN §1 Loss). Pure functions, per edge / per parent."""
+"""GRPO edge loss and the KL term (docs/design.md §1). Pure functions, per edge / per parent."""
 from __future__ import annotations
 
 import torch

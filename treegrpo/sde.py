@@ -1,4 +1,4 @@
-"""ODE/SDE sampler steps and their Gaussian log-probabilities (DESIGN §1). Pure functions.
+"""ODE/SDE sampler steps and their Gaussian log-probabilities (docs/design.md §1). Pure functions.
 
 Conventions (k-diffusion / ComfyUI): ``x`` (B, C, H, W); ``sigma``, ``sigma_next`` are (B,) or
 scalars; ``x0`` is the denoiser's prediction x̂0.
@@ -12,19 +12,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
-
-
-@dataclass
-class SDEStep:
-    """One stochastic step: ``x_next = mean + std·noise``. ``std`` is (B, 1, 1, 1)."""
-
-    x_next: torch.Tensor
-    mean: torch.Tensor
-    std: torch.Tensor
 
 
 def _bcast(s: torch.Tensor | float, x: torch.Tensor) -> torch.Tensor:
@@ -92,9 +84,26 @@ def sde_mean_std(prediction: str, x, x0, sigma, sigma_next, *, noise_level: floa
     raise ValueError(f"unsupported prediction type {prediction!r}: expected 'flow' or 'epsilon'")
 
 
-def sde_step(prediction: str, x, x0, sigma, sigma_next, noise, **kw) -> SDEStep:
-    mean, std = sde_mean_std(prediction, x, x0, sigma, sigma_next, **kw)
-    return SDEStep(mean + std * noise.float(), mean, std)
+@dataclass(frozen=True)
+class SDEKernel:
+    """The SDE transition a batch of trees was sampled with, and that the update must score its edges with:
+    the model's prediction type, the flow noise level ``a`` / DDIM ``η``, the log-prob reduction over dimensions,
+    and the schedule's ``σ_1`` (the flow step out of σ = 1 uses it in ``s_t``)."""
+
+    prediction: str = "flow"
+    noise_level: float = 0.7
+    eta: float = 1.0
+    reduction: str = "mean"
+    sigma_1_next: Optional[float] = None
+
+    def mean_std(self, x, x0, sigma, sigma_next):
+        """(mean, std) of the step from ``x`` at ``sigma`` to ``sigma_next`` given x̂0, float32."""
+        return sde_mean_std(self.prediction, x, x0, sigma, sigma_next, noise_level=self.noise_level, eta=self.eta,
+                            sigma_1_next=self.sigma_1_next)
+
+    def logprob(self, x_next, mean, std):
+        """(B,) log-density of ``x_next`` under N(mean, std²), reduced over dimensions as sampled."""
+        return gaussian_logprob(x_next, mean, std, self.reduction)
 
 
 def gaussian_logprob(x_next: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, reduction: str = "mean"):

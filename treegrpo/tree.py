@@ -1,4 +1,4 @@
-"""The batched tree sampler (DESIGN §1).
+"""The batched tree sampler (docs/design.md §1).
 
 A batch of trees is stored per *level*: level j of the window (j = 0..w) holds the nodes of every
 tree at noise level ``σ[s + j]``, tree-major (node ``i`` of tree ``t`` has global index
@@ -14,9 +14,9 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .backends.base import Policy, select_cond
 from .config import TreeConfig
-from .sde import gaussian_logprob, ode_step, sde_mean_std
+from .policy import Policy, select_cond
+from .sde import SDEKernel, ode_step
 
 
 @dataclass
@@ -48,14 +48,21 @@ class TreeBatch:
     logp_old: list[torch.Tensor]          # w: (n_{j+1},) behaviour log-prob of the edge into each node
     std: list[torch.Tensor]               # w: (n_j,) SDE std of the step out of level j (per parent)
     leaves: torch.Tensor                  # (n_w, C, H, W) clean latents after the ODE tail
+    kernel: SDEKernel                     # the SDE transition the window was sampled with (the update reuses it)
     nfe: int = 0
     calls: int = 0
-    prediction: str = "flow"
-    reduction: str = "mean"
     advantages: Optional[list[torch.Tensor]] = None   # w: (n_{j+1},) edge advantages (after backup)
     trainable: Optional[torch.Tensor] = None          # (n_trees,) bool, False for flat trees
     rewards: Optional[dict] = None                    # name -> (n_leaves,) raw rewards
     stats: dict = field(default_factory=dict)
+
+    @property
+    def prediction(self) -> str:
+        return self.kernel.prediction
+
+    @property
+    def reduction(self) -> str:
+        return self.kernel.reduction
 
     @property
     def n_trees(self) -> int:
@@ -152,25 +159,23 @@ def _log_snr(sigma: torch.Tensor, prediction: str) -> torch.Tensor:
     return torch.log(alpha) - torch.log(sigma)
 
 
-def ode_solve(den: Denoiser, x: torch.Tensor, sigmas: torch.Tensor, tree_idx: torch.Tensor, solver: str,
-              callback: Optional[Callable[[], None]] = None, prediction: str = "flow") -> torch.Tensor:
-    """Deterministic solve along ``sigmas``: ``euler`` (1 NFE/step), ``heun`` (2 NFE/step, Euler last step
-    to σ = 0) or ``dpmpp_2m`` (DPM-Solver++(2M) in data prediction, 1 NFE/step, first order at the first
-    and the last step)."""
-    old_x0, old_h = None, None
+def euler_solve(den: Denoiser, x: torch.Tensor, sigmas: torch.Tensor, tree_idx: torch.Tensor,
+                callback: Optional[Callable[[], None]] = None, prediction: str = "flow") -> torch.Tensor:
+    """Euler (DDIM η = 0 for epsilon models) along ``sigmas``: 1 NFE per step."""
+    for i in range(sigmas.numel() - 1):
+        x = ode_step(x, den(x, sigmas[i], tree_idx), sigmas[i], sigmas[i + 1])
+        if callback:
+            callback()
+    return x
+
+
+def heun_solve(den: Denoiser, x: torch.Tensor, sigmas: torch.Tensor, tree_idx: torch.Tensor,
+               callback: Optional[Callable[[], None]] = None, prediction: str = "flow") -> torch.Tensor:
+    """Heun's second-order method: 2 NFE per step, Euler for the last step to σ = 0."""
     for i in range(sigmas.numel() - 1):
         s, sn = sigmas[i], sigmas[i + 1]
         x0 = den(x, s, tree_idx)
-        if solver == "dpmpp_2m":
-            if sn == 0:
-                x = x0
-            else:
-                h = _log_snr(sn, prediction) - _log_snr(s, prediction)
-                d = x0 if old_x0 is None else x0 + (x0 - old_x0) * (h / old_h) / 2  # (1 + 1/2r)·D − 1/2r·D_old
-                x = (sn / s) * x + (1 - sn / s) * d  # exact exponential-integrator form (both model types)
-                old_h = h
-            old_x0 = x0
-        elif solver == "heun" and sn > 0:
+        if sn > 0:
             d = (x - x0) / s
             x_e = x + (sn - s) * d
             d2 = (x_e - den(x_e, sn, tree_idx)) / sn
@@ -180,6 +185,31 @@ def ode_solve(den: Denoiser, x: torch.Tensor, sigmas: torch.Tensor, tree_idx: to
         if callback:
             callback()
     return x
+
+
+def dpmpp_2m_solve(den: Denoiser, x: torch.Tensor, sigmas: torch.Tensor, tree_idx: torch.Tensor,
+                   callback: Optional[Callable[[], None]] = None, prediction: str = "flow") -> torch.Tensor:
+    """DPM-Solver++(2M) in data prediction: 1 NFE per step, first order at the first step and x̂0 at σ = 0.
+    Written in the exponential-integrator form, which holds for flow and sigma-space epsilon models alike."""
+    old_x0, old_h = None, None
+    for i in range(sigmas.numel() - 1):
+        s, sn = sigmas[i], sigmas[i + 1]
+        x0 = den(x, s, tree_idx)
+        if sn == 0:
+            x = x0
+        else:
+            h = _log_snr(sn, prediction) - _log_snr(s, prediction)
+            d = x0 if old_x0 is None else x0 + (x0 - old_x0) * (h / old_h) / 2  # (1 + 1/2r)·D − 1/2r·D_old
+            x = (sn / s) * x + (1 - sn / s) * d
+            old_h = h
+        old_x0 = x0
+        if callback:
+            callback()
+    return x
+
+
+#: the ODE solvers by name (``TreeConfig.tail_solver``), each ``(den, x, sigmas, tree_idx, callback, prediction)``
+ODE_SOLVERS = {"euler": euler_solve, "heun": heun_solve, "dpmpp_2m": dpmpp_2m_solve}
 
 
 def mirror_siblings(eps: torch.Tensor, branch: int, per_tree: int) -> torch.Tensor:
@@ -195,12 +225,6 @@ def mirror_siblings(eps: torch.Tensor, branch: int, per_tree: int) -> torch.Tens
     return out
 
 
-def initial_latent(policy: Policy, noise: torch.Tensor, sigma0: torch.Tensor) -> torch.Tensor:
-    """``σ_0·noise`` unless the backend scales noise itself (ComfyUI: ``model_sampling.noise_scaling``)."""
-    scale = getattr(policy, "noise_scaling", None)
-    return scale(sigma0, noise) if scale is not None else noise * sigma0
-
-
 @torch.no_grad()
 def sample_trees(policy: Policy, prompts: list[str], cfg: TreeConfig, *, cond: Any = None,
                  prompt_ids: Optional[torch.Tensor] = None, window_start: Optional[int] = None,
@@ -213,7 +237,7 @@ def sample_trees(policy: Policy, prompts: list[str], cfg: TreeConfig, *, cond: A
     ``noise``: initial noise (n_trees, C, H, W) (default: drawn from ``generator``).
     ``generator``: one ``torch.Generator``, or a list of one per tree (then each tree's SDE noise is the
     same whichever other trees share the batch: data-parallel ranks sample exactly what one process would).
-    Siblings are mirrored in pairs (noise ε, −ε) when ``cfg.mirrored`` (the default for trees; DESIGN §1's
+    Siblings are mirrored in pairs (noise ε, −ε) when ``cfg.mirrored`` (the default for trees; docs/design.md §1's
     independent children with ``antithetic=False``): same marginals and log-probs, less noisy comparisons.
     ``callback`` is called after every step (progress bars, interrupt checks)."""
     n_trees = len(prompts)
@@ -239,22 +263,21 @@ def sample_trees(policy: Policy, prompts: list[str], cfg: TreeConfig, *, cond: A
     trees = torch.arange(n_trees, device=dev)
 
     # shared ODE prefix, once per tree
-    x = initial_latent(policy, noise.float(), sigmas[0])
-    x = ode_solve(den, x, sigmas[: s + 1], trees, "euler", callback)
+    x = policy.noise_scaling(sigmas[0], noise.float())
+    x = euler_solve(den, x, sigmas[: s + 1], trees, callback)
 
     # the SDE window: every frontier node gets b_j children
     branching = cfg.branching
     sizes = level_sizes(branching, cfg.leaf_cap)
     latents, parents, logps, stds = [x], [], [], []
-    sig1_next = sigmas[1] if sigmas.numel() > 1 else None
+    kernel = SDEKernel(policy.prediction, cfg.noise_level, cfg.eta, cfg.logprob_reduction,
+                       float(sigmas[1]) if sigmas.numel() > 1 else None)
     for j, b in enumerate(branching):
         sig, sig_n = sigmas[s + j], sigmas[s + j + 1]
         tree_idx = torch.arange(n_trees, device=dev).repeat_interleave(sizes[j])
         x0 = den(x, sig, tree_idx)
         n_j = x.shape[0]
-        mean, std = sde_mean_std(policy.prediction, x, x0, sig.expand(n_j), sig_n.expand(n_j),
-                                 noise_level=cfg.noise_level,
-                                 eta=cfg.eta, sigma_1_next=sig1_next)
+        mean, std = kernel.mean_std(x, x0, sig.expand(n_j), sig_n.expand(n_j))
         if not bool((std > 0).all()):
             raise ValueError(f"SDE std is 0 at window step {s + j} (sigma {float(sig):.4g} -> {float(sig_n):.4g}): "
                              "move the window away from the final step")
@@ -267,7 +290,7 @@ def sample_trees(policy: Policy, prompts: list[str], cfg: TreeConfig, *, cond: A
         if cfg.mirrored:
             eps = mirror_siblings(eps, b, sizes[j + 1])
         x_child = mean[parent] + std[parent] * eps
-        logps.append(gaussian_logprob(x_child, mean[parent], std[parent], cfg.logprob_reduction))
+        logps.append(kernel.logprob(x_child, mean[parent], std[parent]))
         parents.append(parent)
         stds.append(std.flatten())
         x = x_child
@@ -278,11 +301,22 @@ def sample_trees(policy: Policy, prompts: list[str], cfg: TreeConfig, *, cond: A
     # ODE tail, one per leaf
     tail = tail_sigmas(sigmas, s + w, cfg.tail_steps)
     leaf_tree = torch.arange(n_trees, device=dev).repeat_interleave(sizes[-1])
-    leaves = ode_solve(den, x, tail, leaf_tree, cfg.tail_solver, callback, policy.prediction)
+    leaves = ODE_SOLVERS[cfg.tail_solver](den, x, tail, leaf_tree, callback, policy.prediction)
 
     return TreeBatch(
         sigmas=sigmas, window_start=s, branching=branching, cond=cond, prompts=list(prompts),
         prompt_ids=prompt_ids if prompt_ids is not None else torch.arange(n_trees),
-        latents=latents, parents=parents, logp_old=logps, std=stds, leaves=leaves,
-        nfe=counter.nfe, calls=counter.calls, prediction=policy.prediction, reduction=cfg.logprob_reduction,
+        latents=latents, parents=parents, logp_old=logps, std=stds, leaves=leaves, kernel=kernel,
+        nfe=counter.nfe, calls=counter.calls,
     )
+
+
+@torch.no_grad()
+def sample_ode(policy: Policy, prompts: list[str], noise: torch.Tensor, steps: int, guidance: float = 1.0,
+               callback: Optional[Callable[[], None]] = None) -> torch.Tensor:
+    """Deterministic Euler samples (clean latents, (B, C, H, W)) from initial ``noise`` (B, C, H, W), one per
+    prompt: what evaluation and ``treegrpo sample`` draw. Call inside ``policy.run`` for backends that need it."""
+    sig = policy.sigmas(steps).to(policy.device)
+    den = Denoiser(policy, policy.encode_prompts(prompts), guidance, NFECounter())
+    x = policy.noise_scaling(sig[0], noise.to(policy.device).float())
+    return euler_solve(den, x, sig, torch.arange(len(prompts)), callback, policy.prediction)

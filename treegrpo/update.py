@@ -1,4 +1,4 @@
-"""The amortized GRPO update over the edges of a batch of trees (DESIGN §1).
+"""The amortized GRPO update over the edges of a batch of trees (docs/design.md §1).
 
 All children of a parent share ``μ_θ(x_parent)``: one forward at the parent gives the log-probs of
 all its child edges, so a pass costs one forward+backward per internal window node, microbatched
@@ -13,10 +13,9 @@ from typing import Callable, Optional
 
 import torch
 
-from .backends.base import Policy, select_cond
 from .config import OptimConfig
 from .loss import grpo_edge_loss, kl_to_reference
-from .sde import gaussian_logprob, sde_mean_std
+from .policy import Policy, select_cond
 from .tree import TreeBatch
 
 
@@ -93,16 +92,14 @@ def collect_edges(batch: TreeBatch, skip_zero_adv: bool = True, step_weight: str
     return EdgeSet(cat(xs), cat(sig), cat(sig_n), cat(ptree), cat(eparent), cat(xc), cat(lo), cat(ad), cat(wt))
 
 
-def policy_mean(policy: Policy, batch: TreeBatch, x, sigma, sigma_next, tree_idx, noise_level, eta, guidance):
-    """μ_θ and std of the SDE step out of parents ``x`` (P, ...)."""
+def policy_mean(policy: Policy, batch: TreeBatch, x, sigma, sigma_next, tree_idx, guidance):
+    """μ_θ and std of the SDE step out of parents ``x`` (P, ...), with the kernel the batch was sampled with."""
     x0 = policy.denoise(x, sigma, select_cond(batch.cond, tree_idx), guidance)
-    sig1 = batch.sigmas[1] if batch.sigmas.numel() > 1 else None
-    return sde_mean_std(batch.prediction, x, x0, sigma, sigma_next, noise_level=noise_level, eta=eta,
-                        sigma_1_next=sig1)
+    return batch.kernel.mean_std(x, x0, sigma, sigma_next)
 
 
-def backward_edges(policy: Policy, batch: TreeBatch, edges: EdgeSet, cfg: OptimConfig, *, noise_level: float,
-                   eta: float, guidance: float = 1.0, callback: Optional[Callable[[], None]] = None) -> dict:
+def backward_edges(policy: Policy, batch: TreeBatch, edges: EdgeSet, cfg: OptimConfig, *, guidance: float = 1.0,
+                   callback: Optional[Callable[[], None]] = None) -> dict:
     """Accumulate ∇(loss) into the parameters' ``.grad``: one forward per parent, microbatched.
 
     The loss is ``Σ_edges weight_e·[surrogate_e + β·KL_e] / E``, so microbatches add up to the full-batch
@@ -116,12 +113,11 @@ def backward_edges(policy: Policy, batch: TreeBatch, edges: EdgeSet, cfg: OptimC
         p1 = min(p0 + cfg.microbatch, edges.n_parents)
         e0, e1 = int(bounds[p0]), int(bounds[p1])
         sl = slice(p0, p1)
-        args = (edges.x_parent[sl], edges.sigma[sl], edges.sigma_next[sl], edges.parent_tree[sl], noise_level, eta,
-                guidance)
+        args = (edges.x_parent[sl], edges.sigma[sl], edges.sigma_next[sl], edges.parent_tree[sl], guidance)
         mean, std = policy_mean(policy, batch, *args)
         out["forwards"] += p1 - p0
         local = edges.edge_parent[e0:e1] - p0
-        logp = gaussian_logprob(edges.x_child[e0:e1], mean[local], std[local], batch.reduction)
+        logp = batch.kernel.logprob(edges.x_child[e0:e1], mean[local], std[local])
         per_edge, ratio = grpo_edge_loss(logp, edges.logp_old[e0:e1], edges.adv[e0:e1], cfg.clip_range)
         wt = edges.weight[e0:e1]
         loss = (wt * per_edge).sum() / edges.n_edges
@@ -166,7 +162,7 @@ def lr_factor(iteration: int, total: int, warmup: int = 0, schedule: str = "cons
 
 
 def grpo_update(policy: Policy, batch: TreeBatch, optimizer: torch.optim.Optimizer, cfg: OptimConfig, *,
-                noise_level: float, eta: float, guidance: float = 1.0,
+                guidance: float = 1.0,
                 params: Optional[list[torch.nn.Parameter]] = None,
                 callback: Optional[Callable[[], None]] = None, all_reduce: Optional[Callable] = None,
                 edges: Optional[EdgeSet] = None) -> dict:
@@ -180,8 +176,7 @@ def grpo_update(policy: Policy, batch: TreeBatch, optimizer: torch.optim.Optimiz
     stats = {"edges": edges.n_edges, "parents": edges.n_parents, "grad_norm": 0.0}
     for _ in range(cfg.updates_per_batch):
         optimizer.zero_grad(set_to_none=False)
-        stats.update(backward_edges(policy, batch, edges, cfg, noise_level=noise_level, eta=eta,
-                                    guidance=guidance, callback=callback))
+        stats.update(backward_edges(policy, batch, edges, cfg, guidance=guidance, callback=callback))
         if all_reduce is not None:  # weighted by edge counts: the same gradient as one process over all trees
             all_reduce(params, edges.n_edges)
         if edges.n_edges == 0 and all_reduce is None:

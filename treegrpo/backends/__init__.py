@@ -1,11 +1,12 @@
-"""Policy adapters. ``load_policy(cfg)`` builds the one a TrainConfig asks for."""
+"""Policy adapters for the CLI: the embedded demo model and diffusers pipelines. ``load_policy(cfg)`` builds the
+one a TrainConfig asks for. (ComfyUI models have their own adapter in ``treegrpo.comfyui``.)"""
 from __future__ import annotations
 
 import os
 
 import torch
 
-from .base import Policy, select_cond  # noqa: F401
+from ..policy import Policy
 
 
 def resolve_device(name: str) -> torch.device:
@@ -22,8 +23,9 @@ def load_policy(cfg, device=None) -> tuple[Policy, str]:
     ``device`` overrides ``cfg.device`` (data-parallel ranks get their own GPU)."""
     device = torch.device(device) if device is not None else resolve_device(cfg.device)
     if cfg.backend == "demo":
+        from ..demo import BASE_MODEL_NAME
         from .demo import DemoPolicy
-        return DemoPolicy.load(cfg.model, device=device), "treegrpo-demo-shapes16"
+        return DemoPolicy.load(cfg.model, device=device), BASE_MODEL_NAME
     if cfg.backend == "diffusers":
         from .diffusers import DiffusersPolicy
         policy = DiffusersPolicy.load(cfg.model, cfg.pipeline, device=device, guidance_hint=cfg.cfg)

@@ -13,11 +13,12 @@ import torch
 from torch import nn
 
 from ..demo.model import NULL_TOKEN, flow_sigmas, load_demo_model, tokenize
-from .base import Prediction, peft_adapters_disabled
+from ..lora import peft_adapters_disabled
+from ..policy import Policy, Prediction
 
 
-class DemoPolicy:
-    """The demo model behind the ``Policy`` protocol (``treegrpo.backends.base``).
+class DemoPolicy(Policy):
+    """The demo model behind the ``Policy`` protocol (``treegrpo.policy``).
 
     ``DemoPolicy()`` loads the shipped weights; pass ``model`` to wrap an existing ``DemoDiT``.
     ``shift`` maps the schedule ``σ' = shift·σ / (1 + (shift − 1)·σ)`` (1.0: plain linspace).

@@ -6,7 +6,7 @@ checkpoint with ``pipeline.config`` pointing at a local diffusers folder that su
 components the file lacks. Text encoders and VAE are frozen; LoRA (PEFT) goes on the UNet/transformer,
 which is ``policy.model``.
 
-Conventions (``treegrpo.backends.base``): latents are the VAE's raw latents (C, H, W) — packed for Flux
+Conventions (``treegrpo.policy``): latents are the VAE's raw latents (C, H, W) — packed for Flux
 only inside :meth:`denoise`. Epsilon models work in k-diffusion sigma space ``x = x0 + σ·ε`` with
 ``σ_t = √((1 − ᾱ_t)/ᾱ_t)``; the UNet sees ``x/√(σ²+1)`` at the (fractional) timestep of ``σ``.
 """
@@ -25,8 +25,8 @@ from torch import nn
 
 from ..config import PipelineConfig
 from ..io import atomic_write
-from ..lora import LoraWeights, to_peft
-from .base import Prediction, peft_adapters_disabled
+from ..lora import LoraWeights, peft_adapters_disabled, to_peft
+from ..policy import Policy, Prediction
 
 # family -> (pipeline class, denoiser attribute, ComfyUI LoRA key prefix)
 FAMILIES = {
@@ -108,7 +108,7 @@ def load_pipeline(path: str, pcfg: PipelineConfig, device: torch.device):
     return pipe, family
 
 
-class DiffusersPolicy:
+class DiffusersPolicy(Policy):
     """A diffusers pipeline behind the ``Policy`` protocol (see module docstring)."""
 
     def __init__(self, pipe, family: str, pcfg: Optional[PipelineConfig] = None,

@@ -1,4 +1,4 @@
-"""Procedural coloured shapes: the data of the embedded demo (DESIGN §5).
+"""Procedural coloured shapes: the data of the embedded demo (docs/design.md §5).
 
 Every image is one anti-aliased shape of a fixed colour on a plain dark-grey background, at a
 random position and size. Its prompt names the colour and the shape: ``"a red circle"``.

@@ -20,6 +20,7 @@ from torch import nn
 
 from ..config import LoraConfig
 from ..lora import LoraWeights
+from ..policy import Policy
 
 #: Linear-module name suffixes that get LoRA by default, per ComfyUI architecture.
 DEFAULT_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "qkv", "proj", "img_attn.qkv", "img_attn.proj",
@@ -88,6 +89,12 @@ class ComfyLoRA(nn.Module):
         for n in self.names:
             model_patcher.add_object_patch(f"diffusion_model.{n}.forward", self.forward_patch(mods[n], n))
 
+    def named_lora_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """``(<module>.down | <module>.up, parameter)`` in ``parameters()`` order: the backend-neutral names
+        checkpoints use (the same as :class:`treegrpo.lora.PeftLoRA`'s)."""
+        keys = {self._key(n): n for n in self.names}
+        return [(f"{keys[k]}.{kind}", p) for kind, d in (("down", self.down), ("up", self.up)) for k, p in d.items()]
+
     def weights(self) -> LoraWeights:
         down = {n: self.down[self._key(n)].detach().float().cpu().clone() for n in self.names}
         up = {n: self.up[self._key(n)].detach().float().cpu().clone() for n in self.names}
@@ -130,7 +137,7 @@ def make_trainable_tensors(module: nn.Module) -> int:
 
 
 #: ComfyUI diffusion-model modules whose blocks add residuals in place (``img += …``): autograd either
-#: refuses them or, under ComfyUI's checkpointing, gets wrong gradients (DESIGN §3).
+#: refuses them or, under ComfyUI's checkpointing, gets wrong gradients (docs/design.md §3).
 INPLACE_RESIDUAL_MODULES = ("comfy.ldm.flux.", "comfy.ldm.chroma.", "comfy.ldm.hunyuan_video.", "comfy.ldm.qwen_image.")
 
 
@@ -207,7 +214,7 @@ def _prediction(model) -> str:
                      "supports epsilon/v-prediction (SD1.x, SD2.x, SDXL) and flow (SD3.x, Flux) models")
 
 
-class ComfyPolicy:
+class ComfyPolicy(Policy):
     """A ComfyUI ``ModelPatcher`` (+ VAE, + per-prompt conditionings) behind the Policy protocol.
 
     ``conds``: one ``(positive, negative)`` CONDITIONING pair per prompt in ``prompts``.

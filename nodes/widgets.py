@@ -1,0 +1,46 @@
+"""Widgets whose defaults come from the config dataclasses (``treegrpo.config``), so that a node, the CLI and a
+config file start from the same values. ``CONFIG_WIDGETS`` names the field behind each such widget; the test
+``tests/test_layout.py`` checks every node's widget defaults against it."""
+from __future__ import annotations
+
+import dataclasses
+
+from comfy_api.latest import io
+
+from treegrpo.config import AdvantageConfig, LoraConfig, OptimConfig, TrainConfig, TreeConfig
+
+#: widget name → (config dataclass, field)
+CONFIG_WIDGETS = {
+    "steps": (TreeConfig, "steps"), "window_start": (TreeConfig, "window_start"),
+    "window_width": (TreeConfig, "window_width"), "branch": (TreeConfig, "branch"),
+    "noise_level": (TreeConfig, "noise_level"), "window_schedule": (TreeConfig, "window_schedule"),
+    "antithetic": (TreeConfig, "antithetic"),
+    "backup": (AdvantageConfig, "backup"), "temperature": (AdvantageConfig, "temperature"),
+    "adv_clip": (AdvantageConfig, "adv_clip"), "flat_floor": (AdvantageConfig, "flat_floor"),
+    "edge_baseline": (AdvantageConfig, "edge_baseline"),
+    "lora_rank": (LoraConfig, "rank"), "lora_alpha": (LoraConfig, "alpha"),
+    "learning_rate": (OptimConfig, "lr"), "clip_range": (OptimConfig, "clip_range"),
+    "kl_beta": (OptimConfig, "kl_beta"),
+    "seed": (TrainConfig, "seed"), "cfg": (TrainConfig, "cfg"), "negative": (TrainConfig, "negative_prompt"),
+    "iterations": (TrainConfig, "iterations"), "prompts_per_iteration": (TrainConfig, "prompts_per_iter"),
+    "eval_every": (TrainConfig, "eval_every"), "run_name": (TrainConfig, "run_name"),
+}
+
+
+def config_default(widget: str):
+    """The default of the config field behind ``widget`` (``antithetic``: its value for the tree method)."""
+    klass, name = CONFIG_WIDGETS[widget]
+    if (klass, name) == (TreeConfig, "antithetic"):
+        return TreeConfig().mirrored
+    f = klass.__dataclass_fields__[name]
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+
+
+def config_help(widget: str) -> str:
+    klass, name = CONFIG_WIDGETS[widget]
+    return klass.__dataclass_fields__[name].metadata.get("help", "")
+
+
+def widget(kind, name: str, tooltip: str = "", **kw):
+    """``kind.Input(name, default=<config default>, tooltip=<tooltip or the field's help>, **kw)``."""
+    return kind.Input(name, default=config_default(name), tooltip=tooltip or config_help(name), **kw)

@@ -1,0 +1,82 @@
+"""One checkpoint format: a run started by ComfyUI's Train node resumes from the CLI and the other way round (the
+demo model exists on both sides: PEFT layers on the CLI, ComfyUI's activation-space LoRA in the node)."""
+import json
+from pathlib import Path
+
+import torch
+
+import behaviour_fixture as bf
+from treegrpo import checkpoint as ckpt
+from treegrpo import cli
+from treegrpo.config import TrainConfig
+from treegrpo.lora import from_state_dict, read_lora_file
+
+PROMPTS = ["a red circle", "a blue square", "a green triangle"]
+
+
+def cli_config(folder: Path, run_name: str, iterations: int) -> TrainConfig:
+    """The Train node's settings (behaviour_fixture.train_node_graph) as a CLI config on the demo backend; the
+    node's LoRA targets on the demo model are the attention's q/k/v projections."""
+    d = cli.demo_config_dict()
+    d.update(prompts=PROMPTS, output_dir=str(folder), eval_every=0, checkpoint_every=1, run_name=run_name,
+             iterations=iterations, prompts_per_iter=2, seed=0,
+             tree=dict(steps=6, window_start=1, window_width=2, branch=2, noise_level=0.7, window_schedule="fixed",
+                       antithetic=True),
+             lora=dict(rank=4, alpha=4.0, targets=["to_q", "to_k", "to_v"]), optim=dict(lr=1e-2))
+    return TrainConfig.from_dict(d)
+
+
+def node_graph(run_name: str, iterations: int) -> dict:
+    g = bf.train_node_graph(run_name, iterations)
+    g["train"]["inputs"]["prompts"] = "\n".join(PROMPTS)
+    return g
+
+
+def lora_of(path) -> dict:
+    w = from_state_dict(*read_lora_file(str(path)))
+    return {**{f"{n}.down": t for n, t in w.down.items()}, **{f"{n}.up": t for n, t in w.up.items()}}
+
+
+def last_checkpoint(folder: Path, run_name: str) -> dict:
+    return torch.load(ckpt.checkpoint_paths(str(folder), run_name)[-1], weights_only=True)
+
+
+def adam_steps(state: dict) -> set:
+    return {int(s["step"]) for s in state["optimizer"]["state"].values()}
+
+
+def test_a_train_node_run_resumes_from_the_cli_and_back(comfyui_pack):
+    run = "moves_between_frontends"
+    folder = Path(comfyui_pack.base_dir) / "output" / "treegrpo" / run
+    comfyui_pack.execute(node_graph(run, 1))                       # ComfyUI: iteration 0
+    after_node = last_checkpoint(folder, run)
+    assert after_node["iteration"] == 1 and after_node["base_model"] == "treegrpo-demo-shapes16"
+
+    tr, summary = cli.run_training(cli_config(folder, run, 2), resume=True, progress=False)   # CLI: iteration 1
+    assert tr.iteration == 2 and [h["iteration"] for h in tr.history] == [0, 1]
+    after_cli = last_checkpoint(folder, run)
+    assert adam_steps(after_cli) == {2}                            # the optimiser state came along
+    moved = [n for n in after_node["lora"] if not torch.equal(after_node["lora"][n], after_cli["lora"][n])]
+    assert moved, "the CLI did not train the resumed LoRA"
+
+    r = comfyui_pack.execute(node_graph(run, 3))                   # ComfyUI again: iteration 2
+    log = json.load(open(folder / "log.json"))
+    assert [h["iteration"] for h in log["train"]] == [0, 1, 2]
+    final = last_checkpoint(folder, run)
+    assert final["iteration"] == 3 and adam_steps(final) == {3}
+    saved = lora_of(r.outputs["save"]["text"][0].split("saved ", 1)[1])
+    assert set(saved) == set(final["lora"]) and all(torch.equal(saved[k], final["lora"][k]) for k in saved)
+
+
+def test_the_node_resumes_the_clis_lora_bit_for_bit(comfyui_pack):
+    """CLI → ComfyUI: a Train node asked for no more iterations than the CLI ran loads the checkpoint and
+    returns its LoRA, every tensor equal to the CLI's own LoRA file."""
+    run = "cli_then_node"
+    folder = Path(comfyui_pack.base_dir) / "output" / "treegrpo" / run
+    _, summary = cli.run_training(cli_config(folder, run, 2), progress=False)
+    r = comfyui_pack.execute(node_graph(run, 2))
+    from_node = lora_of(r.outputs["save"]["text"][0].split("saved ", 1)[1])
+    from_cli = lora_of(summary["lora"])
+    assert set(from_node) == set(from_cli)
+    assert all(torch.equal(from_node[k], from_cli[k]) for k in from_cli)
+    assert json.load(open(folder / "log.json"))["train"][-1]["iteration"] == 1

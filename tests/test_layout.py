@@ -1,0 +1,116 @@
+"""The project's structure: the core never imports its adapters, the CLI, the nodes or ComfyUI; node widgets
+start from the config dataclasses' defaults."""
+import ast
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+import comfy_harness as ch
+from treegrpo.config import AdvantageConfig, LoraConfig, OptimConfig, TrainConfig, TreeConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = ROOT / "treegrpo"
+COMFY_TOP = {"comfy", "comfy_api", "comfy_extras", "comfy_execution", "folder_paths", "nodes", "server",
+             "execution", "node_helpers", "latent_preview"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module ``path`` imports, anywhere in the file (lazy imports in functions included), absolute."""
+    mod = module_name(path)
+    package = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+                out.add(target)
+                if not node.module:  # from . import x
+                    out.update(f"{target}.{a.name}" for a in node.names)
+            else:
+                out.add(node.module)
+    return out
+
+
+def layer(mod: str) -> str:
+    if mod == "treegrpo.cli":
+        return "cli"
+    if mod.startswith("treegrpo.backends"):
+        return "backends"
+    if mod.startswith("treegrpo.comfyui"):
+        return "comfyui"
+    if mod.startswith("nodes") or mod.split(".")[0] in COMFY_TOP:
+        return "comfy"
+    return "core" if mod.startswith("treegrpo") else "external"
+
+
+#: what each layer of this package may import (besides the core and external libraries)
+ALLOWED = {"core": set(), "backends": set(), "comfyui": {"comfy"}, "cli": {"backends"}}
+
+
+@pytest.mark.parametrize("path", sorted(PKG.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_layering(path):
+    """The core (maths, tree, trainer, rewards, LoRA, policy protocol) imports no adapter, no CLI, no node and
+    nothing of ComfyUI; the CLI backends import no ComfyUI; only ``treegrpo.comfyui`` imports ComfyUI."""
+    me = layer(module_name(path))
+    bad = sorted(m for m in imports_of(path)
+                 if layer(m) not in ("core", "external", me) and layer(m) not in ALLOWED[me])
+    assert not bad, f"{module_name(path)} ({me}) imports {bad}"
+
+
+def test_layering_check_catches_an_upward_import(tmp_path, monkeypatch):
+    fake = PKG / "tree.py"
+    src = fake.read_text(encoding="utf-8") + "\nfrom .comfyui import session\n"
+    monkeypatch.setattr(Path, "read_text", lambda self, encoding=None: src if self == fake else
+                        Path.read_bytes(self).decode(encoding or "utf-8"))
+    with pytest.raises(AssertionError, match="treegrpo.comfyui"):
+        test_layering(fake)
+
+
+#: widgets that set something the config dataclasses do not have (node inputs, not run settings)
+NODE_ONLY = {"prompts", "width", "height", "scheduler", "trees_per_latent", "prompt", "weight", "weight_2",
+             "reward", "file", "filename_prefix", "gradient_checkpointing", "text"}
+
+
+def field_default(klass, name):
+    if (klass, name) == (TreeConfig, "antithetic"):
+        return TreeConfig().mirrored     # None = auto: on for trees, what the tree nodes show
+    f = {f.name: f for f in dataclasses.fields(klass)}[name]
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+
+
+def test_every_widget_default_is_its_config_fields(comfyui_pack):
+    import sys
+
+    # the pack's nodes/widgets.py, as ComfyUI imported it (under the pack's module name: ComfyUI owns `nodes`)
+    widgets = next(m for m in list(sys.modules.values())
+                   if str(getattr(m, "__file__", "") or "").endswith(str(Path("nodes", "widgets.py")))
+                   and Path(m.__file__).resolve().parent.parent == ROOT)
+    CONFIG_WIDGETS = widgets.CONFIG_WIDGETS
+
+    checked = 0
+    for node_id, cls in comfyui_pack.node_classes().items():
+        if not node_id.startswith("TreeGRPO") or node_id.startswith("TreeGRPOTest"):
+            continue
+        for name, _typ, opts in ch._input_specs(cls):
+            if "default" not in opts:
+                continue
+            if name in NODE_ONLY:
+                continue
+            assert name in CONFIG_WIDGETS, f"{node_id}.{name}: a widget with a default but no config field " \
+                                           "(map it in nodes/widgets.py, or list it in NODE_ONLY here)"
+            klass, field = CONFIG_WIDGETS[name]
+            assert klass in (TreeConfig, AdvantageConfig, LoraConfig, OptimConfig, TrainConfig)
+            assert opts["default"] == field_default(klass, field), \
+                f"{node_id}.{name} = {opts['default']!r}, but {klass.__name__}.{field} = {field_default(klass, field)!r}"
+            checked += 1
+    assert checked >= 25

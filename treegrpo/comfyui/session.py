@@ -1,0 +1,243 @@
+"""What training inside ComfyUI adds to :class:`treegrpo.trainer.Trainer`: model management, ComfyUI's progress
+bar and interrupt, and runs that outlive one queued prompt. The iteration itself is the Trainer's phases:
+
+- :class:`RunState` — a named run (one Trainer: LoRA, optimiser, iteration, history) that the step nodes share
+  between queued prompts; it checkpoints to ``<output>/treegrpo/<run_name>/`` in the Trainer's format.
+- :func:`sample_tree` — phase 1 (``Trainer.sample``) through ComfyUI's denoiser path (the TREE socket).
+- :func:`backup_tree` — phase 3 (``Trainer.assign``) on rewards scored by the Reward Scorer nodes.
+- :func:`train_step` — phase 4 (``Trainer.update`` + ``Trainer.record``), then checkpoint and LoRA file.
+- :func:`train_full` — the Train node: ``Trainer.train`` on a ComfyUI model.
+
+Imported only inside ComfyUI (it imports ``comfy`` lazily).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+from ..config import AdvantageConfig, LoraConfig, OptimConfig, TrainConfig, TreeConfig, check_run_name
+from ..trainer import Trainer
+from ..tree import TreeBatch
+from .policy import DEFAULT_TARGETS, ComfyPolicy
+
+
+def comfy_progress(total: int) -> Callable[[], None]:
+    """A step callback: advances ComfyUI's ProgressBar and raises on user interrupt."""
+    import comfy.model_management
+    import comfy.utils
+
+    bar = comfy.utils.ProgressBar(max(1, total))
+
+    def step():
+        bar.update(1)
+        comfy.model_management.throw_exception_if_processing_interrupted()
+
+    return step
+
+
+def run_folder(run_name: str) -> str:
+    """``<ComfyUI output>/treegrpo/<run_name>``: the run's checkpoints, logs and LoRA file."""
+    import os
+
+    import folder_paths
+
+    return os.path.join(folder_paths.get_output_directory(), "treegrpo", check_run_name(run_name))
+
+
+def model_name(model) -> str:
+    """A stable description of a ComfyUI model (architecture + parameter count), stored in LoRA metadata; the
+    embedded demo model has the CLI's name for it, so its runs resume on either side."""
+    from ..demo import BASE_MODEL_NAME
+    from .demo import ComfyDemoDiT
+
+    dm = model.model.diffusion_model
+    if isinstance(dm, ComfyDemoDiT):
+        return BASE_MODEL_NAME
+    return f"{type(model.model).__name__}/{type(dm).__name__}/{sum(p.numel() for p in dm.parameters())}"
+
+
+class ManagedReward:
+    """A reward model scored inside ComfyUI's memory management: before each call ComfyUI frees room on
+    its torch device (unloading other models if needed) and the reward's weights move there; afterwards they
+    go back to the CPU, so the policy keeps the VRAM between scorings. Rewards without weights pass through."""
+
+    def __init__(self, reward):
+        self.reward = reward
+        self.name = getattr(reward, "name", type(reward).__name__)
+
+    def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        if not (hasattr(self.reward, "load") and hasattr(self.reward, "offload")):
+            return self.reward(images, prompts)
+        import comfy.model_management as mm
+
+        device = mm.get_torch_device()
+        size = self.reward.model_size() if hasattr(self.reward, "model_size") else 0
+        mm.free_memory(int(size * 1.3), device)
+        self.reward.load(device)
+        try:
+            return self.reward(images, prompts)
+        finally:
+            self.reward.offload()
+            mm.soft_empty_cache()
+
+
+@dataclass
+class TreeResult:
+    """The TREE socket: sampled trees, the trainer that sampled them (a run's, or a throwaway one without a
+    run), and (after backup) the advantage statistics."""
+
+    batch: TreeBatch
+    trainer: Trainer
+    prompt: str
+    run: Optional["RunState"] = None
+    adv_stats: dict = field(default_factory=dict)
+
+    @property
+    def policy(self) -> ComfyPolicy:
+        return self.trainer.policy
+
+    @property
+    def leaf_latents(self) -> torch.Tensor:
+        """Leaves in the model's raw latent space (what VAEDecode expects)."""
+        return self.policy.patcher.model.process_latent_out(self.batch.leaves.float())
+
+
+class RunState:
+    """A named run of the step nodes: settings from the Trainer State node, and the run's Trainer, created when
+    the first Tree Sampler attaches a model (resuming the run's checkpoint when one exists)."""
+
+    _registry: dict[str, "RunState"] = {}
+
+    def __init__(self, run_name: str, lora_cfg: LoraConfig, optim_cfg: OptimConfig, seed: int = 0,
+                 gradient_checkpointing: bool = False):
+        self.run_name, self.folder = run_name, run_folder(run_name)
+        self.lora_cfg, self.optim_cfg, self.seed = lora_cfg, optim_cfg, seed
+        self.gradient_checkpointing = gradient_checkpointing
+        self.trainer: Optional[Trainer] = None
+
+    @classmethod
+    def get(cls, run_name: str, lora_cfg: LoraConfig, optim_cfg: OptimConfig, seed: int = 0,
+            gradient_checkpointing: bool = False) -> "RunState":
+        """The live run of this name (optimiser settings updated), or a new one (resumed from disk when saved)."""
+        st = cls._registry.get(run_name)
+        if st is None or st.folder != run_folder(run_name) or st.lora_cfg != lora_cfg:
+            st = cls(run_name, lora_cfg, optim_cfg, seed, gradient_checkpointing)
+            cls._registry[run_name] = st
+        st.optim_cfg, st.gradient_checkpointing = optim_cfg, gradient_checkpointing
+        return st
+
+    @property
+    def lora(self):
+        return self.trainer.lora if self.trainer is not None else None
+
+    @property
+    def iteration(self) -> int:
+        return self.trainer.iteration if self.trainer is not None else 0
+
+
+def _step_config(run: Optional[RunState], prompt: str, tree_cfg: TreeConfig, seed: int, guidance: float,
+                 trees: int) -> TrainConfig:
+    """The TrainConfig the step nodes' phases run with: one prompt, ``trees`` trees per iteration."""
+    kw = dict(backend="comfy", prompts=[prompt], cfg=guidance, tree=tree_cfg, prompts_per_iter=trees, seed=seed,
+              eval_every=0, checkpoint_every=1)
+    if run is not None:
+        kw.update(lora=run.lora_cfg, optim=run.optim_cfg, output_dir=run.folder, run_name=run.run_name)
+    return TrainConfig(**kw)
+
+
+def sample_tree(model, positive, negative, latent: dict, tree_cfg: TreeConfig, *, seed: int, cfg: float,
+                scheduler: str, trees: int, prompt: str = "", run: Optional[RunState] = None) -> TreeResult:
+    """Sample ``trees`` trees for one conditioning pair: the run's next iteration (``Trainer.sample``, with its
+    current LoRA), or without a run the trees of iteration 0 of ``seed`` with an untrained LoRA."""
+    if cfg > 1.0 and negative is None:
+        raise ValueError("cfg > 1 needs a negative conditioning")
+    text = prompt.strip() or "<prompt>"
+    tc = _step_config(run, text, tree_cfg, seed, cfg, trees)
+    trainer = run.trainer if run is not None else None
+    name = model_name(model)
+    if trainer is not None and trainer.base_model_name != name:
+        raise ValueError(f"run {run.run_name!r} trains a LoRA for {trainer.base_model_name}, but the sampler got "
+                         f"{name}: use another run name for another base model")
+    with torch.inference_mode(False):
+        policy = ComfyPolicy(model, [text], [(positive, negative)], latent_shape_of(latent, model),
+                             lora=trainer.lora if trainer is not None else None,
+                             lora_cfg=run.lora_cfg if run is not None else tc.lora, scheduler=scheduler,
+                             seed=run.seed if run is not None else seed,
+                             gradient_checkpointing=bool(run and run.gradient_checkpointing))
+        if trainer is None:
+            trainer = Trainer(tc, policy, progress=False, base_model_name=name)
+            if run is not None:
+                run.trainer = trainer
+                trainer.begin(resume=True)
+        else:
+            trainer.rebind(tc, policy)
+        trainer.step_callback = comfy_progress(tree_cfg.steps)
+        batch = trainer.sample()
+    batch.prompts = [prompt] * len(batch.prompts)
+    return TreeResult(batch, trainer, prompt, run)
+
+
+def backup_tree(tree: TreeResult, rewards: dict, adv_cfg: AdvantageConfig) -> TreeResult:
+    """Leaf rewards (``{"rewards": {name: (n,)}, "weights": {name: w}}``) → advantages on every edge
+    (``Trainer.assign`` on a copy of the tree, so the sampler's cached output stays as it was)."""
+    new = dataclasses.replace(tree, batch=dataclasses.replace(tree.batch, stats=dict(tree.batch.stats)))
+    new.adv_stats = tree.trainer.assign(new.batch, dict(rewards["rewards"]), rewards["weights"], adv_cfg)
+    return new
+
+
+def train_step(tree: TreeResult, run: RunState) -> dict:
+    """One GRPO update of the run's LoRA on the tree's edges (``Trainer.update`` + ``record``); saves the
+    checkpoint, the logs and the LoRA file. Returns the iteration's statistics."""
+    if tree.batch.advantages is None:
+        raise ValueError("this TREE has no advantages yet: connect it through the Advantage Backup node")
+    if tree.run is not run or tree.trainer is not run.trainer:
+        raise ValueError("the TREE was sampled without this trainer state: connect the same TreeGRPO Trainer "
+                         "State to the Tree Sampler and to the Trainer Step")
+    tr = run.trainer
+    tr.step_callback = comfy_progress(1 + sum(x.shape[0] for x in tree.batch.latents[:-1]) // tr.cfg.optim.microbatch)
+    with torch.inference_mode(False), torch.enable_grad():
+        upd = tr.update(tree.batch)
+    stats = tr.record(tree.batch, upd)
+    tr.after_iteration(stats)
+    tr.save_lora()
+    return stats
+
+
+def patched_model(model, lora):
+    """A clone of ``model`` with ``lora`` (a ComfyLoRA) applied as object patches (the base stays untouched)."""
+    m = model.clone()
+    lora.patch(m)
+    return m
+
+
+def latent_shape_of(latent: dict, model=None) -> tuple[int, int, int]:
+    """(C, H, W) of a LATENT; empty latents get the model's channel count (as KSampler does)."""
+    s = latent["samples"]
+    if model is not None:
+        import comfy.sample
+        s = comfy.sample.fix_empty_latent_channels(model, s)
+    if s.ndim != 4:
+        raise ValueError(f"TreeGRPO supports image latents (B, C, H, W); got shape {tuple(s.shape)}")
+    return tuple(int(v) for v in s.shape[1:])
+
+
+def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict, cfg: TrainConfig,
+               latent_shape: tuple, *, scheduler: str = "simple", gradient_checkpointing: bool = False) -> Trainer:
+    """The whole TreeGRPO loop on a ComfyUI model (the Train node); resumes the run's latest checkpoint.
+    The ProgressBar advances once per iteration; interrupts are checked at every denoiser/update step
+    and answered with a checkpoint (by the Trainer) before the exception propagates. Returns the Trainer."""
+    import comfy.model_management
+
+    policy = ComfyPolicy(model, prompts, conds, latent_shape, vae=vae, lora_cfg=cfg.lora, scheduler=scheduler,
+                         seed=cfg.seed, gradient_checkpointing=gradient_checkpointing)
+    bar = comfy_progress(cfg.iterations)
+    with torch.inference_mode(False):
+        trainer = Trainer(dataclasses.replace(cfg, output_dir=run_folder(cfg.run_name)), policy, rewards,
+                          progress=False, base_model_name=model_name(model),
+                          step_callback=comfy.model_management.throw_exception_if_processing_interrupted,
+                          iteration_callback=lambda stats: bar())
+        trainer.train(resume=True)
+    return trainer
