@@ -7,10 +7,9 @@ import comfy.samplers
 from comfy_api.latest import io, ui
 
 from treegrpo.comfyui.policy import DEFAULT_TARGETS
-from treegrpo.comfyui.session import RunState, patched_model, train_full, train_step
+from treegrpo.comfyui.session import RunState, patched_model, run_previews, train_full, train_step
 from treegrpo.config import AdvantageConfig, LoraConfig, OptimConfig, TrainConfig
 from treegrpo.lora import LoraDict
-from treegrpo.report import curve_image, image_grid
 
 from .sampling import tree_config, tree_inputs, validate_tree
 from .sockets import CATEGORY, RewardModel, Run, Tree
@@ -152,11 +151,7 @@ class Train(io.ComfyNode):
             raise ValueError(f"width and height must be multiples of the VAE's scale factor {r}")
         trainer = train_full(model, vae, texts, conds, rewards, tc, (c, height // r, width // r),
                              scheduler=scheduler, gradient_checkpointing=bool(gradient_checkpointing))
-        curve_vals = [e["eval_reward"] for e in trainer.evals] or [h["reward"] for h in trainer.history]
-        curve = curve_image(curve_vals)
-        ev = trainer.evaluate(prompts=texts[:8], seeds=2, return_images=True)
-        grid = image_grid(ev["images"], nrow=2, scale=max(1, 128 // max(1, ev["images"].shape[-1])))
-        grid = grid.movedim(0, -1)[None].float()
+        curve, grid = run_previews(trainer, texts)
         lora = LoraDict(trainer.lora_tensors("comfy"), metadata=trainer.metadata())
         out_model = model.clone()
         trainer.lora.patch(out_model)

@@ -80,3 +80,23 @@ def test_the_node_resumes_the_clis_lora_bit_for_bit(comfyui_pack):
     assert set(from_node) == set(from_cli)
     assert all(torch.equal(from_node[k], from_cli[k]) for k in from_cli)
     assert json.load(open(folder / "log.json"))["train"][-1]["iteration"] == 1
+
+
+def test_a_failing_preview_never_loses_the_lora(comfyui_pack, monkeypatch, caplog):
+    """The Train node writes the LoRA before drawing its curve; when the drawing fails (e.g. matplotlib missing)
+    the node still finishes, the run folder holds the LoRA and Save LoRA writes it."""
+    import treegrpo.report
+
+    def broken(*a, **k):
+        raise ModuleNotFoundError("No module named 'matplotlib'")
+
+    monkeypatch.setattr(treegrpo.report, "curve_image", broken)
+    run = "preview_fails"
+    g = node_graph(run, 1)
+    g["curve"] = {"class_type": "PreviewImage", "inputs": {"images": ["train", 2]}}
+    r = comfyui_pack.execute(g)
+    in_run = Path(comfyui_pack.base_dir) / "output" / "treegrpo" / run / f"{run}.safetensors"
+    saved = r.outputs["save"]["text"][0].split("saved ", 1)[1]
+    assert lora_of(in_run).keys() == lora_of(saved).keys() and len(lora_of(in_run)) > 0
+    assert all(torch.equal(lora_of(in_run)[k], lora_of(saved)[k]) for k in lora_of(saved))
+    assert "could not draw the reward curve" in caplog.text and str(in_run) in caplog.text

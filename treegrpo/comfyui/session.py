@@ -240,4 +240,39 @@ def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict
                           step_callback=comfy.model_management.throw_exception_if_processing_interrupted,
                           iteration_callback=lambda stats: bar())
         trainer.train(resume=True)
+    trainer.save_lora()  # before anything optional: a failing preview must never cost the trained LoRA
     return trainer
+
+
+def run_previews(trainer: Trainer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Train node's optional outputs, as ComfyUI IMAGEs (1, H, W, 3): the reward curve and a grid of
+    evaluation samples (2 per prompt, up to 8 prompts). A failure here (a plotting library missing, a reward
+    model erroring) is logged and answered with a blank image: the LoRA is already saved."""
+    import logging
+
+    from comfy.model_management import InterruptProcessingException
+
+    from ..report import curve_image, image_grid
+
+    blank = torch.zeros(1, 64, 64, 3)
+    try:
+        vals = [e["eval_reward"] for e in trainer.evals] or [h["reward"] for h in trainer.history]
+        curve = curve_image(vals)
+    except InterruptProcessingException:
+        raise
+    except Exception as e:  # noqa: BLE001 - optional output
+        logging.warning("TreeGRPO: could not draw the reward curve (%s: %s); the LoRA is saved at %s",
+                        type(e).__name__, e, trainer.lora_path)
+        curve = blank
+    try:
+        with torch.inference_mode(False):
+            ev = trainer.evaluate(prompts=prompts[:8], seeds=2, return_images=True)
+        grid = image_grid(ev["images"], nrow=2, scale=max(1, 128 // max(1, ev["images"].shape[-1])))
+        grid = grid.movedim(0, -1)[None].float()
+    except InterruptProcessingException:
+        raise
+    except Exception as e:  # noqa: BLE001 - optional output
+        logging.warning("TreeGRPO: could not draw the sample grid (%s: %s); the LoRA is saved at %s",
+                        type(e).__name__, e, trainer.lora_path)
+        grid = blank
+    return curve, grid

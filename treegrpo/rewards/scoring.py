@@ -1,4 +1,4 @@
-"""Scoring helpers shared by the CLI and the ComfyUI nodes."""
+"""Scoring a batch of images with one reward model for the ComfyUI Reward Scorer node (chained scorers merge)."""
 from __future__ import annotations
 
 from typing import Optional
