@@ -248,31 +248,31 @@ def run_previews(trainer: Trainer, prompts: list[str]) -> tuple[torch.Tensor, to
     """The Train node's optional outputs, as ComfyUI IMAGEs (1, H, W, 3): the reward curve and a grid of
     evaluation samples (2 per prompt, up to 8 prompts). A failure here (a plotting library missing, a reward
     model erroring) is logged and answered with a blank image: the LoRA is already saved."""
+    from ..report import curve_image, image_grid
+
+    def curve():
+        return curve_image([e["eval_reward"] for e in trainer.evals] or [h["reward"] for h in trainer.history])
+
+    def grid():
+        with torch.inference_mode(False):
+            ev = trainer.evaluate(prompts=prompts[:8], seeds=2, return_images=True)
+        g = image_grid(ev["images"], nrow=2, scale=max(1, 128 // max(1, ev["images"].shape[-1])))
+        return g.movedim(0, -1)[None].float()
+
+    return _optional("reward curve", curve, trainer), _optional("sample grid", grid, trainer)
+
+
+def _optional(what: str, draw: Callable[[], torch.Tensor], trainer: Trainer) -> torch.Tensor:
+    """``draw()``, or a blank 64×64 IMAGE with a logged warning when it fails (interrupts still propagate)."""
     import logging
 
     from comfy.model_management import InterruptProcessingException
 
-    from ..report import curve_image, image_grid
-
-    blank = torch.zeros(1, 64, 64, 3)
     try:
-        vals = [e["eval_reward"] for e in trainer.evals] or [h["reward"] for h in trainer.history]
-        curve = curve_image(vals)
+        return draw()
     except InterruptProcessingException:
         raise
-    except Exception as e:  # noqa: BLE001 - optional output
-        logging.warning("TreeGRPO: could not draw the reward curve (%s: %s); the LoRA is saved at %s",
+    except Exception as e:  # noqa: BLE001 - an optional output must not fail the run
+        logging.warning("TreeGRPO: could not draw the %s (%s: %s); the LoRA is saved at %s", what,
                         type(e).__name__, e, trainer.lora_path)
-        curve = blank
-    try:
-        with torch.inference_mode(False):
-            ev = trainer.evaluate(prompts=prompts[:8], seeds=2, return_images=True)
-        grid = image_grid(ev["images"], nrow=2, scale=max(1, 128 // max(1, ev["images"].shape[-1])))
-        grid = grid.movedim(0, -1)[None].float()
-    except InterruptProcessingException:
-        raise
-    except Exception as e:  # noqa: BLE001 - optional output
-        logging.warning("TreeGRPO: could not draw the sample grid (%s: %s); the LoRA is saved at %s",
-                        type(e).__name__, e, trainer.lora_path)
-        grid = blank
-    return curve, grid
+        return torch.zeros(1, 64, 64, 3)
