@@ -2,14 +2,18 @@
 types to core types, report progress and call one core function each."""
 from __future__ import annotations
 
+import logging
+
 from comfy_api.latest import ComfyExtension, io
 
 from . import advantages, lora, rewards, sampling, training, visualize
+from .sockets import dependency_error
 
 
 class TreeGRPOExtension(ComfyExtension):
-    async def on_load(self) -> None:
-        rewards.register_model_folder()
-
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
+        """Called once when ComfyUI loads the pack (0.3.75 does not call ``on_load``)."""
+        rewards.register_model_folder()
+        if dependency_error():  # the nodes load anyway, and refuse to run with this same message
+            logging.warning(dependency_error())
         return [*sampling.NODES, *rewards.NODES, *advantages.NODES, *training.NODES, *lora.NODES, *visualize.NODES]

@@ -8,11 +8,11 @@ from comfy_api.latest import io
 from treegrpo.comfyui.session import backup_tree
 from treegrpo.config import AdvantageConfig
 
-from .sockets import CATEGORY, Rewards, Tree
+from .sockets import CATEGORY, PackNode, Rewards, Tree
 from .widgets import config_default, widget
 
 
-class AdvantageBackup(io.ComfyNode):
+class AdvantageBackup(PackNode):
     @classmethod
     def define_schema(cls):
         return io.Schema(
@@ -36,6 +36,10 @@ class AdvantageBackup(io.ComfyNode):
             outputs=[Tree.Output(display_name="tree", tooltip="the tree with per-edge advantages, for the Trainer Step"),
                      io.String.Output(display_name="stats", tooltip="advantage statistics (JSON)")],
         )
+
+    @classmethod
+    def validate_inputs(cls, backup=None):
+        return cls.check_choice("backup", backup, ("softmax", "mean"))
 
     @classmethod
     def execute(cls, tree, rewards, backup, temperature, adv_clip, flat_floor, edge_baseline=None):

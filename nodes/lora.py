@@ -8,10 +8,10 @@ from comfy_api.latest import io, ui
 
 from treegrpo.lora import save_lora_file
 
-from .sockets import CATEGORY
+from .sockets import CATEGORY, PackNode
 
 
-class SaveLoRA(io.ComfyNode):
+class SaveLoRA(PackNode):
     @classmethod
     def define_schema(cls):
         return io.Schema(
@@ -27,18 +27,33 @@ class SaveLoRA(io.ComfyNode):
         )
 
     @classmethod
+    def validate_inputs(cls, filename_prefix=None):
+        deps = cls.check_dependencies()
+        if deps is not True or filename_prefix is None:
+            return deps
+        return prefix_error(filename_prefix) or True
+
+    @classmethod
     def execute(cls, lora, filename_prefix):
         path = save_to_loras(lora, filename_prefix)
         return io.NodeOutput(path, ui=ui.PreviewText(f"saved {path}"))
+
+
+def prefix_error(prefix: str):
+    """Why ``prefix`` cannot name a file inside models/loras, or None."""
+    p = prefix.strip().replace("\\", "/").lstrip("/")
+    if not p or ".." in p.split("/"):
+        return f"filename_prefix {prefix!r} must be a relative name inside models/loras"
+    return None
 
 
 def save_to_loras(lora: dict, prefix: str) -> str:
     if not lora:
         raise ValueError("empty LoRA: nothing to save")
     root = folder_paths.get_folder_paths("loras")[0]
+    if prefix_error(prefix):
+        raise ValueError(prefix_error(prefix))
     prefix = prefix.strip().replace("\\", "/").lstrip("/")
-    if not prefix or ".." in prefix.split("/"):
-        raise ValueError(f"filename_prefix {prefix!r} must be a relative name inside models/loras")
     folder = os.path.join(root, os.path.dirname(prefix))
     os.makedirs(folder, exist_ok=True)
     base = os.path.basename(prefix)

@@ -10,7 +10,7 @@ from treegrpo.comfyui.session import ManagedReward
 from treegrpo.rewards.base import available, load_reward
 from treegrpo.rewards.scoring import score_images
 
-from .sockets import CATEGORY, RewardModel, Rewards
+from .sockets import CATEGORY, PackNode, RewardModel, Rewards
 
 FOLDER = "reward_models"
 NO_FILE = "(none: built-in weights or none needed)"
@@ -27,7 +27,7 @@ def reward_files() -> list[str]:
     return [NO_FILE] + folder_paths.get_filename_list(FOLDER)
 
 
-class RewardModelLoader(io.ComfyNode):
+class RewardModelLoader(PackNode):
     @classmethod
     def define_schema(cls):
         return io.Schema(
@@ -44,12 +44,16 @@ class RewardModelLoader(io.ComfyNode):
         )
 
     @classmethod
+    def validate_inputs(cls, reward=None):
+        return cls.check_choice("reward", reward, available())
+
+    @classmethod
     def execute(cls, reward, file):
         path = None if file == NO_FILE else folder_paths.get_full_path_or_raise(FOLDER, file)
         return io.NodeOutput({"name": reward, "model": ManagedReward(load_reward(reward, path=path))})
 
 
-class RewardScorer(io.ComfyNode):
+class RewardScorer(PackNode):
     @classmethod
     def define_schema(cls):
         return io.Schema(
@@ -68,6 +72,10 @@ class RewardScorer(io.ComfyNode):
             outputs=[Rewards.Output(display_name="rewards",
                                      tooltip="per-leaf rewards (this one and the chained ones), for Advantage Backup")],
         )
+
+    @classmethod
+    def validate_inputs(cls, prompt=None):
+        return cls.check_dependencies()
 
     @classmethod
     def execute(cls, images, reward_model, prompt, weight, rewards=None):

@@ -8,7 +8,7 @@ from treegrpo.comfyui.demo import load_demo_comfy
 from treegrpo.comfyui.session import sample_tree
 from treegrpo.config import ConfigError, TreeConfig
 
-from .sockets import CATEGORY, Run, Tree
+from .sockets import CATEGORY, PackNode, Run, Tree
 from .widgets import widget
 
 
@@ -59,7 +59,7 @@ def validate_tree(steps=None, window_start=None, window_width=None, branch=None)
     return True
 
 
-class TreeSampler(io.ComfyNode):
+class TreeSampler(PackNode):
     @classmethod
     def define_schema(cls):
         return io.Schema(
@@ -90,7 +90,8 @@ class TreeSampler(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, steps=None, window_start=None, window_width=None, branch=None):
-        return validate_tree(steps, window_start, window_width, branch)
+        deps = cls.check_dependencies()
+        return deps if deps is not True else validate_tree(steps, window_start, window_width, branch)
 
     @classmethod
     def execute(cls, model, positive, negative, latent, seed, cfg, scheduler, steps, window_start, window_width,
@@ -102,7 +103,7 @@ class TreeSampler(io.ComfyNode):
         return io.NodeOutput(tree, {"samples": tree.leaf_latents.cpu()})
 
 
-class LoadDemoModel(io.ComfyNode):
+class LoadDemoModel(PackNode):
     @classmethod
     def define_schema(cls):
         return io.Schema(

@@ -8,11 +8,11 @@ from comfy_api.latest import io, ui
 
 from treegrpo.comfyui.policy import DEFAULT_TARGETS
 from treegrpo.comfyui.session import RunState, patched_model, run_previews, train_full, train_step
-from treegrpo.config import AdvantageConfig, LoraConfig, OptimConfig, TrainConfig
+from treegrpo.config import AdvantageConfig, ConfigError, LoraConfig, OptimConfig, TrainConfig, check_run_name
 from treegrpo.lora import LoraDict
 
 from .sampling import tree_config, tree_inputs, validate_tree
-from .sockets import CATEGORY, RewardModel, Run, Tree
+from .sockets import CATEGORY, PackNode, RewardModel, Run, Tree
 from .widgets import widget
 
 
@@ -24,7 +24,7 @@ def lora_inputs():
     ]
 
 
-class TrainerState(io.ComfyNode):
+class TrainerState(PackNode):
     @classmethod
     def define_schema(cls):
         return io.Schema(
@@ -44,6 +44,17 @@ class TrainerState(io.ComfyNode):
         )
 
     @classmethod
+    def validate_inputs(cls, run_name=None):
+        deps = cls.check_dependencies()
+        if deps is not True or run_name is None:
+            return deps
+        try:
+            check_run_name(run_name)
+        except ConfigError as e:
+            return str(e)
+        return True
+
+    @classmethod
     def execute(cls, run_name, lora_rank, lora_alpha, learning_rate, clip_range, kl_beta, seed,
                 gradient_checkpointing=False):
         return io.NodeOutput(RunState.get(run_name, LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=DEFAULT_TARGETS),
@@ -51,7 +62,7 @@ class TrainerState(io.ComfyNode):
                                           bool(gradient_checkpointing)))
 
 
-class TrainerStep(io.ComfyNode):
+class TrainerStep(PackNode):
     @classmethod
     def define_schema(cls):
         return io.Schema(
@@ -78,7 +89,7 @@ class TrainerStep(io.ComfyNode):
         return io.NodeOutput(patched_model(model, run.lora), lora, text, ui=ui.PreviewText(text))
 
 
-class Train(io.ComfyNode):
+class Train(PackNode):
     @classmethod
     def define_schema(cls):
         return io.Schema(
@@ -122,7 +133,8 @@ class Train(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, steps=None, window_start=None, window_width=None, branch=None):
-        return validate_tree(steps, window_start, window_width, branch)
+        deps = cls.check_dependencies()
+        return deps if deps is not True else validate_tree(steps, window_start, window_width, branch)
 
     @classmethod
     def execute(cls, model, clip, vae, prompts, negative, reward_model, weight_2, width, height, cfg, scheduler,

@@ -5,10 +5,10 @@ from comfy_api.latest import io, ui
 
 from treegrpo.report import tree_preview
 
-from .sockets import CATEGORY, Rewards, Tree
+from .sockets import CATEGORY, PackNode, Rewards, Tree
 
 
-class TreePreview(io.ComfyNode):
+class TreePreview(PackNode):
     @classmethod
     def define_schema(cls):
         return io.Schema(

@@ -40,3 +40,58 @@ def test_cli_help_lists_commands_and_generated_flags():
     r = subprocess.run([sys.executable, "-m", "treegrpo.cli", "--help"], capture_output=True, text=True)
     for cmd in ("demo", "train", "sample", "export", "rewards", "config"):
         assert cmd in r.stdout
+
+
+def requirement_lines(path: Path) -> list[str]:
+    return [ln.split(" #", 1)[0].strip() for ln in path.read_text().splitlines()
+            if ln.strip() and not ln.lstrip().startswith("#")]
+
+
+def test_requirements_txt_is_pyprojects_dependency_list():
+    """ComfyUI-Manager and `comfy node install` read requirements.txt; pip install -e reads pyproject.toml."""
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert requirement_lines(ROOT / "requirements.txt") == deps
+
+
+def test_no_dependency_pins_the_users_setuptools():
+    """The image-reward loader bypasses its package __init__ (which needs openai-clip and pkg_resources), so the
+    pack neither pins setuptools nor installs openai-clip into ComfyUI's python."""
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    names = [d.split(";")[0].split("=")[0].split("<")[0].split(">")[0].strip().lower()
+             for d in data["project"]["dependencies"]]
+    assert "setuptools" not in names and "openai-clip" not in names
+
+
+def test_registry_metadata_is_complete():
+    """What `comfy node publish` reads (comfy-cli's registry config parser): a valid node id and X.Y.Z version,
+    a license file, the repository URL, publisher, display name, icon, a ComfyUI version range, and OS /
+    accelerator classifiers from the registry's lists."""
+    import re
+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    project, comfy = data["project"], data["tool"]["comfy"]
+    assert re.fullmatch(r"[A-Za-z][A-Za-z0-9]*(?:[-_.][A-Za-z0-9]+)*", project["name"]) and len(project["name"]) < 100
+    assert re.fullmatch(r"\d+\.\d+\.\d+", project["version"])
+    assert (ROOT / project["license"]["file"]).is_file()
+    assert "MIT" in (ROOT / project["license"]["file"]).read_text()
+    assert project["urls"]["Repository"].startswith("https://github.com/")
+    assert project["description"]
+    assert comfy["PublisherId"] and comfy["DisplayName"]
+    icon = comfy["Icon"]
+    assert icon.startswith("https://raw.githubusercontent.com/") and icon.endswith(".png")
+    assert (ROOT / icon.split("/main/", 1)[1]).is_file(), "the icon URL must point at a file in this repository"
+    assert re.fullmatch(r"(?:(==|>=|<=|!=|~=|>|<)\s*)?\d+\.\d+\.\d+", comfy["requires-comfyui"])
+    oses = [c for c in project["classifiers"] if c.startswith("Operating System :: ")]
+    assert oses and all(c.split(" :: ")[1] in ("Microsoft", "POSIX", "MacOS", "OS Independent") for c in oses)
+    accel = [c for c in project["classifiers"] if c.startswith("Environment :: ")]
+    assert accel and all(c in ("Environment :: GPU :: NVIDIA CUDA", "Environment :: GPU :: AMD ROCm",
+                               "Environment :: GPU :: Intel Arc", "Environment :: NPU :: Huawei Ascend",
+                               "Environment :: GPU :: Apple Metal") for c in accel)
+
+
+def test_the_dependency_check_covers_exactly_the_requirements():
+    from treegrpo.deps import REQUIRED
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {d.split(";")[0].split("=")[0].split("<")[0].split(">")[0].strip().lower() for d in deps}
+    assert set(REQUIRED.values()) == names

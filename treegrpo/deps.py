@@ -1,0 +1,47 @@
+"""The Python packages the pack needs (``requirements.txt``), and a check that they can be imported.
+
+ComfyUI-Manager and a plain ``git clone`` do not always install a pack's requirements; the nodes then call this
+to tell the user, at start-up and when a prompt is queued, which packages are missing and the exact command that
+installs them into the Python that runs ComfyUI."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from typing import Optional
+
+#: import name → the distribution in requirements.txt that provides it (tests check it against pyproject.toml)
+REQUIRED = {
+    "torch": "torch", "torchvision": "torchvision", "diffusers": "diffusers", "transformers": "transformers",
+    "peft": "peft", "safetensors": "safetensors", "accelerate": "accelerate", "ImageReward": "image-reward",
+    "open_clip": "open-clip-torch", "numpy": "numpy", "PIL": "pillow", "tqdm": "tqdm", "matplotlib": "matplotlib",
+}
+
+REQUIREMENTS_TXT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "requirements.txt")
+
+
+def missing_packages() -> list[str]:
+    """The distributions (requirements.txt names) whose module cannot be found; cheap (does not import them)."""
+    out = []
+    for module, dist in REQUIRED.items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            out.append(dist)
+    return out
+
+
+def install_command() -> str:
+    """The command that installs the requirements into this Python (ComfyUI's own)."""
+    return f'"{sys.executable}" -m pip install -r "{REQUIREMENTS_TXT}"'
+
+
+def missing_message() -> Optional[str]:
+    """One line naming the missing packages and the install command, or None when nothing is missing."""
+    miss = missing_packages()
+    if not miss:
+        return None
+    return (f"TreeGRPO needs Python packages that are not installed: {', '.join(miss)}. Install them into the "
+            f"Python that runs ComfyUI, then restart ComfyUI: {install_command()}")
