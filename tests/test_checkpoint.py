@@ -100,3 +100,18 @@ def test_a_failing_preview_never_loses_the_lora(comfyui_pack, monkeypatch, caplo
     assert lora_of(in_run).keys() == lora_of(saved).keys() and len(lora_of(in_run)) > 0
     assert all(torch.equal(lora_of(in_run)[k], lora_of(saved)[k]) for k in lora_of(saved))
     assert "could not draw the reward curve" in caplog.text and str(in_run) in caplog.text
+
+
+def test_a_train_node_run_loads_each_model_once(comfyui_pack, caplog):
+    """ComfyUI's "loaded completely" line appears once per model (text encoder, diffusion model, VAE) for a whole
+    Train node run with evaluations, not once per denoiser call or phase."""
+    import logging
+
+    caplog.set_level(logging.INFO)
+    g = node_graph("quiet_log", 4)
+    g["train"]["inputs"]["eval_every"] = 2
+    comfyui_pack.execute(g)
+    loads = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Requested to load")]
+    done = [r.getMessage() for r in caplog.records if r.getMessage().startswith("loaded completely")]
+    assert sorted(loads) == sorted(set(loads)) and len(loads) <= 3, loads
+    assert len(done) == len(loads), (loads, done)

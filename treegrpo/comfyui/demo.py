@@ -60,7 +60,7 @@ class DemoTextEncoder(nn.Module):
     def __init__(self, device=None, dtype=None, model_options={}, **kwargs):  # noqa: B006
         super().__init__()
         self.dtypes = {torch.float32}
-        self.register_buffer("_device_anchor", torch.zeros(1), persistent=False)
+        self.register_buffer("_device_anchor", torch.zeros(1))  # a size > 0: ComfyUI then keeps it loaded
 
     def reset_clip_options(self):
         pass
