@@ -44,6 +44,12 @@ class TrainerState(PackNode):
         )
 
     @classmethod
+    def fingerprint_inputs(cls, run_name=None, **kwargs):
+        """The run's iteration: every queued prompt after a Trainer Step sees a changed run, so ComfyUI re-runs
+        the step nodes downstream instead of answering from its cache (the graph itself may not change)."""
+        return RunState.iteration_of(run_name)
+
+    @classmethod
     def validate_inputs(cls, run_name=None):
         deps = cls.check_dependencies()
         if deps is not True or run_name is None:

@@ -129,6 +129,12 @@ class RunState:
         st.optim_cfg, st.gradient_checkpointing = optim_cfg, gradient_checkpointing
         return st
 
+    @classmethod
+    def iteration_of(cls, run_name: str) -> int:
+        """Iterations done by the live run of this name (-1 when there is none in this process)."""
+        st = cls._registry.get(run_name)
+        return st.iteration if st is not None else -1
+
     @property
     def lora(self):
         return self.trainer.lora if self.trainer is not None else None
