@@ -9,7 +9,7 @@ from treegrpo.comfyui.session import sample_tree
 from treegrpo.config import ConfigError, TreeConfig
 
 from .sockets import CATEGORY, PackNode, Run, Tree
-from .widgets import widget
+from .widgets import config_default, widget
 
 
 def tree_inputs():
@@ -32,11 +32,25 @@ def tree_inputs():
     ]
 
 
+def tail_inputs():
+    """The leaves' ODE tail after the window (optional widgets, last on their nodes so saved workflows keep
+    their widget order)."""
+    return [
+        widget(io.Combo, "tail_solver", "ODE solver after the window: euler (1 call/step), heun (2 calls/step) or "
+               "dpmpp_2m (second order, 1 call/step: as good with fewer steps)", options=["euler", "heun", "dpmpp_2m"],
+               optional=True),
+        widget(io.Int, "tail_steps", "ODE steps after the window (0 = the schedule's remaining steps); the tail is "
+               "most of a tree's model calls, so fewer steps of dpmpp_2m make an iteration much cheaper",
+               min=0, max=200, optional=True),
+    ]
+
+
 def tree_config(steps, window_start, window_width, branch, noise_level, window_schedule="fixed", antithetic=True,
-                **kw) -> TreeConfig:
+                tail_solver=None, tail_steps=None, **kw) -> TreeConfig:
     return TreeConfig(steps=steps, window_start=window_start, window_width=window_width, branch=branch,
                       noise_level=noise_level, eta=min(1.0, noise_level), window_schedule=window_schedule,
-                      antithetic=bool(antithetic),
+                      antithetic=bool(antithetic), tail_solver=tail_solver or config_default("tail_solver"),
+                      tail_steps=config_default("tail_steps") if tail_steps is None else tail_steps,
                       window_max_start=-1 if window_schedule == "fixed" else
                       min(steps - window_width, max(window_start, steps // 2 - 1)), **kw)
 
@@ -83,6 +97,7 @@ class TreeSampler(PackNode):
                 io.String.Input("prompt", default="", multiline=True,
                                 tooltip="the prompt text, passed on to reward scorers"),
                 Run.Input("run", optional=True, tooltip="trainer state: sample with its current LoRA"),
+                *tail_inputs(),
             ],
             outputs=[Tree.Output(display_name="tree", tooltip="the sampled trees, for Advantage Backup and Tree Preview"),
                      io.Latent.Output(display_name="leaves", tooltip="leaf latents in leaf order: decode with VAEDecode")],
@@ -95,8 +110,10 @@ class TreeSampler(PackNode):
 
     @classmethod
     def execute(cls, model, positive, negative, latent, seed, cfg, scheduler, steps, window_start, window_width,
-                branch, noise_level, window_schedule, trees_per_latent, prompt, run=None, antithetic=True):
-        tcfg = tree_config(steps, window_start, window_width, branch, noise_level, window_schedule, antithetic)
+                branch, noise_level, window_schedule, trees_per_latent, prompt, run=None, antithetic=True,
+                tail_solver=None, tail_steps=None):
+        tcfg = tree_config(steps, window_start, window_width, branch, noise_level, window_schedule, antithetic,
+                           tail_solver, tail_steps)
         trees = latent["samples"].shape[0] * trees_per_latent
         tree = sample_tree(model, positive, negative, latent, tcfg, seed=seed, cfg=cfg, scheduler=scheduler,
                            trees=trees, prompt=prompt, run=run)

@@ -11,7 +11,7 @@ from treegrpo.comfyui.session import RunState, patched_model, run_previews, trai
 from treegrpo.config import AdvantageConfig, ConfigError, LoraConfig, OptimConfig, TrainConfig, check_run_name
 from treegrpo.lora import LoraDict
 
-from .sampling import tree_config, tree_inputs, validate_tree
+from .sampling import tail_inputs, tree_config, tree_inputs, validate_tree
 from .sockets import CATEGORY, PackNode, RewardModel, Run, Tree
 from .widgets import widget
 
@@ -129,6 +129,7 @@ class Train(PackNode):
                        max=100000),
                 io.Boolean.Input("gradient_checkpointing", default=False, optional=True,
                                  tooltip="recompute blocks in backward: less memory, more time"),
+                *tail_inputs(),
             ],
             outputs=[io.Model.Output(display_name="model", tooltip="the model with the trained LoRA applied"),
                      io.LoraModel.Output(display_name="lora", tooltip="the LoRA, for TreeGRPO Save LoRA"),
@@ -146,7 +147,7 @@ class Train(PackNode):
     def execute(cls, model, clip, vae, prompts, negative, reward_model, weight_2, width, height, cfg, scheduler,
                 steps, window_start, window_width, branch, noise_level, window_schedule, iterations,
                 prompts_per_iteration, lora_rank, lora_alpha, learning_rate, seed, run_name, eval_every,
-                reward_model_2=None, gradient_checkpointing=False, antithetic=True):
+                reward_model_2=None, gradient_checkpointing=False, antithetic=True, tail_solver=None, tail_steps=None):
         texts = [p.strip() for p in prompts.splitlines() if p.strip()]
         rewards = {reward_model["name"]: reward_model["model"]}
         specs = [{"name": reward_model["name"], "weight": 1.0}]
@@ -155,7 +156,8 @@ class Train(PackNode):
                 raise ValueError("reward_model and reward_model_2 are the same reward type")
             rewards[reward_model_2["name"]] = reward_model_2["model"]
             specs.append({"name": reward_model_2["name"], "weight": weight_2})
-        tcfg = tree_config(steps, window_start, window_width, branch, noise_level, window_schedule, antithetic)
+        tcfg = tree_config(steps, window_start, window_width, branch, noise_level, window_schedule, antithetic,
+                           tail_solver, tail_steps)
         tc = TrainConfig(backend="comfy", prompts=texts, negative_prompt=negative, cfg=cfg, rewards=specs, tree=tcfg,
                          advantage=AdvantageConfig(),
                          lora=LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=DEFAULT_TARGETS),

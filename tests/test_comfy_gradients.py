@@ -73,3 +73,26 @@ def test_lora_gradient_matches_finite_differences(comfyui_pack, arch, guidance, 
     numeric = pol.run(lambda: (shifted(eps) - shifted(-eps)) / (2 * eps))
     assert abs(analytic) > 1e-6
     assert analytic == pytest.approx(numeric, rel=3e-2, abs=1e-4)
+
+
+def test_a_level_of_several_prompts_is_one_model_call(comfyui_pack):
+    """The Train node's sampler merges the conds of all prompts of a tree level into one batched ComfyUI model
+    call (the per-prompt fallback is for conds that cannot be merged, e.g. with areas or masks)."""
+    import behaviour_fixture as bf
+    import treegrpo.comfyui.policy as P
+
+    results = []
+    orig = P.rows_conds
+
+    def spy(conds, groups, kind):
+        out = orig(conds, groups, kind)
+        results.append((kind, len(groups), out[1] and (out[0] is not None or kind == "negative")))
+        return out
+
+    P.rows_conds = spy
+    try:
+        comfyui_pack.execute(bf.train_node_graph("one_call_per_level", 1))
+    finally:
+        P.rows_conds = orig
+    multi = [r for r in results if r[1] > 1]
+    assert multi and all(ok for _, _, ok in multi), results[:6]

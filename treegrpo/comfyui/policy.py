@@ -338,18 +338,75 @@ class ComfyPolicy(Policy):
         return result["value"]
 
 
+def _same(a, b) -> bool:
+    if a is b:
+        return True
+    try:
+        return bool(torch.equal(a, b)) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) else bool(a == b)
+    except Exception:  # noqa: BLE001 - incomparable values: not the same
+        return False
+
+
+#: keys of a processed ComfyUI cond that its sampler reads at each model call (besides ``model_conds``)
+CALL_TIME_KEYS = ("timestep_start", "timestep_end", "area", "strength", "mask", "mask_strength",
+                  "set_area_to_bounds", "hooks", "control", "gligen")
+
+
+def rows_conds(conds: dict, groups: list, kind: str):
+    """One processed cond list whose tensors hold row ``r``'s prompt at row ``r`` (``groups``: contiguous row
+    ranges ``(a, b, prompt)``), so a whole tree level is one model call; ``(None, True)`` when no prompt has this
+    kind of cond (no negative), ``(None, False)`` when they cannot be merged (several cond entries, areas,
+    masks, …: the caller then calls the model per prompt)."""
+    from comfy.conds import CONDConstant, CONDCrossAttn, CONDRegular
+
+    lists = [conds.get(f"{kind}_{i}") for _, _, i in groups]
+    if all(c is None for c in lists):
+        return None, True
+    if any(c is None or len(c) != 1 for c in lists):
+        return None, False
+    first = lists[0][0]
+    for c in lists[1:]:  # what ComfyUI reads from a cond at call time must agree (raw inputs are in model_conds)
+        if any(not _same(c[0].get(k), first.get(k)) for k in CALL_TIME_KEYS):
+            return None, False
+    merged = {}
+    for key, c0 in first["model_conds"].items():
+        per = [c[0]["model_conds"].get(key) for c in lists]
+        if any(type(c) is not type(c0) for c in per):
+            return None, False
+        if type(c0) is CONDConstant:
+            if not all(c0.can_concat(c) for c in per):
+                return None, False
+            merged[key] = c0
+            continue
+        if type(c0) not in (CONDRegular, CONDCrossAttn) or any(c.cond.shape[0] != 1 for c in per):
+            return None, False
+        rows = [c for (a, b, _), c in zip(groups, per) for _ in range(b - a)]
+        if not all(rows[0].can_concat(c) for c in per):
+            return None, False
+        merged[key] = type(c0)(rows[0].concat(rows[1:]))
+    return [dict(first, model_conds=merged)], True
+
+
 def _make_guider(patcher, conds):
     import comfy.samplers
 
     class TreeGuider(comfy.samplers.CFGGuider):
-        """CFG guider holding one (positive, negative) pair per prompt; ``groups`` routes contiguous
-        row ranges of a batch to their prompt's conds (one batched model call per prompt group)."""
+        """CFG guider holding one (positive, negative) pair per prompt; ``groups`` routes contiguous row ranges
+        of a batch to their prompt's conds. The conds of all rows are merged into one batched model call (CFG
+        included) when ComfyUI's conds allow it, else each prompt group gets its own call."""
 
         groups: list = []
 
         def predict_noise(self, x, timestep, model_options={}, seed=None):
+            groups = self.groups or [(0, x.shape[0], 0)]
+            if len(groups) > 1:
+                pos, ok_p = rows_conds(self.conds, groups, "positive")
+                neg, ok_n = rows_conds(self.conds, groups, "negative")
+                if pos is not None and ok_p and ok_n:
+                    return comfy.samplers.sampling_function(self.inner_model, x, timestep, neg, pos, self.cfg,
+                                                            model_options=model_options, seed=seed)
             outs = []
-            for a, b, i in (self.groups or [(0, x.shape[0], 0)]):
+            for a, b, i in groups:
                 outs.append(comfy.samplers.sampling_function(
                     self.inner_model, x[a:b], timestep[a:b], self.conds.get(f"negative_{i}"),
                     self.conds.get(f"positive_{i}"), self.cfg, model_options=model_options, seed=seed))
