@@ -8,7 +8,9 @@ on the demo backend, each for the same iterations and evaluation schedule, and r
   (target ≤ 1.2), and the Train node's whole execution time (evaluations and previews included);
 - both evaluation-reward curves (fixed prompts × 2 noises, as the Train node evaluates) and the gain over the base.
 
-Usage: ``python benchmarks/bench_comfy.py [--iterations N] [--out benchmarks/results/comfy.json]``
+Per seed (the ratio paired within the seed), then mean ± std over the seeds and how many met the targets.
+
+Usage: ``python benchmarks/bench_comfy.py [--seeds 3] [--iterations N] [--out benchmarks/results/comfy.json]``
 """
 from __future__ import annotations
 
@@ -62,17 +64,41 @@ def summary(train: list[dict], evals: list[dict]) -> dict:
             "gain": evals[-1]["eval_reward"] - evals[0]["eval_reward"]}
 
 
+def run_seed(rt, api: dict, nid: str, seed: int, tmp: str, skip_cli: bool) -> dict:
+    """One seed: the graph through ComfyUI, then the same settings through the CLI trainer."""
+    from treegrpo import cli
+
+    w = api[nid]["inputs"]
+    w.update(seed=seed, run_name=f"bench_comfy_s{seed}")
+    t0 = time.perf_counter()
+    rt.execute(api)
+    node_wall = time.perf_counter() - t0
+    log = json.load(open(os.path.join(rt.base_dir, "output", "treegrpo", w["run_name"], "log.json")))
+    out = {"seed": seed, "comfy": dict(summary(log["train"], log["eval"]), node_wall_s=node_wall)}
+    if not skip_cli:
+        t0 = time.perf_counter()
+        tr, _ = cli.run_training(cli_config(w, os.path.join(tmp, f"cli_s{seed}")), progress=False)
+        out["cli"] = dict(summary(tr.history, tr.evals), wall_s=time.perf_counter() - t0)
+        out["time_per_iteration_ratio"] = out["comfy"]["s_per_iter"] / out["cli"]["s_per_iter"]
+    return out
+
+
+def mean_std(xs: list[float]) -> str:
+    return f"{statistics.mean(xs):.3f} ± {statistics.pstdev(xs):.3f}" if len(xs) > 1 else f"{xs[0]:.3f}"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workflow", default=os.path.join(ROOT, "workflows", "treegrpo_demo_cpu.json"))
     ap.add_argument("--iterations", type=int, default=0, help="override the workflow's iterations (0 = keep)")
+    ap.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 (each: one ComfyUI run, one CLI run)")
     ap.add_argument("--set", action="append", default=[], metavar="WIDGET=VALUE",
                     help="override a Train node widget (JSON value), e.g. --set prompts_per_iteration=16")
+    ap.add_argument("--skip-cli", action="store_true", help="only the ComfyUI runs (choosing workflow defaults)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "comfy.json"))
     ns = ap.parse_args(argv)
 
     import comfy_harness as ch
-    from treegrpo import cli
 
     tmp = tempfile.mkdtemp(prefix="bench_comfy-")
     rt = ch.boot_comfy(ch.REPO_ROOT, os.path.join(tmp, "comfy"))
@@ -83,28 +109,27 @@ def main(argv=None) -> int:
     for kv in ns.set:
         k, v = kv.split("=", 1)
         w[k] = json.loads(v)
-    w["run_name"] = "bench_comfy"
-    t0 = time.perf_counter()
-    rt.execute(api)
-    node_wall = time.perf_counter() - t0
-    log = json.load(open(os.path.join(rt.base_dir, "output", "treegrpo", "bench_comfy", "log.json")))
-    comfy = dict(summary(log["train"], log["eval"]), node_wall_s=node_wall)
+    runs = [run_seed(rt, api, nid, seed, tmp, ns.skip_cli) for seed in range(ns.seeds)]
 
-    t0 = time.perf_counter()
-    tr, _ = cli.run_training(cli_config(w, os.path.join(tmp, "cli")), progress=False)
-    cli_res = dict(summary(tr.history, tr.evals), wall_s=time.perf_counter() - t0)
-
-    ratio = comfy["s_per_iter"] / cli_res["s_per_iter"]
-    res = {"workflow": os.path.relpath(ns.workflow, ROOT), "train_node": {k: v for k, v in w.items()
-                                                                           if not isinstance(v, list)},
-           "comfy": comfy, "cli": cli_res, "time_per_iteration_ratio": ratio, "target_ratio": 1.2}
-    print(f"{'':22} {'s/iter':>8} {'iters':>6} {'base':>7} {'final':>7} {'gain':>7} {'wall s':>8}")
-    for name, r in (("ComfyUI Train node", comfy), ("CLI trainer", cli_res)):
-        print(f"{name:22} {r['s_per_iter']:8.3f} {r['iterations']:6d} {r['base_reward']:7.3f} {r['final_reward']:7.3f} "
-              f"{r['gain']:+7.3f} {r.get('node_wall_s', r.get('wall_s')):8.1f}")
-    for name, r in (("ComfyUI Train node", comfy), ("CLI trainer", cli_res)):
-        print(f"{name:22} " + "  ".join(f"{k} {r[k]:.3f}" for k in ("t_sample", "t_decode", "t_reward", "t_update")))
-    print(f"time per iteration, ComfyUI ÷ CLI: {ratio:.2f} (target ≤ 1.2)")
+    print(f"{'seed':>4} {'':20} {'s/iter':>8} {'iters':>6} {'base':>7} {'final':>7} {'gain':>7} {'wall s':>8}")
+    for r in runs:
+        for name, key in (("ComfyUI Train node", "comfy"), ("CLI trainer", "cli")):
+            if key in r:
+                x = r[key]
+                print(f"{r['seed']:4d} {name:20} {x['s_per_iter']:8.3f} {x['iterations']:6d} {x['base_reward']:7.3f} "
+                      f"{x['final_reward']:7.3f} {x['gain']:+7.3f} {x.get('node_wall_s', x.get('wall_s')):8.1f}")
+    agg = {"comfy_gain": mean_std([r["comfy"]["gain"] for r in runs]),
+           "comfy_node_wall_s": mean_std([r["comfy"]["node_wall_s"] for r in runs]),
+           "seeds_with_gain_at_least_0.12": sum(r["comfy"]["gain"] >= 0.12 for r in runs)}
+    if not ns.skip_cli:
+        agg.update(time_per_iteration_ratio=mean_std([r["time_per_iteration_ratio"] for r in runs]),
+                   cli_gain=mean_std([r["cli"]["gain"] for r in runs]),
+                   seeds_with_ratio_at_most_1_2=sum(r["time_per_iteration_ratio"] <= 1.2 for r in runs))
+    for k, v in agg.items():
+        print(f"{k}: {v}")
+    res = {"workflow": os.path.relpath(ns.workflow, ROOT),
+           "train_node": {k: v for k, v in w.items() if not isinstance(v, list) and k not in ("seed", "run_name")},
+           "runs": runs, "summary": agg, "targets": {"time_per_iteration_ratio": 1.2, "gain": 0.12}}
     os.makedirs(os.path.dirname(ns.out), exist_ok=True)
     atomic_write_json(ns.out, res)
     print("wrote", ns.out)

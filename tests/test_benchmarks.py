@@ -122,3 +122,19 @@ def test_window_width_keeps_the_leaves_per_iteration(monkeypatch):
     assert "tree_k8_w1" not in bm.ABLATIONS and bm.ABLATIONS["tree_k16_w1"]["tree"]["branch"] == 16
     with pytest.raises(SystemExit, match="do not fit"):
         bm.set_window_width(8)
+
+
+def test_bench_comfy_runs_the_demo_workflow_through_comfyui_and_the_cli(comfyui_pack, tmp_path):
+    """benchmarks/bench_comfy.py end to end, shortened: the shipped demo workflow's Train node in the real
+    ComfyUI and the same settings through the CLI trainer, paired per seed."""
+    import bench_comfy
+
+    out = tmp_path / "comfy.json"
+    assert bench_comfy.main(["--iterations", "2", "--set", "prompts_per_iteration=3", "--set", "eval_every=1",
+                             "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    run = res["runs"][0]
+    assert run["comfy"]["iterations"] == run["cli"]["iterations"] == 2
+    assert len(run["comfy"]["eval"]) == len(run["cli"]["eval"]) == 3
+    assert run["comfy"]["base_reward"] == pytest.approx(run["cli"]["base_reward"], abs=0.05)  # same base model
+    assert run["time_per_iteration_ratio"] > 0 and res["summary"]["seeds_with_gain_at_least_0.12"] in (0, 1)

@@ -111,7 +111,8 @@ def test_a_train_node_run_loads_each_model_once(comfyui_pack, caplog):
     g = node_graph("quiet_log", 4)
     g["train"]["inputs"]["eval_every"] = 2
     comfyui_pack.execute(g)
-    loads = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Requested to load")]
-    done = [r.getMessage() for r in caplog.records if r.getMessage().startswith("loaded completely")]
-    assert sorted(loads) == sorted(set(loads)) and len(loads) <= 3, loads
-    assert len(done) == len(loads), (loads, done)
+    msgs = [r.getMessage() for r in caplog.records]
+    loads = [m for m in msgs if m.startswith("Requested to load")]
+    done = [m for m in msgs if m.startswith(("loaded completely", "loaded partially"))]
+    assert sorted(loads) == sorted(set(loads)) and len(loads) <= 3, loads   # each model requested at most once
+    assert len(done) <= len(loads), (loads, done)                           # and loaded at most once

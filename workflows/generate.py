@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 from treegrpo.demo.shapes import all_prompts  # noqa: E402
 
-DEMO_PROMPTS = "\n".join(all_prompts()[:12])
+DEMO_PROMPTS = "\n".join(all_prompts())
 
 
 def note(key, text):
@@ -62,7 +62,10 @@ WORKFLOWS = {
     "treegrpo_demo_cpu": [
         ("demo", "TreeGRPOLoadDemoModel", {}, {}),
         ("rm", "TreeGRPORewardModelLoader", {"reward": "demo_adherence", "file": "(none: built-in weights or none needed)"}, {}),
-        train_node("train", ("demo", 0), ("demo", 1), ("demo", 2), ("rm", 0)),
+        # measured (benchmarks/bench_comfy.py, 3 seeds, this 2-core CPU): ~65 s in the node, eval reward
+        # 0.554 -> 0.75-0.94; 50 iterations gave +0.15 on one seed, too close to the CLI demo's +0.12 to rely on
+        train_node("train", ("demo", 0), ("demo", 1), ("demo", 2), ("rm", 0), iterations=100,
+                   prompts_per_iteration=24, tail_solver="dpmpp_2m", tail_steps=3),
         ("save", "TreeGRPOSaveLoRA", {"filename_prefix": "treegrpo/treegrpo_demo"}, {"lora": ("train", 1)}),
         ("curve", "PreviewImage", {}, {"images": ("train", 2)}),
         ("grid", "PreviewImage", {}, {"images": ("train", 3)}),
@@ -80,8 +83,9 @@ WORKFLOWS = {
         ("adv", "TreeGRPOAdvantageBackup", {"backup": "softmax", "temperature": 1.0, "adv_clip": 5.0, "flat_floor": 0.001},
          {"tree": ("tree", 0), "rewards": ("score", 0)}),
         ("preview", "TreeGRPOTreePreview", {}, {"tree": ("adv", 0), "images": ("dec", 0), "rewards": ("score", 0)}),
-        note("n1", "TreeGRPO on the embedded demo model (no downloads, CPU: a few minutes).\n"
-             "TreeGRPO Train runs the whole loop: trees of k=2, w=3 (8 leaves) per prompt, scored by a small "
+        note("n1", "TreeGRPO on the embedded demo model (no downloads; about a minute on a 2-core CPU).\n"
+             "TreeGRPO Train runs the whole loop, 100 iterations of 24 prompts: trees of k=2, w=3 (8 leaves) per "
+             "prompt with a 3-step DPM++ 2M tail, scored by a small "
              "classifier of prompt adherence. Outputs: reward curve, samples with the LoRA, the LoRA itself "
              "(saved to models/loras/treegrpo/). The lower branch samples one tree with the trained model and "
              "shows its leaves with rewards and advantages."),
@@ -107,10 +111,11 @@ WORKFLOWS = {
         ("step", "TreeGRPOTrainerStep", {}, {"tree": ("adv", 0), "run": ("run", 0), "model": ("demo", 0)}),
         ("preview", "TreeGRPOTreePreview", {}, {"tree": ("adv", 0), "images": ("dec", 0), "rewards": ("score", 0)}),
         ("save", "TreeGRPOSaveLoRA", {"filename_prefix": "treegrpo/treegrpo_steps"}, {"lora": ("step", 1)}),
-        note("n1", "The four TreeGRPO step nodes, one iteration per Queue. Turn on auto-queue (the seed "
-             "increments) to watch the LoRA learn: the Trainer State keeps the LoRA and optimiser between runs and "
-             "saves them in output/treegrpo/treegrpo_steps/. Keep the prompt of CLIPTextEncode, the Tree Sampler "
-             "and the Reward Scorer the same."),
+        note("n1", "The four TreeGRPO step nodes, one iteration per Queue. Turn on auto-queue to watch the LoRA "
+             "learn: each queued prompt is the run's next iteration (its noise comes from the seed and the iteration, "
+             "as in the Train node, which these nodes reproduce exactly). The Trainer State keeps the LoRA and "
+             "optimiser between runs and saves them in output/treegrpo/treegrpo_steps/. Keep the prompt of "
+             "CLIPTextEncode, the Tree Sampler and the Reward Scorer the same."),
     ],
     "treegrpo_sd15_lora": real_model_workflow(
         [("ckpt", "CheckpointLoaderSimple", {"ckpt_name": "v1-5-pruned-emaonly.safetensors"}, {})],
