@@ -52,6 +52,10 @@ def test_a_train_node_run_resumes_from_the_cli_and_back(comfyui_pack):
     after_node = last_checkpoint(folder, run)
     assert after_node["iteration"] == 1 and after_node["base_model"] == "treegrpo-demo-shapes16"
 
+    _, same = cli.run_training(cli_config(folder, run, 1), resume=True, progress=False)    # CLI: nothing to do
+    handed = lora_of(same["lora"])
+    assert set(handed) == set(after_node["lora"])
+    assert all(torch.equal(handed[k], after_node["lora"][k]) for k in handed)   # the node's LoRA, bit for bit
     tr, summary = cli.run_training(cli_config(folder, run, 2), resume=True, progress=False)   # CLI: iteration 1
     assert tr.iteration == 2 and [h["iteration"] for h in tr.history] == [0, 1]
     after_cli = last_checkpoint(folder, run)

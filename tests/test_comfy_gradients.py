@@ -96,3 +96,39 @@ def test_a_level_of_several_prompts_is_one_model_call(comfyui_pack):
         P.rows_conds = orig
     multi = [r for r in results if r[1] > 1]
     assert multi and all(ok for _, _, ok in multi), results[:6]
+
+
+def test_treegrpo_loras_stack_on_a_patched_model(comfyui_pack):
+    """A model that already carries a TreeGRPO LoRA (the Train node's output) keeps it when another LoRA is
+    installed on top (a new run, or the Tree Sampler's untrained one): the object patches chain."""
+    from treegrpo.comfyui.demo import load_demo_comfy
+    from treegrpo.comfyui.policy import ComfyLoRA
+    from treegrpo.config import LoraConfig
+
+    patcher, _, _ = load_demo_comfy()
+    dm = patcher.model.diffusion_model
+    cfg = LoraConfig(rank=2, alpha=2.0, targets=["to_q"])
+    with torch.inference_mode(False):
+        l1, l2 = ComfyLoRA(dm, cfg, seed=1), ComfyLoRA(dm, cfg, seed=2)
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for lora in (l1, l2):
+                for p in lora.up.values():
+                    p.copy_(torch.randn(p.shape, generator=g))
+        m1 = patcher.clone()
+        l1.patch(m1)
+        m2 = m1.clone()
+        l2.patch(m2)
+        name = l1.names[0]
+        lin = dict(dm.named_modules())[name]
+        x = torch.randn(3, lin.in_features, generator=g)
+        k = ComfyLoRA._key(name)
+
+        def delta(lora):
+            return lora.scale * (x @ lora.down[k].T @ lora.up[k].T)
+
+        with torch.no_grad():
+            out = m2.object_patches[f"diffusion_model.{name}.forward"](x)
+            want = lin(x) + delta(l1) + delta(l2)
+    assert torch.allclose(out, want, atol=1e-5)
+    assert not torch.allclose(out, lin(x) + delta(l2), atol=1e-3)      # the first LoRA was not dropped

@@ -12,6 +12,7 @@ never modified and other patchers (and LoraLoader on top) keep working.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from typing import Any, Callable, Optional
 
@@ -68,13 +69,14 @@ class ComfyLoRA(nn.Module):
     def scale(self) -> float:
         return self.alpha / self.rank
 
-    def forward_patch(self, module: nn.Linear, name: str) -> Callable:
-        """The replacement ``forward`` of one Linear (calls the class's own forward, then adds the LoRA)."""
-        orig = type(module).forward
+    def forward_patch(self, module: nn.Linear, name: str, inner: Optional[Callable] = None) -> Callable:
+        """The replacement ``forward`` of one Linear: ``inner`` (an object patch already on that forward, e.g. a
+        trained TreeGRPO LoRA the model came with) or the class's own forward, then this LoRA added."""
+        orig = inner if inner is not None else functools.partial(type(module).forward, module)
         k = self._key(name)
 
         def forward(x, *args, **kwargs):
-            y = orig(module, x, *args, **kwargs)
+            y = orig(x, *args, **kwargs)
             if not self.enabled:
                 return y
             d, u = self.down[k], self.up[k]
@@ -84,10 +86,12 @@ class ComfyLoRA(nn.Module):
         return forward
 
     def patch(self, model_patcher) -> None:
-        """Install the LoRA on ``model_patcher`` (a clone owned by the caller) as object patches."""
+        """Install the LoRA on ``model_patcher`` (a clone owned by the caller) as object patches, on top of any
+        object patch already there (LoRAs stack instead of replacing each other)."""
         mods = dict(model_patcher.model.diffusion_model.named_modules())
         for n in self.names:
-            model_patcher.add_object_patch(f"diffusion_model.{n}.forward", self.forward_patch(mods[n], n))
+            key = f"diffusion_model.{n}.forward"
+            model_patcher.add_object_patch(key, self.forward_patch(mods[n], n, model_patcher.object_patches.get(key)))
 
     def named_lora_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """``(<module>.down | <module>.up, parameter)`` in ``parameters()`` order: the backend-neutral names
