@@ -32,10 +32,6 @@ def _policy(arch, checkpointing=False):
 @pytest.mark.parametrize("arch", ["demo", "sd15", "sd3", "flux"])
 @pytest.mark.parametrize("guidance,checkpointing", [(1.0, False), (2.5, False), (2.5, True)])
 def test_lora_gradient_matches_finite_differences(comfyui_pack, arch, guidance, checkpointing):
-    if checkpointing and arch == "flux":
-        with pytest.raises(ValueError, match="not supported yet for models whose blocks add residuals in place"):
-            _policy(arch, checkpointing)
-        return
     pol, shape = _policy(arch, checkpointing)
     if checkpointing:
         from treegrpo.comfyui.policy import checkpoint_patches
@@ -132,3 +128,32 @@ def test_treegrpo_loras_stack_on_a_patched_model(comfyui_pack):
             want = lin(x) + delta(l1) + delta(l2)
     assert torch.allclose(out, want, atol=1e-5)
     assert not torch.allclose(out, lin(x) + delta(l2), atol=1e-3)      # the first LoRA was not dropped
+
+
+@pytest.mark.parametrize("arch", ["sd15", "sd3", "flux"])
+def test_checkpointing_keeps_far_fewer_activations_and_no_copies(comfyui_pack, arch):
+    """Measured with saved-tensor hooks: the activations autograd keeps for backward (weights excluded) with
+    gradient checkpointing are under a third of the plain pass's; a family with in-place residual adds (Flux)
+    copies its saved activations only without checkpointing. (Tiny models; on these 4 rows: 11.3 -> 0.7 MB
+    SD1.x, 1.0 -> 0.2 MB SD3, 2.0 -> 0.2 MB Flux, whose plain pass also keeps a copy of each.)"""
+    kept = {}
+    for checkpointing in (False, True):
+        pol, shape = _policy(arch, checkpointing)
+        assert pol.snapshot_activations == (arch == "flux" and not checkpointing)
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn((4, *shape), generator=g)
+        sigma, cond = pol.sigmas(10)[[2, 3, 4, 5]], pol.encode_prompts(["p"] * 4)
+        total = [0]
+
+        def pack(t):
+            if t.grad_fn is not None:   # an activation, not a weight
+                total[0] += t.numel() * t.element_size()
+            return t
+
+        def forward():
+            with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                return pol.denoise(x, sigma, cond, 1.0)
+
+        pol.run(forward)
+        kept[checkpointing] = total[0]
+    assert 0 < kept[True] < kept[False] / 3, kept

@@ -242,10 +242,6 @@ class ComfyPolicy(Policy):
                                                                  lora_cfg or LoraConfig(targets=DEFAULT_TARGETS),
                                                                  device=self.device, seed=seed)
         self.lora.patch(self.patcher)
-        if gradient_checkpointing and has_inplace_residuals(self.patcher.model.diffusion_model):
-            raise ValueError("gradient checkpointing is not supported yet for models whose blocks add residuals "
-                             f"in place ({type(self.patcher.model.diffusion_model).__name__}, e.g. Flux): turn "
-                             "gradient_checkpointing off (their gradients stay exact without it)")
         if gradient_checkpointing:  # −memory, +time: recompute blocks in backward
             for key, fn in checkpoint_patches(self.patcher.model.diffusion_model).items():
                 self.patcher.add_object_patch(key, fn)
@@ -260,7 +256,11 @@ class ComfyPolicy(Policy):
         self._wrap = None
         self._extra: dict = {}
         self.guider = _make_guider(self.patcher, conds)
-        self.inplace_residuals = has_inplace_residuals(self.patcher.model.diffusion_model)
+        self.gradient_checkpointing = bool(gradient_checkpointing)
+        # blocks that add residuals in place need their saved activations copied, unless checkpointing recomputes
+        # each block from copies of its inputs (then nothing autograd keeps can be modified afterwards)
+        self.snapshot_activations = has_inplace_residuals(self.patcher.model.diffusion_model) and \
+            not self.gradient_checkpointing
 
     # ---- Policy protocol
     def sigmas(self, steps: int) -> torch.Tensor:
@@ -328,7 +328,7 @@ class ComfyPolicy(Policy):
                 make_trainable_tensors(model_wrap.inner_model)
                 policy._wrap, policy._extra = model_wrap, extra_args
                 try:
-                    with snapshot_saved_activations(policy.inplace_residuals and torch.is_grad_enabled()):
+                    with snapshot_saved_activations(policy.snapshot_activations and torch.is_grad_enabled()):
                         result["value"] = fn()
                 finally:
                     policy._wrap, policy._extra = None, {}
