@@ -157,3 +157,78 @@ def test_checkpointing_keeps_far_fewer_activations_and_no_copies(comfyui_pack, a
         pol.run(forward)
         kept[checkpointing] = total[0]
     assert 0 < kept[True] < kept[False] / 3, kept
+
+
+@pytest.mark.parametrize("weight_dtype,scaled", [(torch.float8_e4m3fn, False), (torch.float8_e5m2, False),
+                                                 (torch.float8_e4m3fn, True)])
+def test_fp8_base_weights_train_a_float32_lora(comfyui_pack, weight_dtype, scaled):
+    """fp8 base weights as ComfyUI loads them: ``UNETLoader``'s ``weight_dtype`` fp8 (weights stored in fp8, cast
+    to the compute dtype per layer by ``comfy.ops.manual_cast``) and checkpoints with scaled fp8 weights
+    (``scaled_fp8``: fp8 weight × a float32 ``scale_weight`` per Linear). The LoRA stays float32, the sampler and the
+    update run, and the LoRA gradient equals the one through the same weights dequantised to float32: both
+    compute in float32 from identical values, so the tolerance is float32 round-off (rel 1e-5), far below what
+    fp8 rounding of the weights themselves would change (percents)."""
+    import comfy.model_management as mm
+    import comfy.model_patcher
+    import comfy.supported_models as sm
+    from comfy_test_pack import _tiny
+
+    from treegrpo.comfyui.policy import DEFAULT_TARGETS, ComfyPolicy
+
+    ref, pos, neg = _tiny("flux", 0)
+    cfg = sm.Flux(dict(ref.model.model_config.unet_config))
+    if scaled:
+        cfg.scaled_fp8 = weight_dtype
+    cfg.set_inference_dtype(weight_dtype, torch.float32)
+    m8 = cfg.get_model({})
+    sd = ref.model.diffusion_model.state_dict()
+    with torch.no_grad():
+        scaled_weights = set()
+        for name, mod in m8.diffusion_model.named_modules():
+            if hasattr(mod, "scale_weight"):        # a checkpoint's scaled fp8 Linear: w ≈ fp8(w / s) · s
+                w = sd[f"{name}.weight"]
+                scale = w.abs().max().clamp_min(1e-12) / torch.finfo(weight_dtype).max
+                mod.weight.copy_((w / scale).to(weight_dtype))
+                mod.scale_weight.copy_(scale)
+                sd[f"{name}.weight"].copy_(mod.weight.float() * mod.scale_weight)   # what its forward computes
+                scaled_weights.add(f"{name}.weight")
+        assert scaled_weights if scaled else not scaled_weights
+        for k, t in m8.diffusion_model.state_dict().items():
+            if k in scaled_weights or k.endswith(("scale_weight", "scale_input")):
+                continue
+            t.copy_(sd[k].to(t.dtype))
+            sd[k].copy_(t.float())                   # the reference holds exactly the fp8 values, in float32
+    assert m8.diffusion_model.double_blocks[0].img_attn.qkv.weight.dtype == weight_dtype
+    p8 = comfy.model_patcher.ModelPatcher(m8, load_device=mm.get_torch_device(), offload_device=mm.unet_offload_device())
+
+    grads = {}
+    for name, patcher in (("fp8", p8), ("fp32", ref)):
+        with torch.inference_mode(False):
+            pol = ComfyPolicy(patcher, ["p"], [(pos, neg)], (16, 8, 8),
+                              lora_cfg=LoraConfig(rank=2, alpha=2.0, targets=DEFAULT_TARGETS))
+            g = torch.Generator().manual_seed(0)
+            with torch.no_grad():
+                for p in pol.lora.parameters():
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+        assert all(p.dtype == torch.float32 and p.requires_grad for p in pol.lora.parameters())
+        x = torch.randn((2, 16, 8, 8), generator=g)
+        sigma, cond = pol.sigmas(10)[[2, 5]], pol.encode_prompts(["p", "p"])
+        w = torch.randn((2, 16, 8, 8), generator=g)
+
+        def backward():
+            with torch.enable_grad():
+                (pol.denoise(x, sigma, cond, 1.0).double() * w).sum().backward()
+
+        pol.run(backward)
+        grads[name] = torch.cat([p.grad.flatten() for p in pol.lora.parameters()])
+        if name == "fp8":   # the weights stayed fp8 through ComfyUI's loading, and a tree samples on them
+            from treegrpo.config import TreeConfig
+            from treegrpo.tree import sample_trees
+
+            assert pol.patcher.model.diffusion_model.double_blocks[0].img_attn.qkv.weight.dtype == weight_dtype
+            tb = pol.run(lambda: sample_trees(pol, ["p"], TreeConfig(steps=4, window_start=1, window_width=2),
+                                              generator=torch.Generator().manual_seed(0)))
+            assert tb.leaves.dtype == torch.float32 and torch.isfinite(tb.leaves).all() and tb.nfe == 1 + 1 + 2 + 4
+    assert grads["fp8"].abs().max() > 0
+    assert torch.allclose(grads["fp8"], grads["fp32"], rtol=1e-5, atol=1e-7), \
+        float((grads["fp8"] - grads["fp32"]).abs().max())
