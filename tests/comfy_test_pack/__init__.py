@@ -1,5 +1,5 @@
 """Test-only ComfyUI node pack: tiny random models of ComfyUI's real architectures (SD1.x UNet, SD3
-MMDiT), built in memory with ComfyUI's own classes, plus a latent→image projection so rewards can score
+MMDiT, Flux, Chroma), built in memory with ComfyUI's own classes, plus a latent→image projection so rewards can score
 them. Loaded next to the real pack by tests/test_comfy_nodes.py; never shipped to users."""
 import torch
 
@@ -36,6 +36,14 @@ def _tiny(arch: str, seed: int):
         cfg = sm.Flux(unet)
         ctx = (1, 8, 32)
         pooled = (1, 32)
+    elif arch == "chroma":   # Flux-like blocks with in-place residual adds; guidance and modulation from an approximator
+        unet = {"image_model": "chroma", "in_channels": 64, "out_channels": 64, "context_in_dim": 32,
+                "hidden_size": 64, "mlp_ratio": 2.0, "num_heads": 2, "depth": 1, "depth_single_blocks": 1,
+                "axes_dim": [8, 12, 12], "theta": 10000, "patch_size": 2, "qkv_bias": True, "in_dim": 64,
+                "out_dim": 64, "hidden_dim": 32, "n_layers": 1}
+        cfg = sm.Chroma(unet)
+        ctx = (1, 8, 32)
+        pooled = None
     else:
         raise ValueError(arch)
     model = cfg.get_model({})
@@ -51,6 +59,8 @@ def _tiny(arch: str, seed: int):
 
     def cond():
         extra = {"pooled_output": torch.randn(pooled, generator=g)} if pooled else {}
+        if arch == "chroma":
+            extra = {"pooled_output": None, "guidance": 3.5}
         return [[torch.randn(ctx, generator=g), extra]]
 
     return patcher, cond(), cond()
