@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 
 from ..config import AdvantageConfig, LoraConfig, OptimConfig, TrainConfig, TreeConfig, check_run_name
 from ..trainer import Trainer
 from ..tree import TreeBatch
-from .policy import DEFAULT_TARGETS, ComfyPolicy
+from .policy import ComfyPolicy
 
 
 def comfy_progress(total: int) -> Callable[[], None]:
