@@ -326,6 +326,7 @@ class ComfyPolicy(Policy):
             def sample(self, model_wrap, sigmas, extra_args, callback, noise, latent_image=None,
                        denoise_mask=None, disable_pbar=False):
                 make_trainable_tensors(model_wrap.inner_model)
+                policy.guider.merged = {}  # conds were just processed for this phase: merge them afresh
                 policy._wrap, policy._extra = model_wrap, extra_args
                 try:
                     with snapshot_saved_activations(policy.snapshot_activations and torch.is_grad_enabled()):
@@ -400,12 +401,16 @@ def _make_guider(patcher, conds):
         included) when ComfyUI's conds allow it, else each prompt group gets its own call."""
 
         groups: list = []
+        merged: dict = {}   # (row groups) -> merged (positive, negative) conds, for the conds of one phase
 
         def predict_noise(self, x, timestep, model_options={}, seed=None):
             groups = self.groups or [(0, x.shape[0], 0)]
             if len(groups) > 1:
-                pos, ok_p = rows_conds(self.conds, groups, "positive")
-                neg, ok_n = rows_conds(self.conds, groups, "negative")
+                key = tuple(groups)
+                if key not in self.merged:  # a tree level's rows repeat at every step: merge them once
+                    self.merged[key] = (rows_conds(self.conds, groups, "positive"),
+                                        rows_conds(self.conds, groups, "negative"))
+                (pos, ok_p), (neg, ok_n) = self.merged[key]
                 if pos is not None and ok_p and ok_n:
                     return comfy.samplers.sampling_function(self.inner_model, x, timestep, neg, pos, self.cfg,
                                                             model_options=model_options, seed=seed)
