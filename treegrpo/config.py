@@ -254,6 +254,39 @@ class PipelineConfig:
 
 
 @dataclass
+class MemoryConfig:
+    """The memory plan (docs/design.md §7): before the first iteration, measure the model at the run's latent size,
+    predict each phase's peak and choose the fastest settings that fit; refuse before any work when none does."""
+
+    plan: str = _f("auto", "auto (plan when the budget is known: a GPU, or budget_gb > 0) | off (use the settings "
+                           "as given)")
+    budget_gb: float = _f(0.0, "accelerator memory to plan for, in GB (0 = the GPU's memory)")
+    checkpointing: str = _f("auto", "gradient checkpointing: auto (on when needed to fit) | on | off")
+    offload_rewards: str = _f("auto", "reward models on the CPU except while scoring: auto | on | off")
+    sample_batch: int = _f(0, "rows per denoiser call while sampling (0 = the plan's choice: a whole tree level)")
+
+    def __post_init__(self) -> None:
+        c = "MemoryConfig"
+        _choice(self, "plan", ("auto", "off"))
+        _choice(self, "checkpointing", ("auto", "on", "off"))
+        _choice(self, "offload_rewards", ("auto", "on", "off"))
+        _require(math.isfinite(self.budget_gb) and self.budget_gb >= 0, c, "budget_gb",
+                 f"must be a number of GB >= 0, got {self.budget_gb}")
+        _require(self.sample_batch >= 0, c, "sample_batch", f"must be >= 0, got {self.sample_batch}")
+
+    def fixed(self) -> dict:
+        """The choices the user fixed (``treegrpo.memory.plan``'s overrides)."""
+        out = {}
+        if self.checkpointing != "auto":
+            out["checkpointing"] = self.checkpointing == "on"
+        if self.offload_rewards != "auto":
+            out["offload_rewards"] = self.offload_rewards == "on"
+        if self.sample_batch:
+            out["sample_batch"] = self.sample_batch
+        return out
+
+
+@dataclass
 class TrainConfig:
     """The whole run: model, prompts, rewards, tree, advantages, LoRA, optimiser, loop and output."""
 
@@ -270,6 +303,7 @@ class TrainConfig:
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig, metadata={"help": "advantages"})
     lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": "LoRA adapter"})
     optim: OptimConfig = field(default_factory=OptimConfig, metadata={"help": "optimiser"})
+    memory: MemoryConfig = field(default_factory=MemoryConfig, metadata={"help": "memory plan"})
     iterations: int = _f(100, "training iterations (sample -> score -> update)")
     prompts_per_iter: int = _f(8, "prompts sampled per iteration")
     trees_per_prompt: int = _f(1, "trees (initial noises) per prompt per iteration")
@@ -299,6 +333,8 @@ class TrainConfig:
             self.optim = OptimConfig(**self.optim)
         if isinstance(self.pipeline, dict):
             self.pipeline = PipelineConfig(**self.pipeline)
+        if isinstance(self.memory, dict):
+            self.memory = MemoryConfig(**self.memory)
         self.rewards = [r if isinstance(r, RewardSpec) else RewardSpec(**r) for r in self.rewards]
         _choice(self, "backend", ("demo", "diffusers", "comfy"))
         _require(self.backend != "diffusers" or bool(self.model), c, "model",
@@ -350,7 +386,8 @@ class TrainConfig:
         if unknown:
             raise ConfigError(f"TrainConfig: unknown field(s) {unknown}; known: {sorted(known)}")
         for sub, klass in (("tree", TreeConfig), ("advantage", AdvantageConfig), ("lora", LoraConfig),
-                           ("optim", OptimConfig), ("pipeline", PipelineConfig)):
+                           ("optim", OptimConfig), ("pipeline", PipelineConfig),
+                           ("memory", MemoryConfig)):
             if isinstance(d.get(sub), dict):
                 kn = {f.name for f in dataclasses.fields(klass)}
                 bad = sorted(set(d[sub]) - kn)

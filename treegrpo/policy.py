@@ -30,6 +30,8 @@ class Policy(Protocol):
     #: the backend's own LoRA adapter (``parameters()``, ``named_lora_parameters()``, ``weights()``, ``load(w)``),
     #: or None: the trainer then injects PEFT LoRA layers into ``model`` (:class:`treegrpo.lora.PeftLoRA`)
     lora: Any = None
+    #: latents per VAE decode call (0: all at once), for the memory plan
+    decode_batch: int = 0
 
     def sigmas(self, steps: int) -> torch.Tensor:
         """(steps + 1,) float32 decreasing schedule ending in 0, with the model's shift."""
@@ -66,6 +68,17 @@ class Policy(Protocol):
         """Call ``fn()`` inside the backend's model context (ComfyUI: models loaded, conds processed once per
         phase); ``max_batch`` is the largest batch ``fn`` will denoise. Default: just call it."""
         return fn()
+
+    def set_gradient_checkpointing(self, on: bool) -> bool:
+        """Recompute the denoiser's activations in backward from now on (``on``); returns whether this backend
+        can. Default: it cannot (nothing changes)."""
+        return False
+
+    def memory_weights(self) -> dict[str, int]:
+        """Bytes each component keeps on the accelerator while it runs (``denoiser``, ``vae``, ...), for the
+        memory plan (``treegrpo.memory``). Default: the parameters and buffers of ``model``."""
+        from .memory import module_bytes
+        return {"denoiser": module_bytes(self.model)}
 
     def comfy_lora_state_dict(self, w) -> dict:
         """LoRA weights (:class:`treegrpo.lora.LoraWeights`) under ComfyUI's key names."""

@@ -28,6 +28,7 @@ from . import checkpoint as ckpt
 from .advantages import assign_advantages, check_rewards, weighted_raw
 from .config import AdvantageConfig, TrainConfig
 from .io import atomic_write, atomic_write_json
+from . import memory
 from .lora import PeftLoRA, check_base_model, from_state_dict, read_lora_file, save_lora_file, to_peft
 from .policy import Policy
 from .tree import TreeBatch, sample_ode, sample_trees, window_start_at
@@ -106,6 +107,9 @@ class Trainer:
             check_base_model(meta, self.base_model_name, cfg.lora.init_from)
             self.lora.load(from_state_dict(t, meta))
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+        self.memory_plan: Optional[memory.Plan] = None
+        self.memory_budget: Optional[float] = None   # bytes; None: cfg.memory.budget_gb, else the GPU's
+        self.log: Callable[[str], None] = print
         self.iteration = 0
         self.history: list[dict] = []
         self.evals: list[dict] = []
@@ -163,10 +167,11 @@ class Trainer:
         s = window_start_at(cfg.tree, it, random.Random(cfg.seed * 31 + it))
         sde_gen = [iteration_generator(cfg.seed, it, salt=1 + t) for t in mine]
         self.policy.model.eval()
+        rows = cfg.memory.sample_batch or len(tree_prompts) * cfg.tree.leaves
         batch = self.policy.run(lambda: sample_trees(
             self.policy, tree_prompts, cfg.tree, prompt_ids=tree_pids, window_start=s, guidance=cfg.cfg,
-            generator=sde_gen, noise=noise.to(self.policy.device), callback=self._cb),
-            max_batch=len(tree_prompts) * cfg.tree.leaves)
+            generator=sde_gen, noise=noise.to(self.policy.device), callback=self._cb, max_batch=rows),
+            max_batch=rows)
         batch.stats["t_sample"] = time.perf_counter() - t0
         return batch
 
@@ -189,6 +194,8 @@ class Trainer:
             images = self.policy.decode(batch.leaves)
         t1 = time.perf_counter()
         raw = self.score_images(images, batch.leaf_prompts)
+        if self.memory_plan is not None and self.memory_plan.workload.offload_rewards:
+            self._offload_rewards()
         batch.stats.update(t_decode=t1 - t0, t_reward=time.perf_counter() - t1)
         return raw
 
@@ -431,10 +438,60 @@ class Trainer:
             self.save_checkpoint()
             self.write_logs()
 
+    # ------------------------------------------------------------------ memory
+    def _offload_rewards(self) -> None:
+        for name in self.weights:
+            off = getattr(self.rewards[name], "offload", None)
+            if off is not None:
+                off()
+
+    def workload(self) -> memory.Workload:
+        """This rank's share of one iteration, as the memory model sees it."""
+        cfg = self.cfg
+        trees = cfg.prompts_per_iter * cfg.trees_per_prompt
+        trees = -(-trees // self.world)
+        batches = [getattr(self.rewards[n], "batch_size", 0) for n in self.weights] if self.rewards else [0]
+        return memory.Workload(trees=trees, branching=tuple(cfg.tree.branching), sample_batch=cfg.memory.sample_batch,
+                               microbatch=cfg.optim.microbatch, decode_batch=self.policy.decode_batch,
+                               reward_batch=0 if 0 in batches else max(batches))
+
+    def plan_memory(self, budget: Optional[float] = None, *, fake: bool = True) -> Optional[memory.Plan]:
+        """Measure the model, predict every phase's peak and apply the fastest settings that fit ``budget`` bytes
+        (default: ``memory.budget_gb``, else the GPU's memory); logs one line. Raises
+        :class:`treegrpo.memory.MemoryPlanError` before any work when nothing fits; None when there is no budget
+        (the CPU) or the plan is off."""
+        mc = self.cfg.memory
+        budget = budget or self.memory_budget or mc.budget_gb * memory.GB or memory.accelerator_budget(self.policy.device)
+        if mc.plan == "off" or not budget:
+            return None
+        fixed = mc.fixed()
+        if self.cfg.pipeline.gradient_checkpointing:
+            fixed.setdefault("checkpointing", True)
+        rewards = [self.rewards[n] for n in self.weights] if self.rewards else []
+        fp = memory.probe_policy(self.policy, self.prompts[0], self.cfg.cfg, self.params, rewards=rewards, fake=fake)
+        wl = self.workload()
+        p = memory.plan(fp, wl, budget, suggest=lambda short: memory.smallest_change(fp, wl, budget, fixed),
+                        **fixed)
+        self.apply_plan(p)
+        self.log("TreeGRPO memory: " + p.line())
+        return p
+
+    def apply_plan(self, p: memory.Plan) -> None:
+        import dataclasses
+        wl, cfg = p.workload, self.cfg
+        self.policy.set_gradient_checkpointing(wl.checkpointing)
+        self.cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, microbatch=wl.microbatch),
+                                       memory=dataclasses.replace(cfg.memory, sample_batch=wl.sample_batch))
+        self.memory_plan = p
+        if wl.offload_rewards:
+            self._offload_rewards()
+
     def train(self, iterations: Optional[int] = None, resume: bool = False) -> dict:
         """Run until ``iterations`` (default ``cfg.iterations``) or the time budget; returns a summary.
 
         On interrupt or error a checkpoint of the last completed iteration is written before raising."""
+        if self.memory_plan is None:
+            self.plan_memory()
         cfg = self.cfg
         total = iterations or cfg.iterations
         self.begin(resume)

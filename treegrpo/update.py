@@ -134,6 +134,9 @@ def backward_edges(policy: Policy, batch: TreeBatch, edges: EdgeSet, cfg: OptimC
         tot_loss += float(loss.detach())
         tot_ratio += float(ratio.detach().sum())
         tot_clip += float(((ratio.detach() - 1).abs() > cfg.clip_range).float().sum())
+        # free this microbatch's graph before the next forward: nodes the backward did not reach (e.g. std's)
+        # would otherwise keep their saved activations alive through it
+        del mean, std, logp, per_edge, ratio, loss
         if callback:
             callback()
     out.update(loss=tot_loss, kl=tot_kl / edges.n_edges, ratio_mean=tot_ratio / edges.n_edges,

@@ -26,6 +26,7 @@ from torch import nn
 from ..config import PipelineConfig
 from ..io import atomic_write
 from ..lora import LoraWeights, peft_adapters_disabled, to_peft
+from ..memory import module_bytes
 from ..policy import Policy, Prediction
 
 # family -> (pipeline class, denoiser attribute, ComfyUI LoRA key prefix)
@@ -151,6 +152,23 @@ class DiffusersPolicy(Policy):
             if self.pcfg.shift > 0:
                 sched_cfg.update(shift=self.pcfg.shift, use_dynamic_shifting=False)
             self.scheduler = FlowMatchEulerDiscreteScheduler.from_config(sched_cfg)
+
+    @property
+    def decode_batch(self) -> int:
+        return self.pcfg.decode_batch
+
+    def set_gradient_checkpointing(self, on: bool) -> bool:
+        if not getattr(self.model, "_supports_gradient_checkpointing", False):
+            return False
+        (self.model.enable_gradient_checkpointing if on else self.model.disable_gradient_checkpointing)()
+        return True
+
+    def memory_weights(self) -> dict[str, int]:
+        out = {"denoiser": module_bytes(self.model), "vae": module_bytes(self.pipe.vae)}
+        enc = [getattr(self.pipe, n, None) for n in ("text_encoder", "text_encoder_2", "text_encoder_3")]
+        out["text_encoders"] = sum(module_bytes(m) for m in enc if m is not None and
+                                   next(m.parameters()).device.type == self.device.type)
+        return out
 
     # ------------------------------------------------------------------ construction
     @classmethod

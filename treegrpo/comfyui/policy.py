@@ -125,7 +125,9 @@ class ComfyLoRA(nn.Module):
 
 def make_trainable_tensors(module: nn.Module) -> int:
     """Replace inference-mode parameters/buffers (made by loader nodes under the executor's
-    ``inference_mode``) with normal clones, so autograd can save them for backward. Returns the count."""
+    ``inference_mode``) with normal clones, so autograd can save them for backward, and freeze every base
+    weight (a model loaded outside inference mode would otherwise get full-size weight gradients: as much
+    memory again as its weights). Returns the count of clones."""
     n = 0
     with torch.inference_mode(False):
         for m in module.modules():
@@ -133,6 +135,8 @@ def make_trainable_tensors(module: nn.Module) -> int:
                 if p is not None and p.is_inference():
                     m._parameters[name] = nn.Parameter(p.clone(), requires_grad=False)
                     n += 1
+                elif p is not None and p.requires_grad:
+                    p.requires_grad_(False)
             for name, b in list(m._buffers.items()):
                 if b is not None and b.is_inference():
                     m._buffers[name] = b.clone()
@@ -165,9 +169,9 @@ def snapshot_saved_activations(enabled: bool = True):
         yield
 
 
-def checkpoint_patches(diffusion_model: nn.Module) -> dict[str, Callable]:
+def checkpoint_patches(diffusion_model: nn.Module, enabled: Callable[[], bool] = lambda: True) -> dict[str, Callable]:
     """Object patches (``diffusion_model.<block>.forward``) that recompute each transformer/UNet block in
-    backward (``torch.utils.checkpoint``, non-reentrant) while gradients are on. Blocks are the items of the
+    backward (``torch.utils.checkpoint``, non-reentrant) while gradients are on and ``enabled()``. Blocks are the items of the
     model's top-level ModuleLists (and of ``middle_block``); Sequential containers are checkpointed per
     child because ComfyUI's UNet iterates them instead of calling them. Each block runs on clones of its
     tensor inputs, so blocks that add residuals in place (Flux) cannot change what the recomputation sees."""
@@ -188,11 +192,13 @@ def checkpoint_patches(diffusion_model: nn.Module) -> dict[str, Callable]:
         orig = type(blk).forward
 
         def run(*args, **kwargs):
+            # Flux/Chroma pass img/txt by keyword and add residuals to them in place: clone those too
             args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+            kwargs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
             return orig(blk, *args, **kwargs)
 
         def forward(*args, **kwargs):
-            if not torch.is_grad_enabled():
+            if not torch.is_grad_enabled() or not enabled():
                 return orig(blk, *args, **kwargs)
             # callers mutate shared option dicts (ComfyUI's transformer_options: block index/type) after the
             # block returns: the recomputation must see them as they were
@@ -224,6 +230,8 @@ class ComfyPolicy(Policy):
     ``conds``: one ``(positive, negative)`` CONDITIONING pair per prompt in ``prompts``.
     Call the sampler/update inside :meth:`run`, which opens ComfyUI's sampling context."""
 
+    decode_batch = 1  # ComfyUI's VAE batches (and tiles) by the memory it finds free
+
     def __init__(self, model_patcher, prompts: list[str], conds: list[tuple[Any, Any]], latent_shape: tuple,
                  *, vae=None, lora_cfg: Optional[LoraConfig] = None, scheduler: str = "simple", seed: int = 0,
                  lora: Optional[ComfyLoRA] = None, gradient_checkpointing: bool = False):
@@ -242,9 +250,13 @@ class ComfyPolicy(Policy):
                                                                  lora_cfg or LoraConfig(targets=DEFAULT_TARGETS),
                                                                  device=self.device, seed=seed)
         self.lora.patch(self.patcher)
-        if gradient_checkpointing:  # −memory, +time: recompute blocks in backward
-            for key, fn in checkpoint_patches(self.patcher.model.diffusion_model).items():
-                self.patcher.add_object_patch(key, fn)
+        # gradient checkpointing (−memory, +time) is switched per call: the memory plan may turn it on
+        self.gradient_checkpointing = bool(gradient_checkpointing)
+        ckpt = checkpoint_patches(self.patcher.model.diffusion_model, lambda: self.gradient_checkpointing)
+        for key, fn in ckpt.items():
+            self.patcher.add_object_patch(key, fn)
+        self._can_checkpoint = bool(ckpt)
+        self._inplace = has_inplace_residuals(self.patcher.model.diffusion_model)
         self.model = self.lora  # trainable parameters live here
         self.prompts = list(prompts)
         self._index = {p: i for i, p in enumerate(self.prompts)}
@@ -256,11 +268,22 @@ class ComfyPolicy(Policy):
         self._wrap = None
         self._extra: dict = {}
         self.guider = _make_guider(self.patcher, conds)
-        self.gradient_checkpointing = bool(gradient_checkpointing)
-        # blocks that add residuals in place need their saved activations copied, unless checkpointing recomputes
-        # each block from copies of its inputs (then nothing autograd keeps can be modified afterwards)
-        self.snapshot_activations = has_inplace_residuals(self.patcher.model.diffusion_model) and \
-            not self.gradient_checkpointing
+
+    @property
+    def snapshot_activations(self) -> bool:
+        """Blocks that add residuals in place need their saved activations copied, unless checkpointing
+        recomputes each block from copies of its inputs (then nothing autograd keeps can change afterwards)."""
+        return self._inplace and not self.gradient_checkpointing
+
+    def set_gradient_checkpointing(self, on: bool) -> bool:
+        self.gradient_checkpointing = bool(on) and self._can_checkpoint
+        return self._can_checkpoint
+
+    def memory_weights(self) -> dict[str, int]:
+        out = {"denoiser": int(self.patcher.model_size())}
+        if self.vae is not None:
+            out["vae"] = int(self.vae.patcher.model_size())
+        return out
 
     # ---- Policy protocol
     def sigmas(self, steps: int) -> torch.Tensor:

@@ -1,0 +1,164 @@
+"""The memory model (treegrpo.memory): live-bytes measurement, the tree's counts, predicted vs measured peaks of
+every phase on reduced configurations of each family (CLI demo, and ComfyUI's own classes), and the plan."""
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from treegrpo import cli, memory
+from treegrpo.backends import load_policy
+from treegrpo.config import TrainConfig
+from treegrpo.trainer import Trainer
+
+TOLERANCE = 0.15
+
+
+def test_live_bytes_counts_storages_until_their_last_tensor_dies():
+    with memory.LiveBytes() as lb:
+        a = torch.zeros(1000)                # 4000 B
+        v = a[10:20]                          # a view: no new storage
+        b = torch.ones(250, dtype=torch.float64)   # 2000 B
+        assert lb.now == 6000
+        del a
+        assert lb.now == 6000                 # the view keeps the storage
+        del v, b
+        assert lb.now == 0
+    assert lb.peak == 6000
+
+
+def test_fake_tensors_measure_what_real_ones_allocate():
+    lin = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+
+    def step(x):
+        return torch.autograd.grad(lin(x).square().sum(), list(lin.parameters()))
+
+    real = memory.peak_of(step, lambda: (torch.randn(32, 64),), fake=False)
+    fake = memory.peak_of(step, lambda: (torch.randn(32, 64),), fake=True)
+    assert real == fake > 0
+
+
+def test_tree_counts_by_hand():
+    """2 trees, k=2, w=3: levels of 2, 4, 8 parents, 16 leaves; stored = 2+4+8 window levels + 16 level-3 nodes +
+    16 clean leaves; edges 4+8+16."""
+    wl = memory.Workload(trees=2, branching=(2, 2, 2))
+    assert (wl.leaves, wl.parents, wl.edges, wl.stored_latents) == (16, 14, 28, 46)
+    assert memory.Affine.from_probes(5, 8)(10) == 32
+
+
+def _measure(tr: Trainer) -> dict:
+    """Bytes each phase allocates at its peak (above what exists when it starts), measured with real tensors on
+    the second iteration (AdamW's state and the gradients exist by then, as in the model)."""
+    tr.train_step()
+    out = {}
+    with memory.LiveBytes() as lb:
+        batch = tr.sample()
+    out["sample"] = lb.peak
+    with memory.LiveBytes() as lb, torch.no_grad():
+        images = tr.policy.decode(batch.leaves)
+    out["decode"] = lb.peak
+    with memory.LiveBytes() as lb:
+        raw = tr.score_images(images, batch.leaf_prompts)
+    out["reward"] = lb.peak
+    tr.assign(batch, raw)
+    with memory.LiveBytes() as lb:
+        tr.update(batch)
+    out["update"] = lb.peak
+    return out
+
+
+def _check(predicted: dict, measured: dict, phases) -> None:
+    for k in phases:
+        got, want = measured[k], predicted[k][1]
+        assert want > 0 and abs(want - got) <= TOLERANCE * got, (k, got, want)
+
+
+@pytest.mark.parametrize("microbatch", [1, 5])
+def test_cli_demo_every_phase_is_predicted(tmp_path, microbatch):
+    d = cli.demo_config_dict()
+    d.update(output_dir=str(tmp_path), eval_every=0, prompts_per_iter=3, optim=dict(microbatch=microbatch))
+    cfg = TrainConfig.from_dict(d)
+    rewards = cli.build_rewards(cfg, "cpu")
+    policy, _ = load_policy(cfg, torch.device("cpu"))
+    tr = Trainer(cfg, policy, rewards, progress=False)
+    fp = memory.probe_policy(policy, cfg.prompts[0], cfg.cfg, tr.params, rewards=list(rewards.values()))
+    _check(memory.phases(fp, tr.workload()), _measure(tr), memory.PHASES)
+
+
+@pytest.mark.parametrize("arch", ["demo", "sd15", "sd3", "flux", "chroma"])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_comfy_families_sampling_and_update_are_predicted(comfyui_pack, tmp_path, arch, checkpointing):
+    """ComfyUI's own model classes (tiny), through the Train node's policy: CFG 2.5, two trees of k=2, w=3,
+    3 parents per microbatch. The probes run on fake tensors; the measurement on real ones."""
+    from test_comfy_gradients import _policy
+    policy, _ = _policy(arch, checkpointing)
+    d = cli.demo_config_dict()
+    d.update(backend="comfy", output_dir=str(tmp_path), eval_every=0, prompts=["p"], prompts_per_iter=1,
+             trees_per_prompt=2, cfg=2.5, optim=dict(microbatch=3),
+             tree=dict(steps=6, window_start=1, window_width=3, branch=2))
+    cfg = TrainConfig.from_dict(d)
+    rewards = {"demo_adherence": lambda images, prompts: images.mean((1, 2, 3))}
+    policy.decode = lambda latents: torch.sigmoid(latents[:, :3].float())   # the tiny models have no VAE
+    with torch.inference_mode(False):
+        tr = Trainer(cfg, policy, rewards, progress=False)
+        fp = memory.probe_policy(policy, "p", cfg.cfg, tr.params)
+        assert (fp.update_ckpt is not None) and fp.update_ckpt.per_row < fp.update.per_row
+        wl = dataclasses.replace(tr.workload(), checkpointing=checkpointing)
+        _check(memory.phases(fp, wl), _measure(tr), ("sample", "update"))
+
+
+def _footprint(**kw) -> memory.Footprint:
+    base = dict(weights={"denoiser": 4e9, "vae": 2e8, "rewards": 1e9}, lora=5e7, latent=4 * 16 * 128 * 128,
+                image=3 * 1024 * 1024 * 4, sample=memory.Affine(1e8, 3e8), update=memory.Affine(2e8, 2e9),
+                update_ckpt=memory.Affine(2e8, 4e8), decode=memory.Affine(0, 2e9), reward=memory.Affine(0, 1e8))
+    base.update(kw)
+    return memory.Footprint(**base)
+
+
+def test_the_plan_keeps_the_fastest_settings_that_fit():
+    fp, wl = _footprint(), memory.Workload(trees=4, branching=(2, 2, 2), microbatch=64, decode_batch=1)
+    roomy = memory.plan(fp, wl, 200e9)
+    assert not roomy.workload.checkpointing and roomy.workload.microbatch == 28 and roomy.workload.sample_batch == 0
+    tight = memory.plan(fp, wl, 12e9)
+    assert tight.peak <= 12e9
+    assert tight.workload.checkpointing or tight.workload.microbatch < 28 or tight.workload.offload_rewards
+    # every choice can be fixed by the user
+    fixed = memory.plan(fp, wl, 12e9, checkpointing=True, offload_rewards=False)
+    assert fixed.workload.checkpointing and not fixed.workload.offload_rewards
+    assert "checkpointing on" in fixed.line() and "planned peak" in fixed.line()
+
+
+def test_nothing_fits_names_the_smallest_change():
+    fp, wl = _footprint(), memory.Workload(trees=8, branching=(2, 2, 2), microbatch=64, decode_batch=1)
+    with pytest.raises(memory.MemoryPlanError, match="short"):
+        memory.plan(fp, wl, 5.0e9)
+    hint = memory.smallest_change(fp, wl, 6.5e9)
+    assert "tree" in hint or "fp8" in hint or "resolution" in hint
+    assert "weights alone" in memory.smallest_change(fp, wl, 1e9)
+
+
+def test_a_small_budget_turns_checkpointing_on_and_a_tiny_one_stops_before_sampling(tmp_path, monkeypatch):
+    """The CLI path: ``memory.budget_gb`` stands for the free memory of a GPU."""
+    d = cli.demo_config_dict()
+    d.update(output_dir=str(tmp_path), eval_every=0, prompts_per_iter=4, iterations=1)
+    cfg = TrainConfig.from_dict(d)
+    policy, _ = load_policy(cfg, torch.device("cpu"))
+    rewards = cli.build_rewards(cfg, "cpu")
+    tr = Trainer(cfg, policy, rewards, progress=False)
+    fp = memory.probe_policy(policy, cfg.prompts[0], cfg.cfg, tr.params, rewards=list(rewards.values()))
+    need = max(memory.predict(fp, tr.workload()).values())
+    small = memory.predict(fp, dataclasses.replace(tr.workload(), microbatch=1))
+    budget = (max(small.values()) + need) / 2
+    lines = []
+    tr.log = lines.append
+    p = tr.plan_memory(budget)
+    assert p.workload.microbatch < cfg.optim.microbatch and tr.cfg.optim.microbatch == p.workload.microbatch
+    assert p.peak <= budget and lines and lines[0].startswith("TreeGRPO memory: planned peak")
+
+    d.update(memory=dict(budget_gb=max(small.values()) / 4 / 1e9))
+    cfg2 = TrainConfig.from_dict(d)
+    tr2 = Trainer(cfg2, load_policy(cfg2, torch.device("cpu"))[0], rewards, progress=False)
+    monkeypatch.setattr(tr2, "sample", lambda: pytest.fail("sampled although nothing fits"))
+    with pytest.raises(memory.MemoryPlanError, match="not enough accelerator memory"):
+        tr2.train()
+    assert tr2.iteration == 0 and not (tmp_path / "treegrpo_demo").exists()

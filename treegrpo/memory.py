@@ -1,0 +1,399 @@
+"""Accelerator memory: measured, predicted and planned (docs/design.md §7).
+
+A training iteration has four phases whose peaks differ: sampling the trees (no-grad denoiser calls), decoding the
+leaves (VAE), scoring them (reward models) and the update (forward + backward through the LoRA). The model here is
+built from measurements of the policy the user loaded, at the latent size of the run:
+
+- **weights**: bytes of the parameters and buffers each component keeps on the accelerator (by their dtypes);
+- **working sets**: the peak bytes of tensors allocated during one denoiser call (no grad), one forward + backward
+  (with and without gradient checkpointing), one VAE decode and one reward call, each measured at 1 and 2 rows and
+  extended affinely (``a + b·rows``: the rows of a call share nothing but the weights);
+- **optimiser state**: the LoRA in float32 with its gradient and AdamW's two moments.
+
+The working sets are measured with :class:`LiveBytes` (every tensor storage allocated while it is active, alive until
+its last tensor dies: what CUDA's ``memory_allocated`` counts) under torch's ``FakeTensorMode``, so a probe of Flux
+at 1024² allocates nothing and costs no compute. :func:`plan` then picks the fastest settings whose predicted peak
+fits the free memory, or says what to change.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+GB = 1e9
+
+
+class LiveBytes(TorchDispatchMode):
+    """Counts the bytes of the tensor storages created while active (real or fake tensors): ``now`` and ``peak``.
+
+    A storage counts from the op that creates it until its last tensor is freed (views share it). Tensors that
+    existed before entering are not counted."""
+
+    def __init__(self):
+        super().__init__()
+        self._live: dict[int, list[int]] = {}
+        self.now = 0
+        self.peak = 0
+
+    def _track(self, t: torch.Tensor) -> None:
+        st = t.untyped_storage()
+        key = st._cdata
+        entry = self._live.get(key)
+        if entry is not None:
+            entry[1] += 1
+        else:
+            n = st.nbytes()
+            self._live[key] = [n, 1]
+            self.now += n
+            self.peak = max(self.peak, self.now)
+        weakref.finalize(t, self._release, key)
+
+    def _release(self, key: int) -> None:
+        entry = self._live.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            self.now -= entry[0]
+            del self._live[key]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+                self._track(t)
+        return out
+
+
+def fake_mode():
+    """torch's FakeTensorMode that also accepts the real weights of a loaded model (converted, not copied)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def peak_of(fn: Callable[..., Any], inputs: Callable[[], tuple] = tuple, fake: bool = True) -> int:
+    """Peak bytes of the tensors ``fn(*inputs())`` allocates, not counting the inputs (``fake``: measured without
+    allocating anything)."""
+    with (fake_mode() if fake else contextlib.nullcontext()):
+        args = inputs()
+        with LiveBytes() as live:
+            out = fn(*args)
+            del out
+    return live.peak
+
+
+def tensor_bytes(tensors) -> int:
+    """Bytes of distinct storages among ``tensors``."""
+    seen, total = set(), 0
+    for t in tensors:
+        st = t.untyped_storage()
+        if st._cdata not in seen:
+            seen.add(st._cdata)
+            total += st.nbytes()
+    return total
+
+
+def module_bytes(module: torch.nn.Module) -> int:
+    """Bytes of a module's parameters and buffers, each in its own dtype."""
+    return tensor_bytes([*module.parameters(), *module.buffers()])
+
+
+@dataclass(frozen=True)
+class Affine:
+    """``base + per_row·rows`` bytes."""
+
+    base: float
+    per_row: float
+
+    @classmethod
+    def from_probes(cls, one: float, two: float) -> "Affine":
+        return cls(float(2 * one - two), float(two - one))
+
+    def __call__(self, rows: int) -> float:
+        return self.base + self.per_row * rows if rows > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Measured memory of one policy at one latent size (bytes). ``None``: the phase was not measured."""
+
+    weights: dict                       # component -> bytes kept on the accelerator (denoiser, vae, rewards, ...)
+    lora: int                           # trainable parameter bytes
+    latent: int                         # one float32 latent row
+    image: int                          # one decoded float32 image
+    sample: Affine                      # one no-grad denoiser call of ``rows`` parents (CFG included)
+    update: Affine                      # one forward + backward of ``rows`` parents
+    update_ckpt: Optional[Affine]       # the same with gradient checkpointing (None: not available)
+    decode: Optional[Affine] = None     # one VAE decode of ``rows`` latents
+    reward: Optional[Affine] = None     # one call of the reward models on ``rows`` images
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one iteration asks of the accelerator."""
+
+    trees: int                          # trees sampled per iteration (on this rank)
+    branching: tuple                    # children per node at each window step
+    sample_batch: int = 0               # rows per denoiser call while sampling (0 = a whole level at once)
+    microbatch: int = 64                # parents per forward + backward
+    decode_batch: int = 0               # latents per VAE decode call (0 = all leaves at once)
+    reward_batch: int = 0               # images per reward-model call (0 = all leaves at once)
+    checkpointing: bool = False
+    offload_rewards: bool = False       # reward models on the CPU except while scoring
+
+    @property
+    def leaves(self) -> int:
+        return self.trees * math.prod(self.branching)
+
+    @property
+    def stored_latents(self) -> int:
+        """Latents a TreeBatch keeps: every window level plus the leaves."""
+        n, level = 0, self.trees
+        for b in self.branching:
+            n += level
+            level *= b
+        return n + 2 * level
+
+    @property
+    def parents(self) -> int:
+        return self.stored_latents - 2 * self.leaves
+
+    @property
+    def edges(self) -> int:
+        return self.stored_latents - self.trees - self.leaves
+
+
+PHASES = ("sample", "decode", "reward", "update")
+
+
+def phases(fp: Footprint, wl: Workload) -> dict[str, tuple[float, float]]:
+    """Per phase ``(bytes alive when it starts, bytes it allocates at its peak)``, for
+    ``"sample"`` (the trees), ``"decode"`` (the leaves), ``"reward"`` and ``"update"``."""
+    w = fp.weights
+    rewards_w = w.get("rewards", 0)
+    always = sum(v for k, v in w.items() if k not in ("vae", "rewards"))   # denoiser, text encoders, ...
+    resident = always + 4 * fp.lora + (0 if wl.offload_rewards else rewards_w)   # LoRA, its grad, AdamW's moments
+    tree = wl.stored_latents * fp.latent
+    rows = min(wl.sample_batch or wl.leaves, wl.leaves)
+    images = wl.leaves * fp.image
+    dec, rb = min(wl.decode_batch or wl.leaves, wl.leaves), min(wl.reward_batch or wl.leaves, wl.leaves)
+    work = fp.update_ckpt if wl.checkpointing else fp.update
+    if work is None:
+        raise ValueError("this model cannot use gradient checkpointing")
+    return {
+        "sample": (resident, tree + 2 * rows * fp.latent + fp.sample(rows)),
+        # the decode probe's peak includes its own output images, counted in ``images`` here
+        "decode": (resident + tree + w.get("vae", 0), images + (fp.decode(dec) - dec * fp.image if fp.decode else 0.0)),
+        "reward": (resident + tree + images + (rewards_w if wl.offload_rewards else 0),
+                   fp.reward(rb) if fp.reward else 0.0),
+        "update": (resident + tree, (wl.parents + wl.edges) * fp.latent + work(min(wl.microbatch, wl.parents))),
+    }
+
+
+def predict(fp: Footprint, wl: Workload) -> dict[str, float]:
+    """Predicted peak bytes of each phase, weights included."""
+    return {k: a + b for k, (a, b) in phases(fp, wl).items()}
+
+
+def describe(peaks: dict[str, float], budget: float) -> str:
+    phase = max(peaks, key=peaks.get)
+    return f"planned peak {peaks[phase] / GB:.1f} of {budget / GB:.1f} GB ({phase})"
+
+
+@dataclass(frozen=True)
+class Plan:
+    workload: Workload
+    peaks: dict
+    budget: float
+
+    @property
+    def peak(self) -> float:
+        return max(self.peaks.values())
+
+    def line(self) -> str:
+        wl = self.workload
+        parts = [describe(self.peaks, self.budget), "checkpointing " + ("on" if wl.checkpointing else "off"),
+                 f"{wl.microbatch} parent{'s' if wl.microbatch != 1 else ''} per microbatch",
+                 f"{wl.sample_batch or 'all'} rows per sampling call"]
+        if wl.offload_rewards:
+            parts.append("reward models on CPU while sampling and training")
+        return ", ".join(parts)
+
+
+class MemoryPlanError(RuntimeError):
+    """Nothing fits the memory: the message names the smallest change that would."""
+
+
+def _halving(n: int) -> list[int]:
+    out = [n]
+    while out[-1] > 1:
+        out.append(max(1, out[-1] // 2))
+    return out
+
+
+def candidates(wl: Workload, fp: Footprint, *, checkpointing: Optional[bool] = None,
+               offload_rewards: Optional[bool] = None, sample_batch: Optional[int] = None,
+               microbatch: Optional[int] = None) -> list[Workload]:
+    """Settings to try, fastest first: each choice fixed when given (a user's override), else free. Checkpointing
+    (≈+30 % update time) is tried after halving the microbatch and the sampling batch; offloading the reward
+    models (a host↔device copy per iteration) before checkpointing."""
+    ckpt = [checkpointing] if checkpointing is not None else \
+        [False, True] if fp.update_ckpt is not None else [False]
+    off = [offload_rewards] if offload_rewards is not None else \
+        [False, True] if fp.weights.get("rewards", 0) else [False]
+    sb = [sample_batch] if sample_batch is not None else [0] + _halving(wl.leaves)[1:]
+    mb = [microbatch] if microbatch is not None else _halving(min(wl.microbatch, max(wl.parents, 1)))
+    out = []
+    for c in ckpt:
+        for o in off:
+            for m in mb:
+                for s in sb:
+                    out.append(dataclasses.replace(wl, checkpointing=c, offload_rewards=o, microbatch=m,
+                                                   sample_batch=s))
+    return out
+
+
+def plan(fp: Footprint, wl: Workload, budget: float, *, suggest: Optional[Callable[[float], str]] = None,
+         **fixed) -> Plan:
+    """The first of :func:`candidates` whose predicted peak fits ``budget`` bytes.
+
+    ``fixed``: settings the user chose (``checkpointing``, ``offload_rewards``, ``sample_batch``, ``microbatch``).
+    Raises :class:`MemoryPlanError` before any work when none fits; ``suggest(shortfall bytes)`` adds the
+    smallest change that fits (the caller knows the resolution and the tree)."""
+    best = None
+    for cand in candidates(wl, fp, **fixed):
+        peaks = predict(fp, cand)
+        p = Plan(cand, peaks, budget)
+        if p.peak <= budget:
+            return p
+        if best is None or p.peak < best.peak:
+            best = p
+    short = best.peak - budget
+    phase = max(best.peaks, key=best.peaks.get)
+    msg = (f"not enough accelerator memory: the {phase} phase needs {best.peak / GB:.2f} GB and {budget / GB:.2f} GB "
+           f"are free ({short / GB:.2f} GB short), even with {best.line().split(', ', 1)[1]}.")
+    if suggest is not None:
+        msg += " " + suggest(short)
+    raise MemoryPlanError(msg)
+
+
+def _scaled(fp: Footprint, area: float) -> Footprint:
+    """The footprint at ``area`` × the latent area: per-row working sets, latents and images scale with it (the
+    tokens of a transformer, the pixels of a UNet); weights do not. An estimate: attention that is not
+    memory-efficient grows faster."""
+    def s(a: Optional[Affine]) -> Optional[Affine]:
+        return None if a is None else Affine(a.base, a.per_row * area)
+    return dataclasses.replace(fp, latent=int(fp.latent * area), image=int(fp.image * area), sample=s(fp.sample),
+                               update=s(fp.update), update_ckpt=s(fp.update_ckpt), decode=s(fp.decode),
+                               reward=fp.reward)
+
+
+def smallest_change(fp: Footprint, wl: Workload, budget: float, fixed: Optional[dict] = None) -> str:
+    """The least intrusive change that makes some plan fit, as advice: fewer trees per iteration, fp8 weights,
+    a narrower tree, a lower resolution (in that order)."""
+    fixed = fixed or {}
+
+    def fits(f: Footprint, w: Workload) -> bool:
+        return any(max(predict(f, c).values()) <= budget for c in candidates(w, f, **fixed))
+
+    for trees in range(wl.trees - 1, 0, -1):
+        if fits(fp, dataclasses.replace(wl, trees=trees)):
+            return f"Train {trees} tree{'s' if trees > 1 else ''} per iteration instead of {wl.trees} (fewer prompts " \
+                   f"per iteration), or free memory."
+    den = fp.weights.get("denoiser", 0)
+    fp8 = dataclasses.replace(fp, weights={**fp.weights, "denoiser": den // 2})
+    if den and fits(fp8, wl):
+        return "Load the model's weights in fp8 (UNETLoader weight_dtype fp8_e4m3fn), or free memory."
+    one = dataclasses.replace(wl, trees=1)
+    for width in range(len(wl.branching) - 1, 0, -1):
+        br = wl.branching[:width]
+        if fits(fp, dataclasses.replace(one, branching=br)):
+            return f"Use 1 tree per iteration and a window of {width} step{'s' if width > 1 else ''} " \
+                   f"({math.prod(br)} leaves per tree)."
+    for side in (0.75, 0.5, 0.375, 0.25):
+        if fits(_scaled(fp, side * side), one):
+            return f"Lower the resolution to about {side:g}× the width and height, with 1 tree per iteration."
+    return "The model's weights alone do not fit: use a smaller model or a GPU with more memory."
+
+
+def accelerator_budget(device) -> float:
+    """Bytes this process can use on ``device``: free memory plus what torch already holds (0 on the CPU)."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return 0.0
+    free, _ = torch.cuda.mem_get_info(device)
+    return float(free + torch.cuda.memory_reserved(device))
+
+
+# ------------------------------------------------------------------------------------------------- measuring
+
+
+def probe_policy(policy, prompt: str, guidance: float, params: Sequence[torch.Tensor], *,
+                 rewards: Sequence[Callable] = (), fake: bool = True) -> Footprint:
+    """Measure ``policy`` (see the module docstring) at its latent size; ``params`` are the trainable LoRA
+    parameters, ``rewards`` the reward callables ``(images (B, 3, H, W), prompts) -> (B,)``. ``fake=False``
+    measures with real tensors (tests)."""
+    shape = tuple(policy.latent_shape())
+    sigmas = policy.sigmas(10)
+    params = list(params)
+    was = bool(getattr(policy, "gradient_checkpointing", False))
+    can_ckpt = policy.set_gradient_checkpointing(False)
+
+    def denoise_peak(rows: int, grad: bool) -> int:
+        cond = policy.encode_prompts([prompt] * rows)
+        sigma = sigmas[[2] * rows]
+
+        def call(x):
+            with torch.set_grad_enabled(grad):
+                out = policy.denoise(x, sigma.to(policy.device), cond, guidance)
+                if grad:
+                    torch.autograd.grad(out.float().sum(), params)
+                return None
+
+        def latents():
+            return (torch.randn((rows, *shape), device=policy.device),)
+
+        return policy.run(lambda: peak_of(call, latents, fake), max_batch=rows)
+
+    def affine(fn: Callable[[int], int]) -> Affine:
+        return Affine.from_probes(fn(1), fn(2))
+
+    sample = affine(lambda n: denoise_peak(n, False))
+    update = affine(lambda n: denoise_peak(n, True))
+    update_ckpt = None
+    if can_ckpt:
+        policy.set_gradient_checkpointing(True)
+        try:
+            update_ckpt = affine(lambda n: denoise_peak(n, True))
+        finally:
+            policy.set_gradient_checkpointing(was)
+
+    decode = reward = None
+    image_shape = None
+    try:
+        with fake_mode() if fake else contextlib.nullcontext():
+            image_shape = tuple(policy.decode(torch.zeros((1, *shape), device=policy.device)).shape[1:])
+        decode = affine(lambda n: peak_of(policy.decode, lambda: (torch.randn((n, *shape), device=policy.device),),
+                                          fake))
+    except ValueError:  # no VAE connected
+        pass
+    if rewards and image_shape is not None:
+        def score(n):
+            return peak_of(lambda imgs: [r(imgs, [prompt] * n) for r in rewards],
+                           lambda: (torch.rand((n, *image_shape)),), fake)
+        reward = affine(score)
+    weights = dict(policy.memory_weights())
+    weights["rewards"] = sum(int(r.model_size()) for r in rewards if hasattr(r, "model_size"))
+    lora = tensor_bytes(params)
+    latent = math.prod(shape) * 4
+    image = math.prod(image_shape) * 4 if image_shape else 0
+    return Footprint(weights=weights, lora=lora, latent=latent, image=image, sample=sample, update=update,
+                     update_ckpt=update_ckpt, decode=decode, reward=reward)
