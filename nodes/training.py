@@ -8,7 +8,8 @@ from comfy_api.latest import io, ui
 
 from treegrpo.comfyui.policy import DEFAULT_TARGETS
 from treegrpo.comfyui.session import RunState, patched_model, run_previews, train_full, train_step
-from treegrpo.config import AdvantageConfig, ConfigError, LoraConfig, OptimConfig, TrainConfig, check_run_name
+from treegrpo.config import (AdvantageConfig, ConfigError, LoraConfig, MemoryConfig, OptimConfig, TrainConfig,
+                             check_run_name)
 from treegrpo.lora import LoraDict
 
 from .sampling import tail_inputs, tree_config, tree_inputs, validate_tree
@@ -37,8 +38,9 @@ class TrainerState(PackNode):
                 widget(io.Float, "clip_range", "PPO ratio clip", min=1e-6, max=1.0, step=1e-5),
                 widget(io.Float, "kl_beta", "KL weight to the base model (LoRA off)", min=0.0, max=10.0, step=0.001),
                 widget(io.Int, "seed", "seed of the LoRA initialisation", min=0, max=2**31 - 1),
-                io.Boolean.Input("gradient_checkpointing", default=False, optional=True,
-                                 tooltip="recompute blocks in backward: less memory, more time"),
+                widget(io.Combo, "gradient_checkpointing", "recompute blocks in backward (less memory, ~30% more "
+                       "update time); the step nodes make no memory plan, so auto means off here",
+                       options=["auto", "on", "off"], optional=True),
             ],
             outputs=[Run.Output(display_name="run", tooltip="to the Tree Sampler and the Trainer Step")],
         )
@@ -62,10 +64,10 @@ class TrainerState(PackNode):
 
     @classmethod
     def execute(cls, run_name, lora_rank, lora_alpha, learning_rate, clip_range, kl_beta, seed,
-                gradient_checkpointing=False):
+                gradient_checkpointing="auto"):
         return io.NodeOutput(RunState.get(run_name, LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=DEFAULT_TARGETS),
                                           OptimConfig(lr=learning_rate, clip_range=clip_range, kl_beta=kl_beta), seed,
-                                          bool(gradient_checkpointing)))
+                                          checkpointing_choice(gradient_checkpointing) == "on"))
 
 
 class TrainerStep(PackNode):
@@ -127,9 +129,14 @@ class Train(PackNode):
                 widget(io.String, "run_name", "checkpoints go to output/treegrpo/<run_name>/; the same name resumes"),
                 widget(io.Int, "eval_every", "evaluate on fixed noises every N iterations (reward curve)", min=0,
                        max=100000),
-                io.Boolean.Input("gradient_checkpointing", default=False, optional=True,
-                                 tooltip="recompute blocks in backward: less memory, more time"),
+                widget(io.Combo, "gradient_checkpointing", "recompute blocks in backward (less memory, ~30% more "
+                       "update time); auto: on when the memory plan needs it", options=["auto", "on", "off"],
+                       optional=True),
                 *tail_inputs(),
+                widget(io.Float, "memory_budget_gb", "GB the memory plan may use (0 = the GPU's memory; on the CPU "
+                       "nothing is planned). The plan picks checkpointing, microbatch and reward offload to fit, "
+                       "or stops before any work saying what to change", optional=True, min=0.0, max=4096.0,
+                       step=0.5),
             ],
             outputs=[io.Model.Output(display_name="model", tooltip="the model with the trained LoRA applied"),
                      io.LoraModel.Output(display_name="lora", tooltip="the LoRA, for TreeGRPO Save LoRA"),
@@ -147,7 +154,8 @@ class Train(PackNode):
     def execute(cls, model, clip, vae, prompts, negative, reward_model, weight_2, width, height, cfg, scheduler,
                 steps, window_start, window_width, branch, noise_level, window_schedule, iterations,
                 prompts_per_iteration, lora_rank, lora_alpha, learning_rate, seed, run_name, eval_every,
-                reward_model_2=None, gradient_checkpointing=False, antithetic=True, tail_solver=None, tail_steps=None):
+                reward_model_2=None, gradient_checkpointing="auto", antithetic=True, tail_solver=None, tail_steps=None,
+                memory_budget_gb=0.0):
         texts = [p.strip() for p in prompts.splitlines() if p.strip()]
         rewards = {reward_model["name"]: reward_model["model"]}
         specs = [{"name": reward_model["name"], "weight": 1.0}]
@@ -163,20 +171,29 @@ class Train(PackNode):
                          lora=LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=DEFAULT_TARGETS),
                          optim=OptimConfig(lr=learning_rate), iterations=iterations,
                          prompts_per_iter=prompts_per_iteration, seed=seed, eval_every=eval_every,
-                         eval_seeds=2, checkpoint_every=max(1, min(25, iterations)), run_name=run_name)
+                         eval_seeds=2, checkpoint_every=max(1, min(25, iterations)), run_name=run_name,
+                         memory=MemoryConfig(budget_gb=memory_budget_gb or 0.0,
+                                             checkpointing=checkpointing_choice(gradient_checkpointing)))
         conds = [(encode(clip, t), encode(clip, negative)) for t in texts]
         c = model.model.latent_format.latent_channels
         r = vae.spacial_compression_decode()
         if width % r or height % r:
             raise ValueError(f"width and height must be multiples of the VAE's scale factor {r}")
         trainer = train_full(model, vae, texts, conds, rewards, tc, (c, height // r, width // r),
-                             scheduler=scheduler, gradient_checkpointing=bool(gradient_checkpointing))
+                             scheduler=scheduler)
         curve, grid = run_previews(trainer, texts)
         lora = LoraDict(trainer.lora_tensors("comfy"), metadata=trainer.metadata())
         out_model = model.clone()
         trainer.lora.patch(out_model)
         return io.NodeOutput(out_model, lora, curve, grid,
                              ui=ui.PreviewImage(grid.cpu(), cls=cls))
+
+
+def checkpointing_choice(value) -> str:
+    """The widget's value; booleans from workflows saved before it became a choice mean on / auto."""
+    if isinstance(value, bool):
+        return "on" if value else "auto"
+    return value or "auto"
 
 
 def encode(clip, text: str):

@@ -7,7 +7,7 @@ import dataclasses
 
 from comfy_api.latest import io
 
-from treegrpo.config import AdvantageConfig, LoraConfig, OptimConfig, TrainConfig, TreeConfig
+from treegrpo.config import AdvantageConfig, LoraConfig, MemoryConfig, OptimConfig, TrainConfig, TreeConfig
 
 #: widget name → (config dataclass, field)
 CONFIG_WIDGETS = {
@@ -25,6 +25,7 @@ CONFIG_WIDGETS = {
     "seed": (TrainConfig, "seed"), "cfg": (TrainConfig, "cfg"), "negative": (TrainConfig, "negative_prompt"),
     "iterations": (TrainConfig, "iterations"), "prompts_per_iteration": (TrainConfig, "prompts_per_iter"),
     "eval_every": (TrainConfig, "eval_every"), "run_name": (TrainConfig, "run_name"),
+    "gradient_checkpointing": (MemoryConfig, "checkpointing"), "memory_budget_gb": (MemoryConfig, "budget_gb"),
 }
 
 

@@ -72,7 +72,7 @@ def train_node_graph(run_name: str, iterations: int) -> dict:
             "scheduler": "simple", "steps": 6, "window_start": 1, "window_width": 2, "branch": 2,
             "noise_level": 0.7, "window_schedule": "fixed", "iterations": iterations, "prompts_per_iteration": 2,
             "lora_rank": 4, "lora_alpha": 4.0, "learning_rate": 1e-2, "seed": 0, "run_name": run_name,
-            "eval_every": 0, "antithetic": True, "gradient_checkpointing": False}},
+            "eval_every": 0, "antithetic": True, "gradient_checkpointing": "off"}},
         "save": {"class_type": "TreeGRPOSaveLoRA", "inputs": {"lora": ["train", 1],
                                                               "filename_prefix": f"treegrpo/{run_name}"}},
     }

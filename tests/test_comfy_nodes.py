@@ -32,7 +32,7 @@ def step_graph(run_name, seed, nodes, model, pos, neg, to_image, reward="demo_ad
     g.update({
         "run": {"class_type": "TreeGRPOTrainerState", "inputs": {
             "run_name": run_name, "lora_rank": 4, "lora_alpha": 4.0, "learning_rate": 1e-2, "clip_range": 1e-4,
-            "kl_beta": 0.0, "seed": 0, "gradient_checkpointing": run_name in ("tiny_sd15", "tiny_sd3")}},
+            "kl_beta": 0.0, "seed": 0, "gradient_checkpointing": "on" if run_name in ("tiny_sd15", "tiny_sd3") else "off"}},
         "tree": {"class_type": "TreeGRPOTreeSampler", "inputs": {
             "model": model, "positive": pos, "negative": neg, "latent": ["lat", 0], "seed": seed,
             "cfg": 1.0, "scheduler": "simple", "steps": steps, "window_start": 1, "window_width": 2, "branch": 2,

@@ -109,8 +109,8 @@ def test_comfy_families_sampling_and_update_are_predicted(comfyui_pack, tmp_path
 
 def _footprint(**kw) -> memory.Footprint:
     base = dict(weights={"denoiser": 4e9, "vae": 2e8, "rewards": 1e9}, lora=5e7, latent=4 * 16 * 128 * 128,
-                image=3 * 1024 * 1024 * 4, sample=memory.Affine(1e8, 3e8), update=memory.Affine(2e8, 2e9),
-                update_ckpt=memory.Affine(2e8, 4e8), decode=memory.Affine(0, 2e9), reward=memory.Affine(0, 1e8))
+                image=3 * 1024 * 1024 * 4, sample=memory.Affine(1e8, 1e8), update=memory.Affine(2e8, 3e9),
+                update_ckpt=memory.Affine(2e8, 4e8), decode=memory.Affine(0, 2e9), reward=memory.Affine(0, 1e7))
     base.update(kw)
     return memory.Footprint(**base)
 
@@ -119,9 +119,16 @@ def test_the_plan_keeps_the_fastest_settings_that_fit():
     fp, wl = _footprint(), memory.Workload(trees=4, branching=(2, 2, 2), microbatch=64, decode_batch=1)
     roomy = memory.plan(fp, wl, 200e9)
     assert not roomy.workload.checkpointing and roomy.workload.microbatch == 28 and roomy.workload.sample_batch == 0
-    tight = memory.plan(fp, wl, 12e9)
-    assert tight.peak <= 12e9
-    assert tight.workload.checkpointing or tight.workload.microbatch < 28 or tight.workload.offload_rewards
+    def least(**fixed):
+        return min(max(memory.predict(fp, c).values()) for c in memory.candidates(wl, fp, **fixed))
+
+    # below the smallest peak without offload, the reward models go to the CPU; below the smallest with offload
+    # alone, checkpointing comes on too
+    plain, offloaded = least(checkpointing=False, offload_rewards=False), least(checkpointing=False, offload_rewards=True)
+    tight = memory.plan(fp, wl, 0.99 * plain)
+    assert tight.peak <= 0.99 * plain and tight.workload.offload_rewards and not tight.workload.checkpointing
+    tighter = memory.plan(fp, wl, 0.99 * offloaded)
+    assert tighter.workload.offload_rewards and tighter.workload.checkpointing
     # every choice can be fixed by the user
     fixed = memory.plan(fp, wl, 12e9, checkpointing=True, offload_rewards=False)
     assert fixed.workload.checkpointing and not fixed.workload.offload_rewards
@@ -138,27 +145,63 @@ def test_nothing_fits_names_the_smallest_change():
 
 
 def test_a_small_budget_turns_checkpointing_on_and_a_tiny_one_stops_before_sampling(tmp_path, monkeypatch):
-    """The CLI path: ``memory.budget_gb`` stands for the free memory of a GPU."""
+    """The CLI path: ``memory.budget_gb`` stands for the free memory of a GPU. Between the peak without
+    checkpointing (even at 1 parent per microbatch) and the peak with it, the plan turns checkpointing on; the
+    iteration then runs and its measured update stays within the budget."""
     d = cli.demo_config_dict()
-    d.update(output_dir=str(tmp_path), eval_every=0, prompts_per_iter=4, iterations=1)
+    d.update(output_dir=str(tmp_path), eval_every=0, prompts_per_iter=1, iterations=1)
     cfg = TrainConfig.from_dict(d)
     policy, _ = load_policy(cfg, torch.device("cpu"))
     rewards = cli.build_rewards(cfg, "cpu")
     tr = Trainer(cfg, policy, rewards, progress=False)
     fp = memory.probe_policy(policy, cfg.prompts[0], cfg.cfg, tr.params, rewards=list(rewards.values()))
-    need = max(memory.predict(fp, tr.workload()).values())
-    small = memory.predict(fp, dataclasses.replace(tr.workload(), microbatch=1))
-    budget = (max(small.values()) + need) / 2
+    assert fp.update_ckpt is not None and fp.update_ckpt.per_row < fp.update.per_row / 2
+    wl = tr.workload()
+
+    def least(ckpt):
+        return min(max(memory.predict(fp, c).values()) for c in memory.candidates(wl, fp, checkpointing=ckpt))
+
+    off, on = least(False), least(True)
+    assert on < off
+    budget = (on + off) / 2
     lines = []
     tr.log = lines.append
     p = tr.plan_memory(budget)
-    assert p.workload.microbatch < cfg.optim.microbatch and tr.cfg.optim.microbatch == p.workload.microbatch
-    assert p.peak <= budget and lines and lines[0].startswith("TreeGRPO memory: planned peak")
+    assert p.workload.checkpointing and p.peak <= budget
+    assert lines == ["TreeGRPO memory: " + p.line()] and "checkpointing on" in lines[0]
+    start = memory.phases(fp, p.workload)["update"][0]
+    got = _measure(tr)["update"]
+    assert start + got <= budget * (1 + TOLERANCE)
 
-    d.update(memory=dict(budget_gb=max(small.values()) / 4 / 1e9))
+    d.update(memory=dict(budget_gb=on / 4 / 1e9))
     cfg2 = TrainConfig.from_dict(d)
     tr2 = Trainer(cfg2, load_policy(cfg2, torch.device("cpu"))[0], rewards, progress=False)
     monkeypatch.setattr(tr2, "sample", lambda: pytest.fail("sampled although nothing fits"))
     with pytest.raises(memory.MemoryPlanError, match="not enough accelerator memory"):
         tr2.train()
     assert tr2.iteration == 0 and not (tmp_path / "treegrpo_demo").exists()
+
+
+def test_the_train_node_plans_before_any_work(comfyui_pack, caplog):
+    """The Train node's ``memory_budget_gb`` (what the GPU would report): a budget that fits logs the plan in one
+    line and trains with checkpointing turned on; one that cannot fit stops before sampling (no run folder, no
+    LoRA) with the message naming the shortfall and the change to make."""
+    import logging
+    from pathlib import Path
+
+    import behaviour_fixture as bf
+    import comfy_harness as ch
+
+    run = "memory_plan_node"
+    g = bf.train_node_graph(run, 1)
+    g["train"]["inputs"].update(memory_budget_gb=0.00001, gradient_checkpointing="auto")
+    with pytest.raises(ch.ComfyExecutionError, match="not enough accelerator memory.*GB short"):
+        comfyui_pack.execute(g)
+    assert not (Path(comfyui_pack.base_dir) / "output" / "treegrpo" / run).exists()
+
+    g["train"]["inputs"].update(memory_budget_gb=1.0, gradient_checkpointing="on")
+    with caplog.at_level(logging.INFO):
+        r = comfyui_pack.execute(g)
+    lines = [m for m in caplog.messages if m.startswith("TreeGRPO memory: planned peak")]
+    assert len(lines) == 1 and "checkpointing on" in lines[0] and "of 1.0 GB" in lines[0]
+    assert "saved" in r.outputs["save"]["text"][0]

@@ -22,7 +22,7 @@ def step_graph(run_name: str) -> dict:
         "lat": {"class_type": "VAEEncode", "inputs": {"pixels": ["empty", 0], "vae": ["d", 2]}},
         "run": {"class_type": "TreeGRPOTrainerState", "inputs": {
             "run_name": run_name, **LORA, "clip_range": 1e-4, "kl_beta": 0.0, "seed": 0,
-            "gradient_checkpointing": False}},
+            "gradient_checkpointing": "off"}},
         "tree": {"class_type": "TreeGRPOTreeSampler", "inputs": {
             "model": ["d", 0], "positive": ["pos", 0], "negative": ["neg", 0], "latent": ["lat", 0], "seed": 0,
             "cfg": 1.0, "scheduler": "simple", **SHAPE, "trees_per_latent": 1, "prompt": PROMPT,
@@ -49,7 +49,7 @@ def train_graph(run_name: str) -> dict:
             "model": ["d", 0], "clip": ["d", 1], "vae": ["d", 2], "prompts": PROMPT, "negative": "",
             "reward_model": ["rm", 0], "weight_2": 1.0, "width": 16, "height": 16, "cfg": 1.0, "scheduler": "simple",
             **SHAPE, "iterations": 2, "prompts_per_iteration": 3, **LORA, "seed": 0, "run_name": run_name,
-            "eval_every": 0, "gradient_checkpointing": False}},
+            "eval_every": 0, "gradient_checkpointing": "off"}},
         "save": {"class_type": "TreeGRPOSaveLoRA", "inputs": {"lora": ["train", 1],
                                                               "filename_prefix": f"treegrpo/{run_name}"}},
     }

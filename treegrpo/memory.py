@@ -376,13 +376,19 @@ def probe_policy(policy, prompt: str, guidance: float, params: Sequence[torch.Te
         finally:
             policy.set_gradient_checkpointing(was)
 
+    # models are moved onto the device before the fake probes: a move under the fake mode would swap their
+    # weights for fake ones
+    policy.prepare_memory_probe()
+    for r in rewards:
+        if hasattr(r, "load"):
+            r.load()
     decode = reward = None
     image_shape = None
     try:
         with fake_mode() if fake else contextlib.nullcontext():
-            image_shape = tuple(policy.decode(torch.zeros((1, *shape), device=policy.device)).shape[1:])
-        decode = affine(lambda n: peak_of(policy.decode, lambda: (torch.randn((n, *shape), device=policy.device),),
-                                          fake))
+            image_shape = tuple(policy.probe_decode(torch.zeros((1, *shape), device=policy.device)).shape[1:])
+        decode = affine(lambda n: peak_of(policy.probe_decode,
+                                          lambda: (torch.randn((n, *shape), device=policy.device),), fake))
     except ValueError:  # no VAE connected
         pass
     if rewards and image_shape is not None:

@@ -74,6 +74,14 @@ class Policy(Protocol):
         can. Default: it cannot (nothing changes)."""
         return False
 
+    def prepare_memory_probe(self) -> None:
+        """Put every model the probes use on its device (the probes run on fake tensors: moving a model then
+        would replace its weights with fake ones). Default: nothing to do."""
+
+    def probe_decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Decode as :meth:`decode` does, without loading or moving models (for the memory probe)."""
+        return self.decode(latents)
+
     def memory_weights(self) -> dict[str, int]:
         """Bytes each component keeps on the accelerator while it runs (``denoiser``, ``vae``, ...), for the
         memory plan (``treegrpo.memory``). Default: the parameters and buffers of ``model``."""

@@ -46,7 +46,7 @@ def real_model_workflow(loader_nodes, model, clip, vae, size, reward_note, steps
         train_node("train", model, clip, vae, ("rm", 0), prompts=prompts, width=size, height=size, steps=steps,
                    cfg=cfg, window_start=1, window_width=3, iterations=200, prompts_per_iteration=2,
                    lora_rank=32, lora_alpha=64.0, learning_rate=3e-4, run_name="treegrpo_run", eval_every=20,
-                   negative="blurry, low quality", gradient_checkpointing=True),  # real sizes: memory first
+                   negative="blurry, low quality", gradient_checkpointing="auto"),  # real sizes: the memory plan decides
         ("save", "TreeGRPOSaveLoRA", {"filename_prefix": "treegrpo/treegrpo_lora"}, {"lora": ("train", 1)}),
         ("curve", "PreviewImage", {}, {"images": ("train", 2)}),
         ("grid", "PreviewImage", {}, {"images": ("train", 3)}),

@@ -74,5 +74,11 @@ class DemoPolicy(Policy):
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         return ((latents.float() + 1) / 2).clamp(0, 1)
 
+    def set_gradient_checkpointing(self, on: bool) -> bool:
+        for m in self.model.modules():
+            if hasattr(m, "gradient_checkpointing") and isinstance(m.gradient_checkpointing, bool):
+                m.gradient_checkpointing = bool(on)
+        return True
+
     def lora_disabled(self) -> contextlib.AbstractContextManager:
         return peft_adapters_disabled(self.model)

@@ -279,6 +279,18 @@ class ComfyPolicy(Policy):
         self.gradient_checkpointing = bool(on) and self._can_checkpoint
         return self._can_checkpoint
 
+    def prepare_memory_probe(self) -> None:
+        if self.vae is not None:
+            import comfy.model_management
+            comfy.model_management.load_models_gpu([self.vae.patcher])
+
+    def probe_decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """The VAE's decoder on ``latents`` (B, C, H, W) → (B, 3, H', W'), with the model where it is."""
+        if self.vae is None:
+            raise ValueError("no VAE given: connect a VAE to decode the leaves")
+        raw = self.patcher.model.process_latent_out(latents.float())
+        return self.vae.first_stage_model.decode(raw.to(self.vae.device, self.vae.vae_dtype)).float()
+
     def memory_weights(self) -> dict[str, int]:
         out = {"denoiser": int(self.patcher.model_size())}
         if self.vae is not None:

@@ -13,6 +13,7 @@ Imported only inside ComfyUI (it imports ``comfy`` lazily).
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -230,21 +231,37 @@ def latent_shape_of(latent: dict, model=None) -> tuple[int, int, int]:
     return tuple(int(v) for v in s.shape[1:])
 
 
+def memory_budget(device) -> float:
+    """Bytes the Train node may plan for on ComfyUI's device: the free memory plus what ComfyUI's loaded models
+    hold (it unloads them on demand), less the memory ComfyUI keeps in reserve; 0 on the CPU (no plan)."""
+    import comfy.model_management as mm
+
+    device = torch.device(device)
+    if mm.is_device_cpu(device):
+        return 0.0
+    loaded = sum(m.model_loaded_memory() for m in mm.current_loaded_models if m.device == device)
+    return float(mm.get_free_memory(device) + loaded - mm.extra_reserved_memory())
+
+
 def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict, cfg: TrainConfig,
-               latent_shape: tuple, *, scheduler: str = "simple", gradient_checkpointing: bool = False) -> Trainer:
+               latent_shape: tuple, *, scheduler: str = "simple") -> Trainer:
     """The whole TreeGRPO loop on a ComfyUI model (the Train node); resumes the run's latest checkpoint.
-    The ProgressBar advances once per iteration; interrupts are checked at every denoiser/update step
-    and answered with a checkpoint (by the Trainer) before the exception propagates. Returns the Trainer."""
+    Before any sampling the memory plan (``cfg.memory``) picks checkpointing, microbatch and offload for the
+    device's memory (or refuses). The ProgressBar advances once per iteration; interrupts are checked at every
+    denoiser/update step and answered with a checkpoint (by the Trainer) before the exception propagates."""
     import comfy.model_management
 
     policy = ComfyPolicy(model, prompts, conds, latent_shape, vae=vae, lora_cfg=cfg.lora, scheduler=scheduler,
-                         seed=cfg.seed, gradient_checkpointing=gradient_checkpointing)
+                         seed=cfg.seed, gradient_checkpointing=cfg.memory.checkpointing == "on")
     bar = comfy_progress(cfg.iterations)
     with torch.inference_mode(False):
         trainer = Trainer(dataclasses.replace(cfg, output_dir=run_folder(cfg.run_name)), policy, rewards,
                           progress=False, base_model_name=model_name(model),
                           step_callback=comfy.model_management.throw_exception_if_processing_interrupted,
                           iteration_callback=lambda stats: bar())
+        trainer.log = logging.info
+        if not cfg.memory.budget_gb:
+            trainer.memory_budget = memory_budget(policy.device) or None
         trainer.train(resume=True)
     trainer.save_lora()  # before anything optional: a failing preview must never cost the trained LoRA
     return trainer

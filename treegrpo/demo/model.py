@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 from torch import nn
 
 from .shapes import COLOURS, RESOLUTION, SHAPES, parse_prompt
@@ -172,6 +173,7 @@ class DemoDiT(nn.Module):
         self.norm_out = nn.LayerNorm(d, elementwise_affine=False, eps=1e-6)
         self.adaLN_out = nn.Linear(d, 2 * d)
         self.proj_out = nn.Linear(d, cfg.in_channels * p * p)
+        self.gradient_checkpointing = False   # recompute each block in backward (less memory, more time)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -213,8 +215,9 @@ class DemoDiT(nn.Module):
         if cfg.pooled_text:
             c = c + self.text_pool(txt.mean(dim=1))
         c = F.silu(c)
+        recompute = self.gradient_checkpointing and torch.is_grad_enabled()
         for blk in self.blocks:
-            h = blk(h, c)
+            h = checkpoint(blk, h, c, use_reentrant=False) if recompute else blk(h, c)
         shift, scale = self.adaLN_out(c).chunk(2, dim=-1)
         out = self.proj_out(_modulate(self.norm_out(h[:, n_txt:]), shift, scale))
         return out.view(b, hp, wp, ch, p, p).permute(0, 3, 1, 4, 2, 5).reshape(b, ch, hgt, wid)
