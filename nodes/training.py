@@ -7,7 +7,8 @@ import comfy.samplers
 from comfy_api.latest import io, ui
 
 from treegrpo.comfyui.policy import DEFAULT_TARGETS
-from treegrpo.comfyui.session import RunState, patched_model, run_previews, train_full, train_step
+from treegrpo.comfyui.session import (RunState, latent_shape_for, patched_model, run_previews, train_full,
+                                      train_step)
 from treegrpo.config import (AdvantageConfig, ConfigError, LoraConfig, MemoryConfig, OptimConfig, TrainConfig,
                              check_run_name)
 from treegrpo.lora import LoraDict
@@ -175,11 +176,10 @@ class Train(PackNode):
                          memory=MemoryConfig(budget_gb=memory_budget_gb or 0.0,
                                              checkpointing=checkpointing_choice(gradient_checkpointing)))
         conds = [(encode(clip, t), encode(clip, negative)) for t in texts]
-        c = model.model.latent_format.latent_channels
         r = vae.spacial_compression_decode()
         if width % r or height % r:
             raise ValueError(f"width and height must be multiples of the VAE's scale factor {r}")
-        trainer = train_full(model, vae, texts, conds, rewards, tc, (c, height // r, width // r),
+        trainer = train_full(model, vae, texts, conds, rewards, tc, latent_shape_for(model, width, height, r),
                              scheduler=scheduler)
         curve, grid = run_previews(trainer, texts)
         lora = LoraDict(trainer.lora_tensors("comfy"), metadata=trainer.metadata())

@@ -43,7 +43,9 @@ def test_tree_counts_by_hand():
     16 clean leaves; edges 4+8+16."""
     wl = memory.Workload(trees=2, branching=(2, 2, 2))
     assert (wl.leaves, wl.parents, wl.edges, wl.stored_latents) == (16, 14, 28, 46)
-    assert memory.Affine.from_probes(5, 8)(10) == 32
+    c = memory.Curve(((1, 5), (2, 8), (8, 20)))
+    assert (c(1), c(2), c(4), c(8), c(16)) == (5, 8, 12, 20, 36)
+    assert memory.halvings(28) == [28, 14, 7, 3, 1]
 
 
 def _measure(tr: Trainer) -> dict:
@@ -81,11 +83,13 @@ def test_cli_demo_every_phase_is_predicted(tmp_path, microbatch):
     rewards = cli.build_rewards(cfg, "cpu")
     policy, _ = load_policy(cfg, torch.device("cpu"))
     tr = Trainer(cfg, policy, rewards, progress=False)
-    fp = memory.probe_policy(policy, cfg.prompts[0], cfg.cfg, tr.params, rewards=list(rewards.values()))
-    _check(memory.phases(fp, tr.workload()), _measure(tr), memory.PHASES)
+    wl = tr.workload()
+    fp = memory.probe_policy(policy, cfg.prompts[0], cfg.cfg, tr.params, rewards=list(rewards.values()),
+                             **memory.probe_rows(wl))
+    _check(memory.phases(fp, wl), _measure(tr), memory.PHASES)
 
 
-@pytest.mark.parametrize("arch", ["demo", "sd15", "sd3", "flux", "chroma"])
+@pytest.mark.parametrize("arch", ["demo", "sd15", "sdxl", "sd3", "flux", "chroma", "qwen_image", "hunyuan_video"])
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_comfy_families_sampling_and_update_are_predicted(comfyui_pack, tmp_path, arch, checkpointing):
     """ComfyUI's own model classes (tiny), through the Train node's policy: CFG 2.5, two trees of k=2, w=3,
@@ -98,19 +102,20 @@ def test_comfy_families_sampling_and_update_are_predicted(comfyui_pack, tmp_path
              tree=dict(steps=6, window_start=1, window_width=3, branch=2))
     cfg = TrainConfig.from_dict(d)
     rewards = {"demo_adherence": lambda images, prompts: images.mean((1, 2, 3))}
-    policy.decode = lambda latents: torch.sigmoid(latents[:, :3].float())   # the tiny models have no VAE
+    policy.decode = lambda latents: torch.sigmoid(latents[:, :3].float().flatten(2, -2))   # the tiny models: no VAE
     with torch.inference_mode(False):
         tr = Trainer(cfg, policy, rewards, progress=False)
-        fp = memory.probe_policy(policy, "p", cfg.cfg, tr.params)
-        assert (fp.update_ckpt is not None) and fp.update_ckpt.per_row < fp.update.per_row
         wl = dataclasses.replace(tr.workload(), checkpointing=checkpointing)
+        fp = memory.probe_policy(policy, "p", cfg.cfg, tr.params, **memory.probe_rows(wl))
+        assert fp.update_ckpt is not None and fp.update_ckpt(3) < fp.update(3)
         _check(memory.phases(fp, wl), _measure(tr), ("sample", "update"))
 
 
 def _footprint(**kw) -> memory.Footprint:
     base = dict(weights={"denoiser": 4e9, "vae": 2e8, "rewards": 1e9}, lora=5e7, latent=4 * 16 * 128 * 128,
-                image=3 * 1024 * 1024 * 4, sample=memory.Affine(1e8, 1e8), update=memory.Affine(2e8, 3e9),
-                update_ckpt=memory.Affine(2e8, 4e8), decode=memory.Affine(0, 2e9), reward=memory.Affine(0, 1e7))
+                image=3 * 1024 * 1024 * 4, sample=memory.Curve.linear(1e8, 1e8),
+                update=memory.Curve.linear(2e8, 3e9), update_ckpt=memory.Curve.linear(2e8, 4e8),
+                decode=memory.Curve.linear(0, 2e9), reward=memory.Curve.linear(0, 1e7))
     base.update(kw)
     return memory.Footprint(**base)
 
@@ -154,9 +159,10 @@ def test_a_small_budget_turns_checkpointing_on_and_a_tiny_one_stops_before_sampl
     policy, _ = load_policy(cfg, torch.device("cpu"))
     rewards = cli.build_rewards(cfg, "cpu")
     tr = Trainer(cfg, policy, rewards, progress=False)
-    fp = memory.probe_policy(policy, cfg.prompts[0], cfg.cfg, tr.params, rewards=list(rewards.values()))
-    assert fp.update_ckpt is not None and fp.update_ckpt.per_row < fp.update.per_row / 2
     wl = tr.workload()
+    fp = memory.probe_policy(policy, cfg.prompts[0], cfg.cfg, tr.params, rewards=list(rewards.values()),
+                             **memory.probe_rows(wl))
+    assert fp.update_ckpt is not None and fp.update_ckpt(8) < fp.update(8) / 2
 
     def least(ckpt):
         return min(max(memory.predict(fp, c).values()) for c in memory.candidates(wl, fp, checkpointing=ckpt))

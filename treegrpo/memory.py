@@ -6,8 +6,8 @@ built from measurements of the policy the user loaded, at the latent size of the
 
 - **weights**: bytes of the parameters and buffers each component keeps on the accelerator (by their dtypes);
 - **working sets**: the peak bytes of tensors allocated during one denoiser call (no grad), one forward + backward
-  (with and without gradient checkpointing), one VAE decode and one reward call, each measured at 1 and 2 rows and
-  extended affinely (``a + b·rows``: the rows of a call share nothing but the weights);
+  (with and without gradient checkpointing), one VAE decode and one reward call, each measured at the row counts
+  the plan may choose (:class:`Curve`);
 - **optimiser state**: the LoRA in float32 with its gradient and AdamW's two moments.
 
 The working sets are measured with :class:`LiveBytes` (every tensor storage allocated while it is active, alive until
@@ -107,18 +107,31 @@ def module_bytes(module: torch.nn.Module) -> int:
 
 
 @dataclass(frozen=True)
-class Affine:
-    """``base + per_row·rows`` bytes."""
+class Curve:
+    """Peak bytes of a call as a function of its rows, from measurements at some row counts: exact there,
+    piecewise linear between them and linear beyond the last two (the rows of a call share nothing but the
+    weights, but a fixed transient can dominate small calls, so a curve probed at 1 and 2 rows alone can
+    under-predict 16)."""
 
-    base: float
-    per_row: float
+    points: tuple   # ((rows, bytes), ...) sorted by rows
 
     @classmethod
-    def from_probes(cls, one: float, two: float) -> "Affine":
-        return cls(float(2 * one - two), float(two - one))
+    def linear(cls, base: float, per_row: float) -> "Curve":
+        return cls(((1, base + per_row), (2, base + 2 * per_row)))
 
     def __call__(self, rows: int) -> float:
-        return self.base + self.per_row * rows if rows > 0 else 0.0
+        if rows <= 0:
+            return 0.0
+        pts = self.points
+        if len(pts) == 1:
+            return float(pts[0][1]) * rows / pts[0][0]
+        for (r0, y0), (r1, y1) in zip(pts, pts[1:]):
+            if rows <= r1:
+                break
+        return float(y0 + (y1 - y0) * (rows - r0) / (r1 - r0))
+
+    def scaled(self, factor: float) -> "Curve":
+        return Curve(tuple((r, y * factor) for r, y in self.points))
 
 
 @dataclass(frozen=True)
@@ -129,11 +142,11 @@ class Footprint:
     lora: int                           # trainable parameter bytes
     latent: int                         # one float32 latent row
     image: int                          # one decoded float32 image
-    sample: Affine                      # one no-grad denoiser call of ``rows`` parents (CFG included)
-    update: Affine                      # one forward + backward of ``rows`` parents
-    update_ckpt: Optional[Affine]       # the same with gradient checkpointing (None: not available)
-    decode: Optional[Affine] = None     # one VAE decode of ``rows`` latents
-    reward: Optional[Affine] = None     # one call of the reward models on ``rows`` images
+    sample: Curve                       # one no-grad denoiser call of ``rows`` parents (CFG included)
+    update: Curve                       # one forward + backward of ``rows`` parents
+    update_ckpt: Optional[Curve]        # the same with gradient checkpointing (None: not available)
+    decode: Optional[Curve] = None      # one VAE decode of ``rows`` latents
+    reward: Optional[Curve] = None      # one call of the reward models on ``rows`` images
 
 
 @dataclass(frozen=True)
@@ -232,13 +245,6 @@ class MemoryPlanError(RuntimeError):
     """Nothing fits the memory: the message names the smallest change that would."""
 
 
-def _halving(n: int) -> list[int]:
-    out = [n]
-    while out[-1] > 1:
-        out.append(max(1, out[-1] // 2))
-    return out
-
-
 def candidates(wl: Workload, fp: Footprint, *, checkpointing: Optional[bool] = None,
                offload_rewards: Optional[bool] = None, sample_batch: Optional[int] = None,
                microbatch: Optional[int] = None) -> list[Workload]:
@@ -249,8 +255,8 @@ def candidates(wl: Workload, fp: Footprint, *, checkpointing: Optional[bool] = N
         [False, True] if fp.update_ckpt is not None else [False]
     off = [offload_rewards] if offload_rewards is not None else \
         [False, True] if fp.weights.get("rewards", 0) else [False]
-    sb = [sample_batch] if sample_batch is not None else [0] + _halving(wl.leaves)[1:]
-    mb = [microbatch] if microbatch is not None else _halving(min(wl.microbatch, max(wl.parents, 1)))
+    sb = [sample_batch] if sample_batch is not None else [0] + halvings(wl.leaves)[1:]
+    mb = [microbatch] if microbatch is not None else halvings(min(wl.microbatch, max(wl.parents, 1)))
     out = []
     for c in ckpt:
         for o in off:
@@ -289,8 +295,8 @@ def _scaled(fp: Footprint, area: float) -> Footprint:
     """The footprint at ``area`` × the latent area: per-row working sets, latents and images scale with it (the
     tokens of a transformer, the pixels of a UNet); weights do not. An estimate: attention that is not
     memory-efficient grows faster."""
-    def s(a: Optional[Affine]) -> Optional[Affine]:
-        return None if a is None else Affine(a.base, a.per_row * area)
+    def s(a: Optional[Curve]) -> Optional[Curve]:
+        return None if a is None else a.scaled(area)
     return dataclasses.replace(fp, latent=int(fp.latent * area), image=int(fp.image * area), sample=s(fp.sample),
                                update=s(fp.update), update_ckpt=s(fp.update_ckpt), decode=s(fp.decode),
                                reward=fp.reward)
@@ -336,10 +342,28 @@ def accelerator_budget(device) -> float:
 # ------------------------------------------------------------------------------------------------- measuring
 
 
+def halvings(n: int) -> list[int]:
+    """``[n, n/2, n/4, ..., 1]`` (integer halving): the batch sizes a plan tries."""
+    out = [max(1, int(n))]
+    while out[-1] > 1:
+        out.append(max(1, out[-1] // 2))
+    return out
+
+
+def probe_rows(wl: Workload) -> dict:
+    """The row counts :func:`plan` can ask about for ``wl``, per phase (``probe_policy``'s keywords)."""
+    return {"sample_rows": halvings(wl.leaves), "update_rows": halvings(min(wl.microbatch, max(wl.parents, 1))),
+            "decode_rows": [min(wl.decode_batch or wl.leaves, wl.leaves)],
+            "reward_rows": [min(wl.reward_batch or wl.leaves, wl.leaves)]}
+
+
 def probe_policy(policy, prompt: str, guidance: float, params: Sequence[torch.Tensor], *,
-                 rewards: Sequence[Callable] = (), fake: bool = True) -> Footprint:
+                 rewards: Sequence[Callable] = (), fake: bool = True, sample_rows: Sequence[int] = (1, 2),
+                 update_rows: Sequence[int] = (1, 2), decode_rows: Sequence[int] = (1, 2),
+                 reward_rows: Sequence[int] = (1, 2)) -> Footprint:
     """Measure ``policy`` (see the module docstring) at its latent size; ``params`` are the trainable LoRA
-    parameters, ``rewards`` the reward callables ``(images (B, 3, H, W), prompts) -> (B,)``. ``fake=False``
+    parameters, ``rewards`` the reward callables ``(images (B, 3, H, W), prompts) -> (B,)``. Each phase's call is
+    measured at the row counts given (and 1), so the curves are exact where the plan looks. ``fake=False``
     measures with real tensors (tests)."""
     shape = tuple(policy.latent_shape())
     sigmas = policy.sigmas(10)
@@ -355,7 +379,7 @@ def probe_policy(policy, prompt: str, guidance: float, params: Sequence[torch.Te
             with torch.set_grad_enabled(grad):
                 out = policy.denoise(x, sigma.to(policy.device), cond, guidance)
                 if grad:
-                    torch.autograd.grad(out.float().sum(), params)
+                    torch.autograd.grad(out.float().sum(), params, allow_unused=True)
                 return None
 
         def latents():
@@ -363,16 +387,16 @@ def probe_policy(policy, prompt: str, guidance: float, params: Sequence[torch.Te
 
         return policy.run(lambda: peak_of(call, latents, fake), max_batch=rows)
 
-    def affine(fn: Callable[[int], int]) -> Affine:
-        return Affine.from_probes(fn(1), fn(2))
+    def curve(fn: Callable[[int], int], rows: Sequence[int]) -> Curve:
+        return Curve(tuple((r, fn(r)) for r in sorted({1, *(int(r) for r in rows)})))
 
-    sample = affine(lambda n: denoise_peak(n, False))
-    update = affine(lambda n: denoise_peak(n, True))
+    sample = curve(lambda n: denoise_peak(n, False), sample_rows)
+    update = curve(lambda n: denoise_peak(n, True), update_rows)
     update_ckpt = None
     if can_ckpt:
         policy.set_gradient_checkpointing(True)
         try:
-            update_ckpt = affine(lambda n: denoise_peak(n, True))
+            update_ckpt = curve(lambda n: denoise_peak(n, True), update_rows)
         finally:
             policy.set_gradient_checkpointing(was)
 
@@ -387,15 +411,16 @@ def probe_policy(policy, prompt: str, guidance: float, params: Sequence[torch.Te
     try:
         with fake_mode() if fake else contextlib.nullcontext():
             image_shape = tuple(policy.probe_decode(torch.zeros((1, *shape), device=policy.device)).shape[1:])
-        decode = affine(lambda n: peak_of(policy.probe_decode,
-                                          lambda: (torch.randn((n, *shape), device=policy.device),), fake))
+        decode = curve(lambda n: peak_of(policy.probe_decode,
+                                         lambda: (torch.randn((n, *shape), device=policy.device),), fake),
+                       decode_rows)
     except ValueError:  # no VAE connected
         pass
     if rewards and image_shape is not None:
         def score(n):
             return peak_of(lambda imgs: [r(imgs, [prompt] * n) for r in rewards],
                            lambda: (torch.rand((n, *image_shape)),), fake)
-        reward = affine(score)
+        reward = curve(score, reward_rows)
     weights = dict(policy.memory_weights())
     weights["rewards"] = sum(int(r.model_size()) for r in rewards if hasattr(r, "model_size"))
     lora = tensor_bytes(params)

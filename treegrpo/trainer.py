@@ -468,8 +468,9 @@ class Trainer:
         if self.cfg.pipeline.gradient_checkpointing:
             fixed.setdefault("checkpointing", True)
         rewards = [self.rewards[n] for n in self.weights] if self.rewards else []
-        fp = memory.probe_policy(self.policy, self.prompts[0], self.cfg.cfg, self.params, rewards=rewards, fake=fake)
         wl = self.workload()
+        fp = memory.probe_policy(self.policy, self.prompts[0], self.cfg.cfg, self.params, rewards=rewards, fake=fake,
+                                 **memory.probe_rows(wl))
         p = memory.plan(fp, wl, budget, suggest=lambda short: memory.smallest_change(fp, wl, budget, fixed),
                         **fixed)
         self.apply_plan(p)

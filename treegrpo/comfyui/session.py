@@ -220,15 +220,24 @@ def patched_model(model, lora):
     return m
 
 
-def latent_shape_of(latent: dict, model=None) -> tuple[int, int, int]:
-    """(C, H, W) of a LATENT; empty latents get the model's channel count (as KSampler does)."""
+def latent_shape_of(latent: dict, model=None) -> tuple[int, ...]:
+    """(C, H, W) of an image LATENT, (C, T, H, W) of a video one (and of the image latents of models that use a
+    video VAE, e.g. Qwen-Image); empty latents get the model's channels and dimensions (as KSampler does)."""
     s = latent["samples"]
     if model is not None:
         import comfy.sample
         s = comfy.sample.fix_empty_latent_channels(model, s)
-    if s.ndim != 4:
-        raise ValueError(f"TreeGRPO supports image latents (B, C, H, W); got shape {tuple(s.shape)}")
+    if s.ndim not in (4, 5):
+        raise ValueError(f"TreeGRPO supports latents (B, C, H, W) and (B, C, T, H, W); got shape {tuple(s.shape)}")
     return tuple(int(v) for v in s.shape[1:])
+
+
+def latent_shape_for(model, width: int, height: int, compression: int) -> tuple[int, ...]:
+    """The latent of one ``width``×``height`` image for ``model``: (C, H, W), or (C, 1, H, W) where the model's
+    latents have a time axis."""
+    fmt = model.model.latent_format
+    c, h, w = fmt.latent_channels, height // compression, width // compression
+    return (c, 1, h, w) if getattr(fmt, "latent_dimensions", 2) == 3 else (c, h, w)
 
 
 def memory_budget(device) -> float:
