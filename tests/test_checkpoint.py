@@ -21,7 +21,7 @@ def cli_config(folder: Path, run_name: str, iterations: int) -> TrainConfig:
     d.update(prompts=PROMPTS, output_dir=str(folder), eval_every=0, checkpoint_every=1, run_name=run_name,
              iterations=iterations, prompts_per_iter=2, seed=0,
              tree=dict(steps=6, window_start=1, window_width=2, branch=2, noise_level=0.7, window_schedule="fixed",
-                       antithetic=True),
+                       antithetic=True, eta=0.7),   # the node's tree config (eta = noise_level; unused by flow)
              lora=dict(rank=4, alpha=4.0, targets=["to_q", "to_k", "to_v"]), optim=dict(lr=1e-2))
     return TrainConfig.from_dict(d)
 

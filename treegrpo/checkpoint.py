@@ -16,6 +16,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import warnings
 import time
 from typing import Optional
 
@@ -43,6 +44,23 @@ def write_checkpoint(output_dir: str, run_name: str, iteration: int, state: dict
     for old in checkpoint_paths(output_dir, run_name)[:-keep]:
         os.unlink(old)
     return path
+
+
+def read_latest_checkpoint(paths: list[str], run_name: str) -> tuple[str, dict]:
+    """The newest readable checkpoint among ``paths`` (oldest first) and its state. One that cannot be read (a
+    truncated or corrupt file: a full disk, a killed copy) is skipped with a warning, and the previous one is
+    used; raises CheckpointError when none can be read."""
+    errors = []
+    for path in reversed(paths):
+        try:
+            return path, read_checkpoint(path, run_name)
+        except CheckpointError:
+            raise
+        except Exception as e:  # torch/zip/pickle errors of a damaged file
+            errors.append(f"{path}: {type(e).__name__}: {e}")
+            warnings.warn(f"checkpoint {path} is unreadable ({type(e).__name__}: {e}); trying the previous one")
+    raise CheckpointError("no readable checkpoint: " + "; ".join(errors) + ". Start the run again without resuming "
+                          "(or under another run_name)")
 
 
 def read_checkpoint(path: str, run_name: str) -> dict:

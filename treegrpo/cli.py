@@ -9,11 +9,13 @@ import argparse
 import dataclasses
 import json
 import os
+import signal
 import sys
+import tempfile
 import time
 from typing import Any, Optional
 
-from .config import ConfigError, TrainConfig
+from .config import ConfigError, TrainConfig, read_config_file
 
 _SUBS = ("tree", "advantage", "lora", "optim", "pipeline")
 
@@ -108,23 +110,87 @@ def demo_config_dict() -> dict:
     }
 
 
-def build_rewards(cfg: TrainConfig, device) -> dict:
-    from .rewards.base import available, load_reward
+def check_reward_names(cfg: TrainConfig) -> None:
+    from .rewards.base import available
 
     names = available()
     unknown = [r.name for r in cfg.rewards if r.name not in names]
     if unknown:
         raise ConfigError(f"TrainConfig.rewards: unknown reward model(s) {unknown}; available: {names}")
+
+
+def build_rewards(cfg: TrainConfig, device) -> dict:
+    from .rewards.base import load_reward
+
+    check_reward_names(cfg)
     return {r.name: load_reward(r.name, path=r.path, device=device, **r.options) for r in cfg.rewards if r.weight > 0}
 
 
-def run_training(cfg: TrainConfig, resume: bool = False, progress: bool = True, write_lora: bool = True):
+def config_changes(saved: dict, cfg: TrainConfig) -> list[str]:
+    """``field: saved -> now`` for every training setting (``TrainConfig.training_settings``) that differs."""
+    def flat(d, prefix=""):
+        out = {}
+        for k, v in d.items():
+            if isinstance(v, dict):
+                out.update(flat(v, f"{prefix}{k}."))
+            else:
+                out[prefix + k] = v
+        return out
+
+    try:
+        before = flat(TrainConfig.from_dict(saved).training_settings())
+    except ConfigError as e:
+        return [f"the checkpoint's config is not readable by this version ({e})"]
+    now = flat(cfg.training_settings())
+    return [f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(before) | set(now))
+            if before.get(k) != now.get(k)]
+
+
+def preflight(cfg: TrainConfig, resume: bool = False, allow_changes: bool = False) -> None:
+    """Every check that needs no model, before one is loaded (minutes for SDXL or Flux): the prompts, the reward
+    names, the output folder, the LoRA to start from, and for ``resume`` a checkpoint whose training settings
+    match ``cfg`` (unless ``allow_changes``)."""
+    from . import checkpoint as ckpt
+
+    cfg.load_prompts()
+    check_reward_names(cfg)
+    out = cfg.output_dir
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ConfigError(f"TrainConfig.output_dir: {out!r} is a file; choose a folder")
+    try:
+        os.makedirs(out, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        raise ConfigError(f"TrainConfig.output_dir: cannot write in {out!r} ({e.strerror}); choose a folder you "
+                          "can write to") from None
+    if cfg.lora.init_from and not os.path.isfile(cfg.lora.init_from):
+        raise ConfigError(f"LoraConfig.init_from: no LoRA file at {cfg.lora.init_from!r}")
+    if not resume:
+        return
+    found = ckpt.checkpoint_paths(out, cfg.run_name)
+    if not found:
+        raise ConfigError(f"--resume: no checkpoint of run {cfg.run_name!r} in {os.path.join(out, 'checkpoints')}; "
+                          "run without --resume to start it (or give the run's output_dir and run_name)")
+    state = ckpt.read_latest_checkpoint(found, cfg.run_name)[1]
+    changes = config_changes(json.loads(state.get("config", "{}")), cfg)
+    if changes and not allow_changes:
+        raise ConfigError(f"--resume: this config differs from the one run {cfg.run_name!r} was trained with, so "
+                          f"the LoRA's metadata would misdescribe it: {'; '.join(changes)}. Resume with the same "
+                          "settings (only the budget, evaluation, checkpointing and memory settings may change), "
+                          "start a new run_name, or pass --allow-changes to continue anyway")
+
+
+def run_training(cfg: TrainConfig, resume: bool = False, progress: bool = True, write_lora: bool = True,
+                 allow_changes: bool = False):
     """Build policy + rewards from ``cfg``, train, save the LoRA; returns (trainer, summary)."""
     from .backends import load_policy
     from .trainer import Trainer
 
     from .backends import resolve_device
     from .distributed import DataParallel, launched
+
+    preflight(cfg, resume, allow_changes)
 
     device = resolve_device(cfg.device)
     # torchrun / accelerate launch: one process per device
@@ -201,9 +267,9 @@ def cmd_demo(ns) -> int:
 
 
 def cmd_train(ns) -> int:
-    d = json.load(open(ns.config, encoding="utf-8")) if ns.config else demo_config_dict()
+    d = read_config_file(ns.config) if ns.config else demo_config_dict()
     cfg = TrainConfig.from_dict(apply_flags(d, ns))
-    trainer, summary = run_training(cfg, resume=ns.resume, progress=not ns.quiet)
+    trainer, summary = run_training(cfg, resume=ns.resume, progress=not ns.quiet, allow_changes=ns.allow_changes)
     if trainer.rank == 0:
         print(json.dumps({k: v for k, v in summary.items()}, indent=2, default=str))
     if trainer.dist is not None:
@@ -219,8 +285,10 @@ def cmd_train(ns) -> int:
 
 
 def cmd_config(ns) -> int:
-    d = json.load(open(ns.config, encoding="utf-8")) if ns.config else demo_config_dict()
-    print(json.dumps(TrainConfig.from_dict(apply_flags(d, ns)).to_dict(), indent=2))
+    d = read_config_file(ns.config) if ns.config else demo_config_dict()
+    cfg = TrainConfig.from_dict(apply_flags(d, ns))
+    check_reward_names(cfg)
+    print(json.dumps(cfg.to_dict(), indent=2))
     return 0
 
 
@@ -287,6 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train from a JSON config file (default: the demo config)")
     t.add_argument("--config", default=None, help="JSON file with TrainConfig fields")
     t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint of this run")
+    t.add_argument("--allow-changes", action="store_true",
+                   help="with --resume: continue although training settings differ from the checkpoint's")
     t.add_argument("--quiet", action="store_true", help="no progress bars")
     add_config_flags(t)
     t.set_defaults(func=cmd_train)
@@ -317,16 +387,34 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _terminate(signum, frame):
+    """SIGTERM (docker stop, SLURM, systemd) is answered as Ctrl-C: the trainer checkpoints, then we exit."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ns = build_parser().parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
     try:
         return ns.func(ns)
     except (ConfigError, ValueError, FileNotFoundError, FloatingPointError) as e:
         print(f"treegrpo: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("treegrpo: interrupted (a checkpoint of the last finished iteration was written)", file=sys.stderr)
+        from .trainer import Trainer
+        saved = Trainer.last_checkpoint_written
+        print("treegrpo: interrupted" + (f"; the last finished iteration is saved in {saved} (resume with --resume)"
+                                         if saved else " before any iteration finished: nothing to resume"),
+              file=sys.stderr)
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main_thread() -> bool:
+    import threading
+    return threading.current_thread() is threading.main_thread()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -34,6 +34,46 @@ def check_run_name(name: str) -> str:
     return name
 
 
+_TYPES = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false", "list": "a list",
+          "dict": "a mapping ({...})"}
+
+
+def _type_ok(kind: str, v) -> bool:
+    if kind == "int":
+        return isinstance(v, int) and not isinstance(v, bool)
+    if kind == "float":
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    return isinstance(v, {"str": str, "bool": bool, "list": list, "dict": dict}[kind])
+
+
+def check_types(obj) -> None:
+    """Every field of a config dataclass holds its declared type, before any range check reads it: an integer
+    where one belongs (``2.0`` is taken as 2, ``2.5`` is refused), a number for floats (ints too), a string, a
+    list (never a string, which would be split into characters), a mapping, a section (a mapping or the
+    dataclass). ``null`` only where the field is Optional. Raises ConfigError naming the field."""
+    c = type(obj).__name__
+    for f in dataclasses.fields(obj):
+        ann = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        optional = ann.startswith("Optional[")
+        kind = ann[len("Optional["):-1] if optional else ann
+        v = getattr(obj, f.name)
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if v is None:
+            if kind.endswith("Config"):
+                _require(False, c, f.name, "must be a section ({...} with its fields) or left out, got null")
+            _require(optional, c, f.name, f"must not be null (leave it out for the default, "
+                                          f"{json.dumps(default, default=str)})")
+            continue
+        if kind in _TYPES:
+            if kind == "int" and isinstance(v, float) and v.is_integer():
+                setattr(obj, f.name, int(v))
+                continue
+            _require(_type_ok(kind, v), c, f.name, f"must be {_TYPES[kind]}, got {v!r} ({type(v).__name__})")
+        elif kind.endswith("Config"):   # a section: its fields as a mapping, or the dataclass itself
+            _require(isinstance(v, dict) or dataclasses.is_dataclass(v), c, f.name,
+                     f"must be a section ({{...}} with its fields), got {v!r} ({type(v).__name__})")
+
+
 def _choice(obj, name: str, choices) -> None:
     v = getattr(obj, name)
     _require(v in choices, type(obj).__name__, name, f"must be one of {list(choices)}, got {v!r}")
@@ -66,6 +106,7 @@ class TreeConfig:
     max_leaves: int = _f(256, "refuse trees with more leaves than this (memory guard; raise it deliberately)")
 
     def __post_init__(self) -> None:
+        check_types(self)
         c = "TreeConfig"
         _require(self.steps >= 1, c, "steps", f"must be >= 1, got {self.steps}")
         _require(self.window_width >= 1, c, "window_width", f"must be >= 1, got {self.window_width}")
@@ -150,6 +191,7 @@ class AdvantageConfig:
                             "advantages")
 
     def __post_init__(self) -> None:
+        check_types(self)
         c = "AdvantageConfig"
         _choice(self, "backup", ("softmax", "mean"))
         _choice(self, "reward_stats", ("tree", "prompt"))
@@ -171,8 +213,23 @@ class RewardSpec:
     options: dict = _f({}, "extra constructor options of the reward model (e.g. arch, dtype, batch_size)")
 
     def __post_init__(self) -> None:
+        check_types(self)
         _require(math.isfinite(self.weight) and self.weight >= 0, "RewardSpec", "weight",
                  f"must be finite and >= 0, got {self.weight} (reward {self.name!r})")
+
+
+def _reward_spec(r, i: int) -> "RewardSpec":
+    """Entry ``i`` of ``TrainConfig.rewards`` (a mapping or a RewardSpec), checked field by field."""
+    if isinstance(r, RewardSpec):
+        return r
+    where = f"TrainConfig.rewards[{i}]"
+    if not isinstance(r, dict):
+        raise ConfigError(f"{where}: must be a mapping such as {{\"name\": \"hpsv2\", \"weight\": 1.0}}, got {r!r}")
+    known = [f.name for f in dataclasses.fields(RewardSpec)]
+    bad = sorted(set(r) - set(known))
+    if bad:
+        raise ConfigError(f"{where}: unknown field(s) {bad}; known: {known}")
+    return RewardSpec(**r)
 
 
 @dataclass
@@ -185,6 +242,7 @@ class LoraConfig:
     init_from: Optional[str] = _f(None, "start from this LoRA file (ComfyUI or PEFT keys)")
 
     def __post_init__(self) -> None:
+        check_types(self)
         _require(self.rank >= 1, "LoraConfig", "rank", f"must be >= 1, got {self.rank}")
         _require(self.alpha > 0, "LoraConfig", "alpha", f"must be > 0, got {self.alpha}")
         _require(len(self.targets) > 0, "LoraConfig", "targets", "must name at least one module")
@@ -210,6 +268,7 @@ class OptimConfig:
     warmup: int = _f(0, "iterations of linear learning-rate warm-up from 0")
 
     def __post_init__(self) -> None:
+        check_types(self)
         c = "OptimConfig"
         _require(self.lr > 0 and math.isfinite(self.lr), c, "lr", f"must be > 0, got {self.lr}")
         _require(self.weight_decay >= 0, c, "weight_decay", f"must be >= 0, got {self.weight_decay}")
@@ -241,6 +300,7 @@ class PipelineConfig:
     decode_batch: int = _f(8, "images per VAE decode call")
 
     def __post_init__(self) -> None:
+        check_types(self)
         c = "PipelineConfig"
         _choice(self, "family", ("auto", "sd", "sdxl", "sd3", "flux"))
         _choice(self, "dtype", ("auto", "float32", "bfloat16", "float16"))
@@ -266,6 +326,7 @@ class MemoryConfig:
     sample_batch: int = _f(0, "rows per denoiser call while sampling (0 = the plan's choice: a whole tree level)")
 
     def __post_init__(self) -> None:
+        check_types(self)
         c = "MemoryConfig"
         _choice(self, "plan", ("auto", "off"))
         _choice(self, "checkpointing", ("auto", "on", "off"))
@@ -322,6 +383,7 @@ class TrainConfig:
     time_budget_s: float = _f(0.0, "stop after this many seconds of training (0 = no limit)")
 
     def __post_init__(self) -> None:
+        check_types(self)
         c = "TrainConfig"
         if isinstance(self.tree, dict):
             self.tree = TreeConfig(**self.tree)
@@ -335,7 +397,7 @@ class TrainConfig:
             self.pipeline = PipelineConfig(**self.pipeline)
         if isinstance(self.memory, dict):
             self.memory = MemoryConfig(**self.memory)
-        self.rewards = [r if isinstance(r, RewardSpec) else RewardSpec(**r) for r in self.rewards]
+        self.rewards = [_reward_spec(r, i) for i, r in enumerate(self.rewards)]
         _choice(self, "backend", ("demo", "diffusers", "comfy"))
         _require(self.backend != "diffusers" or bool(self.model), c, "model",
                  "the diffusers backend needs a model path: a local diffusers folder or a .safetensors checkpoint")
@@ -368,9 +430,15 @@ class TrainConfig:
             return list(self.prompts)
         try:
             with open(self.prompts_file, encoding="utf-8") as fh:
-                prompts = [ln.strip() for ln in fh if ln.strip()]
+                text = fh.read()
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"TrainConfig.prompts_file: {self.prompts_file!r} is not UTF-8 text ({e.reason} at byte "
+                              f"{e.start}): save it as UTF-8, one prompt per line") from None
         except OSError as e:
-            raise ConfigError(f"TrainConfig.prompts_file: cannot read {self.prompts_file!r}: {e}") from e
+            raise ConfigError(f"TrainConfig.prompts_file: cannot read {self.prompts_file!r} ({e.strerror})") from None
+        _require("\x00" not in text, "TrainConfig", "prompts_file",
+                 f"{self.prompts_file!r} is a binary file, not text with one prompt per line")
+        prompts = [ln.strip() for ln in text.splitlines() if ln.strip()]
         _require(len(prompts) > 0, "TrainConfig", "prompts_file", f"{self.prompts_file!r} has no prompts")
         _require(len(prompts) <= self.max_prompts, "TrainConfig", "prompts_file",
                  f"{len(prompts)} prompts exceed max_prompts={self.max_prompts}")
@@ -381,6 +449,9 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
+        if not isinstance(d, dict):
+            raise ConfigError(f"TrainConfig: a config is a mapping of fields ({{\"prompts\": [...], ...}}), got "
+                              f"{type(d).__name__}")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -398,11 +469,44 @@ class TrainConfig:
     @classmethod
     def from_file(cls, path: str) -> "TrainConfig":
         """Read a JSON (or, when PyYAML is installed, YAML) config file."""
+        return cls.from_dict(read_config_file(path))
+
+    def training_settings(self) -> dict:
+        """The settings that define what a run learns (a resumed run must keep them): everything but the budget
+        (iterations, time), evaluation, checkpointing, output, device, memory plan, backend and model path."""
+        d = self.to_dict()
+        d["optim"].pop("microbatch")     # gradient accumulation: the same update in other pieces
+        d["lora"].pop("init_from")
+        d["lora"].pop("targets")         # checked by the checkpoint's parameter names (they differ per frontend)
+        d["rewards"] = [{"name": r["name"], "weight": r["weight"]} for r in d["rewards"]]
+        keep = ("prompts", "prompts_file", "negative_prompt", "cfg", "rewards", "tree", "advantage", "lora", "optim",
+                "prompts_per_iter", "trees_per_prompt", "seed")
+        return {k: d[k] for k in keep}
+
+
+def read_config_file(path: str) -> dict:
+    """The mapping in a JSON (or YAML) config file; errors name the file and what is wrong with it."""
+    try:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
-        if path.endswith((".yaml", ".yml")):
-            import yaml  # optional
-            data = yaml.safe_load(text)
-        else:
+    except IsADirectoryError:
+        raise ConfigError(f"--config {path!r} is a folder; give the config file (JSON) inside it") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"--config {path!r} is not UTF-8 text ({e.reason} at byte {e.start}): save it as "
+                          "UTF-8 JSON") from None
+    except OSError as e:
+        raise ConfigError(f"--config {path!r}: cannot read it ({e.strerror})") from None
+    if path.endswith((".yaml", ".yml")):
+        import yaml  # optional
+        data = yaml.safe_load(text)
+    else:
+        try:
             data = json.loads(text)
-        return cls.from_dict(data)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"--config {path!r} is not valid JSON: {e.msg} at line {e.lineno}, column "
+                              f"{e.colno}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path!r} must hold a mapping of fields ({{\"prompts\": [...], ...}}), got "
+                          f"{type(data).__name__}")
+    return data
+

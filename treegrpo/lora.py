@@ -216,13 +216,30 @@ def check_base_model(metadata: dict, base_model: str, path: str = "LoRA") -> Non
         raise LoraFileError(f"{path} was trained for base model {theirs!r}, not {base_model!r}; load it on that model")
 
 
-def save_lora_file(path: str, tensors: dict[str, torch.Tensor], metadata: Optional[dict] = None) -> str:
-    """Write a safetensors LoRA atomically; metadata values are stored as strings (JSON for non-strings)."""
-    from safetensors.torch import save_file
+def safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: Optional[dict] = None) -> bytes:
+    """A safetensors file whose bytes depend only on its contents: safetensors writes its JSON header from a hash
+    map, in an order that changes from call to call; here the header's keys are sorted (the offsets, which
+    locate the data, are unchanged), so equal LoRAs have equal checksums."""
+    from safetensors.torch import save
 
-    meta = {k: v if isinstance(v, str) else json.dumps(v, default=str) for k, v in (metadata or {}).items()}
-    return atomic_write(path, lambda tmp: save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()},
-                                                    tmp, metadata=meta))
+    raw = save({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, metadata=metadata)
+    n = int.from_bytes(raw[:8], "little")
+    header = json.dumps(json.loads(raw[8:8 + n]), sort_keys=True, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)   # the data starts 8-byte aligned
+    return len(header).to_bytes(8, "little") + header + raw[8 + n:]
+
+
+def save_lora_file(path: str, tensors: dict[str, torch.Tensor], metadata: Optional[dict] = None) -> str:
+    """Write a safetensors LoRA atomically (byte-identical for equal contents); metadata values are stored as
+    strings (JSON for non-strings)."""
+    meta = {k: v if isinstance(v, str) else json.dumps(v, default=str)
+            for k, v in (metadata or {}).items()}
+    data = safetensors_bytes(tensors, meta)
+
+    def write(tmp):
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+    return atomic_write(path, write)
 
 
 def read_lora_file(path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
@@ -79,10 +80,18 @@ def fake_mode():
     return FakeTensorMode(allow_non_fake_inputs=True)
 
 
-def peak_of(fn: Callable[..., Any], inputs: Callable[[], tuple] = tuple, fake: bool = True) -> int:
+def _mode(fake):
+    """``fake``: True (a new fake mode), False (real tensors) or a FakeTensorMode to reuse (the mode a fake model
+    was built in)."""
+    if fake is True:
+        return fake_mode()
+    return fake or contextlib.nullcontext()
+
+
+def peak_of(fn: Callable[..., Any], inputs: Callable[[], tuple] = tuple, fake=True) -> int:
     """Peak bytes of the tensors ``fn(*inputs())`` allocates, not counting the inputs (``fake``: measured without
-    allocating anything)."""
-    with (fake_mode() if fake else contextlib.nullcontext()):
+    allocating anything; see :func:`_mode`)."""
+    with _mode(fake):
         args = inputs()
         with LiveBytes() as live:
             out = fn(*args)
@@ -241,7 +250,7 @@ class Plan:
         return ", ".join(parts)
 
 
-class MemoryPlanError(RuntimeError):
+class MemoryPlanError(ValueError):
     """Nothing fits the memory: the message names the smallest change that would."""
 
 
@@ -330,6 +339,29 @@ def smallest_change(fp: Footprint, wl: Workload, budget: float, fixed: Optional[
     return "The model's weights alone do not fit: use a smaller model or a GPU with more memory."
 
 
+def available_ram() -> float:
+    """Bytes of host memory available now (0 when the system does not say)."""
+    try:
+        import psutil
+        return float(psutil.virtual_memory().available)
+    except ImportError:
+        try:
+            return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (ValueError, OSError, AttributeError):
+            return 0.0
+
+
+def size_guard(wl: Workload, latent_bytes: int, available: float) -> None:
+    """Without a measured plan (the CPU), a lower bound: the latents one iteration's trees keep must fit in
+    ``available`` bytes; else MemoryPlanError before anything is allocated."""
+    need = wl.stored_latents * latent_bytes
+    if available and need > available:
+        raise MemoryPlanError(
+            f"one iteration keeps {wl.stored_latents} latents of its {wl.trees} trees ({need / GB:.1f} GB) and only "
+            f"{available / GB:.1f} GB of memory are available: lower prompts_per_iter, trees_per_prompt, branch "
+            "or window_width")
+
+
 def accelerator_budget(device) -> float:
     """Bytes this process can use on ``device``: free memory plus what torch already holds (0 on the CPU)."""
     device = torch.device(device)
@@ -358,13 +390,13 @@ def probe_rows(wl: Workload) -> dict:
 
 
 def probe_policy(policy, prompt: str, guidance: float, params: Sequence[torch.Tensor], *,
-                 rewards: Sequence[Callable] = (), fake: bool = True, sample_rows: Sequence[int] = (1, 2),
+                 rewards: Sequence[Callable] = (), fake=True, sample_rows: Sequence[int] = (1, 2),
                  update_rows: Sequence[int] = (1, 2), decode_rows: Sequence[int] = (1, 2),
                  reward_rows: Sequence[int] = (1, 2)) -> Footprint:
     """Measure ``policy`` (see the module docstring) at its latent size; ``params`` are the trainable LoRA
     parameters, ``rewards`` the reward callables ``(images (B, 3, H, W), prompts) -> (B,)``. Each phase's call is
     measured at the row counts given (and 1), so the curves are exact where the plan looks. ``fake=False``
-    measures with real tensors (tests)."""
+    measures with real tensors (tests); a FakeTensorMode measures a model built in it (the benchmark)."""
     shape = tuple(policy.latent_shape())
     sigmas = policy.sigmas(10)
     params = list(params)
@@ -409,7 +441,7 @@ def probe_policy(policy, prompt: str, guidance: float, params: Sequence[torch.Te
     decode = reward = None
     image_shape = None
     try:
-        with fake_mode() if fake else contextlib.nullcontext():
+        with _mode(fake):
             image_shape = tuple(policy.probe_decode(torch.zeros((1, *shape), device=policy.device)).shape[1:])
         decode = curve(lambda n: peak_of(policy.probe_decode,
                                          lambda: (torch.randn((n, *shape), device=policy.device),), fake),

@@ -351,19 +351,24 @@ class Trainer:
                 "torch_rng": torch.get_rng_state(), "python_rng": json.dumps(random.getstate()),
                 "numpy_rng": json.dumps(_numpy_state())}
 
+    #: the path of the newest checkpoint any Trainer of this process wrote (the CLI's interrupt message)
+    last_checkpoint_written: Optional[str] = None
+
     def save_checkpoint(self) -> Optional[str]:
         """Write ``checkpoints/<run>-<iteration>.pt`` (see :mod:`treegrpo.checkpoint`)."""
         if self.rank != 0:
             return None
-        return ckpt.write_checkpoint(self.out, self.cfg.run_name, self.iteration, self.checkpoint_state(),
+        path = ckpt.write_checkpoint(self.out, self.cfg.run_name, self.iteration, self.checkpoint_state(),
                                      self.cfg.keep_checkpoints)
+        Trainer.last_checkpoint_written = path
+        return path
 
     def latest_checkpoint(self) -> Optional[str]:
         found = ckpt.checkpoint_paths(self.out, self.cfg.run_name)
         return found[-1] if found else None
 
-    def load_checkpoint(self, path: str) -> None:
-        state = ckpt.read_checkpoint(path, self.cfg.run_name)
+    def load_checkpoint(self, path: str, state: Optional[dict] = None) -> None:
+        state = state if state is not None else ckpt.read_checkpoint(path, self.cfg.run_name)
         named = self.lora.named_lora_parameters()
         names = [n for n, _ in named]
         opt = ckpt.optimizer_state_in_order(state["optimizer"], state["param_names"], names)
@@ -392,9 +397,9 @@ class Trainer:
             return
         ckpt.claim_output_dir(self.out, self.cfg.run_name, self.base_model_name)
         if resume:
-            found = self.latest_checkpoint()
-            if found:
-                self.load_checkpoint(found)
+            found = ckpt.checkpoint_paths(self.out, self.cfg.run_name)
+            if found:   # the newest readable one: a damaged latest falls back to the one before
+                self.load_checkpoint(*ckpt.read_latest_checkpoint(found, self.cfg.run_name))
         else:
             ckpt.archive_checkpoints(self.out, self.cfg.run_name)
 
@@ -462,7 +467,11 @@ class Trainer:
         (the CPU) or the plan is off."""
         mc = self.cfg.memory
         budget = budget or self.memory_budget or mc.budget_gb * memory.GB or memory.accelerator_budget(self.policy.device)
-        if mc.plan == "off" or not budget:
+        if mc.plan == "off":
+            return None
+        if not budget:   # the CPU: no measured plan, but a batch that cannot fit is refused before allocation
+            latent = 4 * math.prod(self.policy.latent_shape())
+            memory.size_guard(self.workload(), latent, memory.available_ram())
             return None
         fixed = mc.fixed()
         if self.cfg.pipeline.gradient_checkpointing:

@@ -54,7 +54,11 @@ def real_model_workflow(loader_nodes, model, clip, vae, size, reward_note, steps
              "ComfyUI/models/reward_models/); or pick ImageReward, PickScore, LAION aesthetic, CLIPScore or JPEG in "
              "the Reward Model Loader (folder models: choose any file inside their folder). The LoRA is written to "
              "ComfyUI/models/loras/treegrpo/ and every checkpoint to output/treegrpo/<run_name>/ (a run with "
-             "the same name resumes). Stop with Cancel: a checkpoint is saved first." + extra_note),
+             "the same name resumes). Stop with Cancel: a checkpoint is saved first.\nMemory: before any work the "
+             "Train node plans for your GPU (gradient checkpointing, microbatch, reward model offload) and logs the "
+             "planned peak; if nothing fits it stops and says what to change. Predicted peaks at these settings: "
+             "SD1.5 @512 4.0 GB, SDXL @1024 9.4 GB, SD3.5-Medium @1024 7.6 GB, Flux.1-dev fp8 @1024 see the README."
+             + extra_note),
     ]
 
 
@@ -128,19 +132,20 @@ WORKFLOWS = {
         "Model: put sd_xl_base_1.0.safetensors into ComfyUI/models/checkpoints/.", steps=20, cfg=4.5),
     "treegrpo_sd35_lora": real_model_workflow(
         [("ckpt", "CheckpointLoaderSimple", {"ckpt_name": "sd3.5_medium_incl_clips_t5xxlfp8scaled.safetensors"}, {})],
-        ("ckpt", 0), ("ckpt", 1), ("ckpt", 2), 512,
+        ("ckpt", 0), ("ckpt", 1), ("ckpt", 2), 1024,
         "Model: put sd3.5_medium_incl_clips_t5xxlfp8scaled.safetensors into ComfyUI/models/checkpoints/.",
         steps=20, cfg=4.5),
     "treegrpo_flux_lora": real_model_workflow(
-        [("unet", "UNETLoader", {"unet_name": "flux1-dev.safetensors", "weight_dtype": "default"}, {}),
+        [("unet", "UNETLoader", {"unet_name": "flux1-dev.safetensors", "weight_dtype": "fp8_e4m3fn"}, {}),
          ("clips", "DualCLIPLoader", {"clip_name1": "clip_l.safetensors", "clip_name2": "t5xxl_fp16.safetensors",
                                       "type": "flux", "device": "default"}, {}),
          ("vae", "VAELoader", {"vae_name": "ae.safetensors"}, {})],
-        ("unet", 0), ("clips", 0), ("vae", 0), 512,
+        ("unet", 0), ("clips", 0), ("vae", 0), 1024,
         "Models: flux1-dev.safetensors into ComfyUI/models/diffusion_models/, clip_l.safetensors and "
         "t5xxl_fp16.safetensors into ComfyUI/models/text_encoders/, ae.safetensors into ComfyUI/models/vae/.",
         steps=16, cfg=1.0,
-        extra_note="\nFlux is guidance-distilled: keep cfg at 1."),
+        extra_note="\nFlux is guidance-distilled: keep cfg at 1. The weights load in fp8 (UNETLoader weight_dtype) so "
+                   "that training at 1024 px fits a 24 GB card; the LoRA trains in float32."),
     "compare_base_vs_lora": [
         ("demo", "TreeGRPOLoadDemoModel", {}, {}),
         ("lora", "LoraLoaderModelOnly", {"lora_name": "treegrpo/treegrpo_demo_00001.safetensors", "strength_model": 1.0},

@@ -56,10 +56,8 @@ class ComfyLoRA(nn.Module):
             d = torch.empty(cfg.rank, lin.in_features)
             bound = 1 / math.sqrt(lin.in_features)  # kaiming_uniform(a=sqrt(5)) as nn.Linear / PEFT
             d.uniform_(-bound, bound, generator=g)
-            self.down[self._key(n)] = nn.Parameter(d)
-            self.up[self._key(n)] = nn.Parameter(torch.zeros(lin.out_features, cfg.rank))
-        if device is not None:
-            self.to(device)
+            self.down[self._key(n)] = nn.Parameter(d.to(device) if device is not None else d)
+            self.up[self._key(n)] = nn.Parameter(torch.zeros(lin.out_features, cfg.rank, device=device))
 
     @staticmethod
     def _key(name: str) -> str:
@@ -289,7 +287,8 @@ class ComfyPolicy(Policy):
         if self.vae is None:
             raise ValueError("no VAE given: connect a VAE to decode the leaves")
         raw = self.patcher.model.process_latent_out(latents.float())
-        return self.vae.first_stage_model.decode(raw.to(self.vae.device, self.vae.vae_dtype)).float()
+        out = self.vae.first_stage_model.decode(raw.to(self.vae.device, self.vae.vae_dtype)).float()
+        return out[:, :, 0] if out.ndim == 5 else out   # video VAEs: (B, 3, T, H, W); the reward sees frame 0
 
     def memory_weights(self) -> dict[str, int]:
         out = {"denoiser": int(self.patcher.model_size())}
@@ -300,8 +299,11 @@ class ComfyPolicy(Policy):
     # ---- Policy protocol
     def sigmas(self, steps: int) -> torch.Tensor:
         import comfy.samplers
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
         ms = self.patcher.get_model_object("model_sampling")
-        return comfy.samplers.calculate_sigmas(ms, self.scheduler, steps).float().cpu()
+        with unset_fake_temporarily():   # ComfyUI reads the schedule as numbers, also inside a memory probe
+            return comfy.samplers.calculate_sigmas(ms, self.scheduler, steps).float().cpu()
 
     def latent_shape(self):
         return self._shape

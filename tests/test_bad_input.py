@@ -1,0 +1,258 @@
+"""Bad input through the real CLI: each case is one line ``treegrpo: error: …`` naming the field or file, exit code
+2, no traceback, no model loaded (every check that needs no model runs first) and nothing of an earlier run
+changed. Plus the run-safety cases: SIGTERM, ``--resume`` with nothing to resume or other settings, a damaged
+latest checkpoint, byte-identical LoRA files."""
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from treegrpo import cli
+from treegrpo.config import ConfigError, TrainConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def base(tmp: Path, **over) -> dict:
+    d = cli.demo_config_dict()
+    d.update(iterations=1, eval_every=0, prompts_per_iter=2, output_dir=str(tmp / "out"))
+    for k, v in over.items():
+        if "." in k:
+            sec, f = k.split(".")
+            d[sec] = dict(d.get(sec) or {}, **{f: v})
+        else:
+            d[k] = v
+    return d
+
+
+def write(tmp: Path, name: str, content) -> str:
+    p = tmp / name
+    if isinstance(content, bytes):
+        p.write_bytes(content)
+    else:
+        p.write_text(content if isinstance(content, str) else json.dumps(content), encoding="utf-8")
+    return str(p)
+
+
+#: (case id, config overrides or a callable(tmp) -> argv, fragment the message must contain)
+CONFIG_CASES = [
+    ("branch_str", {"tree.branch": "two"}, "TreeConfig.branch: must be an integer, got 'two'"),
+    ("branch_float", {"tree.branch": 2.5}, "TreeConfig.branch: must be an integer, got 2.5"),
+    ("steps_bool", {"tree.steps": True}, "TreeConfig.steps: must be an integer"),
+    ("noise_str", {"tree.noise_level": "high"}, "TreeConfig.noise_level: must be a number"),
+    ("lr_str", {"optim.lr": "1e-3"}, "OptimConfig.lr: must be a number, got '1e-3'"),
+    ("lr_negative", {"optim.lr": -1.0}, "OptimConfig.lr: must be > 0"),
+    ("lr_nan", {"optim.lr": float("nan")}, "OptimConfig.lr"),
+    ("rank_zero", {"lora.rank": 0}, "LoraConfig.rank: must be >= 1"),
+    ("targets_str", {"lora.targets": "to_q"}, "LoraConfig.targets: must be a list"),
+    ("targets_empty", {"lora.targets": []}, "LoraConfig.targets: must name at least one"),
+    ("tree_null", {"tree": None}, "TrainConfig.tree: must be a section"),
+    ("tree_str", {"tree": "big"}, "TrainConfig.tree: must be a section"),
+    ("optim_list", {"optim": [1, 2]}, "TrainConfig.optim: must be a section"),
+    ("iterations_null", {"iterations": None}, "TrainConfig.iterations: must not be null"),
+    ("iterations_zero", {"iterations": 0}, "TrainConfig.iterations: must be >= 1"),
+    ("prompts_str", {"prompts": "circle"}, "TrainConfig.prompts: must be a list"),
+    ("prompts_blank", {"prompts": ["a red circle", "  "]}, "every prompt must be a non-empty string"),
+    ("prompts_number", {"prompts": ["a red circle", 3]}, "every prompt must be a non-empty string"),
+    ("prompts_none_given", {"prompts": []}, "empty prompt list"),
+    ("rewards_dict", {"rewards": {"name": "hpsv2"}}, "TrainConfig.rewards: must be a list"),
+    ("rewards_str", {"rewards": "hpsv2"}, "TrainConfig.rewards: must be a list"),
+    ("rewards_entry_str", {"rewards": ["hpsv2"]}, "TrainConfig.rewards[0]: must be a mapping"),
+    ("rewards_typo", {"rewards": [{"nmae": "demo_adherence"}]}, "TrainConfig.rewards[0]: unknown field(s) ['nmae']"),
+    ("rewards_unknown", {"rewards": [{"name": "nosuch"}]}, "unknown reward model(s) ['nosuch']"),
+    ("rewards_weight_neg", {"rewards": [{"name": "demo_adherence", "weight": -1}]}, "RewardSpec.weight"),
+    ("rewards_all_zero", {"rewards": [{"name": "demo_adherence", "weight": 0}]}, "reward weights are all zero"),
+    ("rewards_duplicate", {"rewards": [{"name": "demo_adherence"}, {"name": "demo_adherence"}]}, "duplicate reward"),
+    ("rewards_options_list", {"rewards": [{"name": "demo_adherence", "options": [1]}]}, "RewardSpec.options: must be a mapping"),
+    ("cfg_below_one", {"cfg": 0.5}, "TrainConfig.cfg: must be >= 1"),
+    ("cfg_str", {"cfg": "high"}, "TrainConfig.cfg: must be a number"),
+    ("unknown_top", {"iteratons": 3}, "unknown field(s) ['iteratons']"),
+    ("unknown_section_field", {"tree.brnach": 2}, "TreeConfig: unknown field(s) ['brnach']"),
+    ("backend_unknown", {"backend": "torch"}, "TrainConfig.backend: must be one of"),
+    ("diffusers_no_model", {"backend": "diffusers"}, "the diffusers backend needs a model path"),
+    ("run_name_slash", {"run_name": "a/b"}, "TrainConfig.run_name"),
+    ("run_name_empty", {"run_name": ""}, "TrainConfig.run_name"),
+    ("window_schedule", {"tree.window_schedule": "sometimes"}, "TreeConfig.window_schedule: must be one of"),
+    ("tail_solver", {"tree.tail_solver": "rk4"}, "TreeConfig.tail_solver"),
+    ("window_past_end", {"tree.window_start": 9, "tree.window_width": 3}, "TreeConfig"),
+    ("huge_tree", {"tree.branch": 10, "tree.window_width": 9, "tree.steps": 12}, "exceed max_leaves"),
+    ("microbatch_zero", {"optim.microbatch": 0}, "OptimConfig.microbatch: must be >= 1"),
+    ("lr_schedule", {"optim.lr_schedule": "step"}, "OptimConfig.lr_schedule: must be one of"),
+    ("eval_seeds_zero", {"eval_seeds": 0}, "TrainConfig.eval_seeds: must be >= 1"),
+    ("keep_zero", {"keep_checkpoints": 0}, "TrainConfig.keep_checkpoints: must be >= 1"),
+    ("time_budget_neg", {"time_budget_s": -5}, "TrainConfig.time_budget_s"),
+    ("memory_plan", {"memory.plan": "always"}, "MemoryConfig.plan: must be one of"),
+    ("memory_budget_neg", {"memory.budget_gb": -1}, "MemoryConfig.budget_gb"),
+    ("memory_ckpt_bool", {"memory.checkpointing": True}, "MemoryConfig.checkpointing: must be a string"),
+    ("pipeline_height", {"pipeline.height": 100}, "PipelineConfig.height"),
+    ("pipeline_dtype", {"pipeline.dtype": "fp8"}, "PipelineConfig.dtype: must be one of"),
+]
+
+
+def _no_model(monkeypatch):
+    import treegrpo.backends as backends
+    monkeypatch.setattr(backends, "load_policy", lambda *a, **k: pytest.fail("a model was loaded"))
+
+
+def _run(argv, capsys) -> str:
+    rc = cli.main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err.startswith("treegrpo: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("case,over,fragment", CONFIG_CASES, ids=[c[0] for c in CONFIG_CASES])
+def test_a_bad_config_is_one_line_before_any_model(tmp_path, capsys, monkeypatch, case, over, fragment):
+    _no_model(monkeypatch)
+    cfg = write(tmp_path, "c.json", base(tmp_path, **over))
+    assert fragment in _run(["train", "--config", cfg], capsys)
+    assert not (tmp_path / "out").exists()          # nothing was created either
+
+
+FILE_CASES = [
+    ("prompts_file_missing", lambda t: {"prompts": [], "prompts_file": str(t / "nope.txt")}, "nope.txt"),
+    ("prompts_file_empty", lambda t: {"prompts": [], "prompts_file": write(t, "e.txt", "\n  \n")}, "has no prompts"),
+    ("prompts_file_binary", lambda t: {"prompts": [], "prompts_file": write(t, "b.txt", b"abc\x00\x01def")}, "binary"),
+    ("prompts_file_latin1", lambda t: {"prompts": [], "prompts_file": write(t, "l.txt", "café".encode("latin-1"))},
+     "l.txt' is not UTF-8"),
+    ("prompts_file_folder", lambda t: {"prompts": [], "prompts_file": str(t)}, "cannot read"),
+    ("output_dir_is_file", lambda t: {"output_dir": write(t, "afile", "x")}, "TrainConfig.output_dir: "),
+    ("init_from_missing", lambda t: {"lora.init_from": str(t / "none.safetensors")}, "LoraConfig.init_from"),
+    ("init_from_not_lora", lambda t: {"lora.init_from": write(t, "junk.safetensors", b"not a safetensors file")},
+     "junk.safetensors"),
+]
+
+
+@pytest.mark.parametrize("case,over,fragment", FILE_CASES, ids=[c[0] for c in FILE_CASES])
+def test_bad_files_and_folders_are_named(tmp_path, capsys, monkeypatch, case, over, fragment):
+    if case != "init_from_not_lora":   # a LoRA file is read with the model (its keys are checked against it)
+        _no_model(monkeypatch)
+    cfg = write(tmp_path, "c.json", base(tmp_path, **over(tmp_path)))
+    assert fragment in _run(["train", "--config", cfg], capsys)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_an_output_dir_that_cannot_be_written(tmp_path, capsys, monkeypatch):
+    _no_model(monkeypatch)
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    cfg = write(tmp_path, "c.json", base(tmp_path, output_dir=str(ro / "run")))
+    assert "cannot write" in _run(["train", "--config", cfg], capsys)
+
+
+@pytest.mark.parametrize("content,fragment", [
+    ("{ \"prompts\": [", "is not valid JSON"), ("null", "must hold a mapping"), ("[1, 2]", "must hold a mapping"),
+    (b"\xff\xfe{}", "is not UTF-8"),
+])
+def test_a_bad_config_file(tmp_path, capsys, monkeypatch, content, fragment):
+    _no_model(monkeypatch)
+    assert fragment in _run(["train", "--config", write(tmp_path, "c.json", content)], capsys)
+    assert fragment in _run(["config", "--config", str(tmp_path / "c.json")], capsys)
+
+
+def test_config_paths_that_are_not_files(tmp_path, capsys, monkeypatch):
+    _no_model(monkeypatch)
+    assert "is a folder" in _run(["train", "--config", str(tmp_path)], capsys)
+    assert "cannot read it" in _run(["train", "--config", str(tmp_path / "missing.json")], capsys)
+
+
+def test_treegrpo_config_refuses_an_unknown_reward(tmp_path, capsys):
+    cfg = write(tmp_path, "c.json", base(tmp_path, rewards=[{"name": "nosuch"}]))
+    assert "unknown reward model(s) ['nosuch']" in _run(["config", "--config", cfg], capsys)
+
+
+def test_a_batch_too_large_for_memory_is_refused_before_allocation(tmp_path, capsys, monkeypatch):
+    """On the CPU no plan is measured, but the latents the trees keep must fit in the available memory."""
+    from treegrpo import memory
+    monkeypatch.setattr(memory, "available_ram", lambda: 2e9)
+    cfg = write(tmp_path, "c.json", base(tmp_path, prompts_per_iter=1_000_000))
+    err = _run(["train", "--config", cfg], capsys)
+    assert "latents" in err and "prompts_per_iter" in err and "2.0 GB" in err
+
+
+# ------------------------------------------------------------------------------------------- runs and resuming
+
+
+def test_resume_refuses_nothing_to_resume_and_changed_settings(tmp_path, capsys):
+    cfg = write(tmp_path, "c.json", base(tmp_path, checkpoint_every=1))
+    assert "no checkpoint of run 'treegrpo_demo'" in _run(["train", "--config", cfg, "--resume"], capsys)
+    assert cli.main(["train", "--config", cfg, "--quiet"]) == 0
+    capsys.readouterr()
+    lora = tmp_path / "out" / "treegrpo_demo.safetensors"
+    before = lora.read_bytes()
+    changed = write(tmp_path, "c2.json", base(tmp_path, checkpoint_every=1, iterations=2, seed=5,
+                                              **{"optim.lr": 1e-2}))
+    err = _run(["train", "--config", changed, "--resume"], capsys)
+    assert "optim.lr: 0.003 -> 0.01" in err and "seed: 0 -> 5" in err and "--allow-changes" in err
+    assert lora.read_bytes() == before                       # the earlier run is untouched
+    # the budget may change: two iterations instead of one
+    longer = write(tmp_path, "c3.json", base(tmp_path, checkpoint_every=1, iterations=2))
+    assert cli.main(["train", "--config", longer, "--resume", "--quiet"]) == 0
+    assert cli.main(["train", "--config", changed, "--resume", "--allow-changes", "--quiet",
+                     "--iterations", "3"]) == 0
+
+
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
+    cfg = write(tmp_path, "c.json", base(tmp_path, checkpoint_every=1, iterations=2, keep_checkpoints=2))
+    assert cli.main(["train", "--config", cfg, "--quiet"]) == 0
+    ckpts = sorted((tmp_path / "out" / "checkpoints").glob("*.pt"))
+    assert len(ckpts) == 2
+    ckpts[-1].write_bytes(ckpts[-1].read_bytes()[:1000])    # truncated, as by a full disk
+    with pytest.warns(UserWarning, match="unreadable"):
+        assert cli.main(["train", "--config", cfg, "--resume", "--quiet", "--iterations", "3"]) == 0
+    log = json.loads((tmp_path / "out" / "log.json").read_text())
+    assert [h["iteration"] for h in log["train"]] == [0, 1, 2]   # iteration 1 again, from checkpoint 1
+
+
+def test_identical_runs_write_identical_lora_bytes(tmp_path):
+    digests = []
+    for i in range(2):
+        cfg = write(tmp_path, f"c{i}.json", base(tmp_path, output_dir=str(tmp_path / f"out{i}"),
+                                                 **{"tree.steps": 6}))
+        assert cli.main(["train", "--config", cfg, "--quiet"]) == 0
+        data = (tmp_path / f"out{i}" / "treegrpo_demo.safetensors").read_bytes()
+        digests.append(hashlib.sha256(data).hexdigest())
+        mode = (tmp_path / f"out{i}" / "treegrpo_demo.safetensors").stat().st_mode & 0o777
+        umask = os.umask(0)
+        os.umask(umask)
+        assert mode == 0o666 & ~umask
+    assert digests[0] == digests[1]
+
+
+def test_sigterm_checkpoints_like_ctrl_c_and_the_run_resumes(tmp_path):
+    """``docker stop`` / SLURM send SIGTERM: the trainer writes a checkpoint of the last finished iteration, says
+    where, and exits 130; ``--resume`` continues from it."""
+    cfg = write(tmp_path, "c.json", base(tmp_path, iterations=10_000, checkpoint_every=1, prompts_per_iter=2))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    p = subprocess.Popen([sys.executable, "-m", "treegrpo.cli", "train", "--config", cfg, "--quiet"], cwd=ROOT,
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ck = tmp_path / "out" / "checkpoints"
+    deadline = time.time() + 240
+    while time.time() < deadline and not (ck.exists() and list(ck.glob("*.pt"))):
+        time.sleep(0.5)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    assert "interrupted; the last finished iteration is saved in" in err and "Traceback" not in err
+    done = json.loads((tmp_path / "out" / "log.json").read_text())["train"][-1]["iteration"] + 1
+    again = write(tmp_path, "c2.json", base(tmp_path, iterations=done + 1, checkpoint_every=1, prompts_per_iter=2))
+    assert cli.main(["train", "--config", again, "--resume", "--quiet"]) == 0
+    assert json.loads((tmp_path / "out" / "log.json").read_text())["train"][-1]["iteration"] == done
+
+
+def test_the_catalogue_is_wide():
+    assert len(CONFIG_CASES) + len(FILE_CASES) + 4 * 2 + 2 + 1 + 1 >= 60
+
+
+def test_a_checkpoint_config_of_another_version_is_reported(tmp_path):
+    assert cli.config_changes({"tree": {"nonsense": 1}, "prompts": ["a"]}, TrainConfig(prompts=["a"]))[0] \
+        .startswith("the checkpoint's config is not readable")
+    with pytest.raises(ConfigError):
+        TrainConfig.from_dict({"prompts": ["a"], "tree": {"nonsense": 1}})
