@@ -217,10 +217,10 @@ def report(name, fp, wl, px, cfg_scale, shape, seconds) -> dict:
     out["plans"] = {}
     for b in BUDGETS_GB:
         try:
-            p = memory.plan(fp, wl, b * GB)
+            p = memory.plan(fp, wl, b * GB, suggest=lambda short, b=b: memory.smallest_change(fp, wl, b * GB))
             out["plans"][str(b)] = p.line()
         except memory.MemoryPlanError as e:
-            out["plans"][str(b)] = "does not fit: " + str(e).split(" (", 1)[0]
+            out["plans"][str(b)] = "does not fit: " + str(e)
     out["target_gb"] = MODELS[name][-1]
     return out
 
@@ -326,11 +326,15 @@ def main(argv=None) -> int:
     if not ns.skip_timing:
         result["checkpointing_time"] = checkpointing_time_ratio()
         print("checkpointing time ratio (CPU):", json.dumps(result["checkpointing_time"]))
-    os.makedirs(os.path.dirname(ns.out), exist_ok=True)
-    with open(ns.out, "w", encoding="utf-8") as fh:
-        json.dump(result, fh, indent=1)
-    print("wrote", ns.out)
+    write_json(ns.out, result)
     return 0
+
+
+def write_json(path: str, obj) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(obj, fh, indent=1)
+    print("wrote", path)
 
 
 if __name__ == "__main__":

@@ -157,10 +157,7 @@ def main(argv=None) -> int:
         print(json.dumps(r), flush=True)
         if ns.device == "cuda":
             torch.cuda.empty_cache()
-    os.makedirs(os.path.dirname(ns.out), exist_ok=True)
-    with open(ns.out, "w", encoding="utf-8") as fh:
-        json.dump(rows, fh, indent=1)
-    print("wrote", ns.out)
+    bm.write_json(ns.out, rows)
     return 0
 
 

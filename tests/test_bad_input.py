@@ -256,3 +256,20 @@ def test_a_checkpoint_config_of_another_version_is_reported(tmp_path):
         .startswith("the checkpoint's config is not readable")
     with pytest.raises(ConfigError):
         TrainConfig.from_dict({"prompts": ["a"], "tree": {"nonsense": 1}})
+
+
+def test_sample_checks_its_output_and_the_lora_before_any_model(tmp_path, capsys, monkeypatch):
+    import torch
+    from treegrpo.lora import save_lora_file
+
+    _no_model(monkeypatch)
+    assert "does not exist" in _run(["sample", "--output", str(tmp_path / "no" / "x.png")], capsys)
+    assert "write a .png" in _run(["sample", "--output", str(tmp_path / "x.jpg")], capsys)
+    assert "--per-prompt must be >= 1" in _run(["sample", "--per-prompt", "0", "--output",
+                                                str(tmp_path / "x.png")], capsys)
+    nan = save_lora_file(str(tmp_path / "nan.safetensors"),
+                         {"m.lora_down.weight": torch.full((2, 4), float("nan")), "m.lora_up.weight": torch.zeros(4, 2)})
+    assert "NaN or infinite" in _run(["sample", "--lora", nan, "--output", str(tmp_path / "x.png")], capsys)
+    assert "LoRA file not found" in _run(["sample", "--lora", str(tmp_path / "none.safetensors"), "--output",
+                                          str(tmp_path / "x.png")], capsys)
+    assert not (tmp_path / "x.png").exists()

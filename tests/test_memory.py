@@ -146,7 +146,14 @@ def test_nothing_fits_names_the_smallest_change():
         memory.plan(fp, wl, 5.0e9)
     hint = memory.smallest_change(fp, wl, 6.5e9)
     assert "tree" in hint or "fp8" in hint or "resolution" in hint
-    assert "weights alone" in memory.smallest_change(fp, wl, 1e9)
+    assert "a GPU with more memory" in memory.smallest_change(fp, wl, 1e9)
+    # 2e9 parameters in 4e9 bytes (bf16): fp8 is advised when it is what fits; never for weights already in fp8
+    one = dataclasses.replace(wl, trees=1, branching=(2,))
+    bf16 = dataclasses.replace(fp, denoiser_params=int(2e9))
+    need = min(max(memory.predict(bf16, c).values()) for c in memory.candidates(one, bf16))
+    assert "fp8" in memory.smallest_change(bf16, one, need - 1.5e9)
+    fp8 = dataclasses.replace(bf16, weights={**fp.weights, "denoiser": 2e9})
+    assert "fp8" not in memory.smallest_change(fp8, one, need - 3.5e9)
 
 
 def test_a_small_budget_turns_checkpointing_on_and_a_tiny_one_stops_before_sampling(tmp_path, monkeypatch):
@@ -211,3 +218,16 @@ def test_the_train_node_plans_before_any_work(comfyui_pack, caplog):
     lines = [m for m in caplog.messages if m.startswith("TreeGRPO memory: planned peak")]
     assert len(lines) == 1 and "checkpointing on" in lines[0] and "of 1.0 GB" in lines[0]
     assert "saved" in r.outputs["save"]["text"][0]
+
+
+def test_smaller_decode_and_reward_batches_come_before_anything_slower():
+    """A heavy VAE decode (diffusers decodes ``pipeline.decode_batch`` latents at once): the plan lowers the decode
+    batch and keeps checkpointing off and the whole microbatch; rewards without a batch size (0) stay as they are."""
+    fp = _footprint(decode=memory.Curve.linear(0, 3e9), update_ckpt=None)
+    wl = memory.Workload(trees=2, branching=(2, 2, 2), microbatch=2, decode_batch=8, reward_batch=32)
+    full = max(memory.predict(fp, wl).values())
+    p = memory.plan(fp, wl, full - 10e9)
+    assert p.workload.decode_batch < 8 and p.workload.microbatch == 2 and p.workload.sample_batch == 0
+    assert f"{p.workload.decode_batch} latents per decode" in p.line()
+    assert memory.probe_rows(wl)["decode_rows"] == [8, 4, 2, 1]
+    assert memory.candidates(dataclasses.replace(wl, reward_batch=0), fp)[0].reward_batch == 0

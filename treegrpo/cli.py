@@ -317,17 +317,30 @@ def cmd_sample(ns) -> int:
     from .report import image_grid, to_pil
     from .tree import sample_ode
 
-    d = json.load(open(ns.config, encoding="utf-8")) if ns.config else demo_config_dict()
+    d = read_config_file(ns.config) if ns.config else demo_config_dict()
     cfg = TrainConfig.from_dict(apply_flags(d, ns))
-    policy, base_name = load_policy(cfg)
+    # everything that needs no model first: the output path, the sample count, the LoRA file and its values
+    folder = os.path.dirname(os.path.abspath(ns.output))
+    if not os.path.isdir(folder):
+        raise ConfigError(f"--output {ns.output!r}: the folder {folder!r} does not exist; create it first")
+    if not ns.output.lower().endswith(".png"):
+        raise ConfigError(f"--output {ns.output!r}: write a .png file")
+    if ns.per_prompt < 1:
+        raise ConfigError(f"--per-prompt must be >= 1, got {ns.per_prompt}")
+    prompts = ns.prompt or cfg.load_prompts()[:8]
     if ns.lora:
         t, meta = read_lora_file(ns.lora)
+        bad = [k for k, v in t.items() if not torch.isfinite(v).all()]
+        if bad:
+            raise ConfigError(f"--lora {ns.lora!r} holds NaN or infinite values ({bad[:3]}{' ...' if len(bad) > 3 else ''}): "
+                              "the training diverged; use an earlier checkpoint's LoRA")
+    policy, base_name = load_policy(cfg)
+    if ns.lora:
         check_base_model(meta, base_name, ns.lora)
         w = from_state_dict(t, meta)
         r = next(iter(w.down.values())).shape[0]
         add_lora(policy.model, dataclasses.replace(cfg.lora, rank=r))
         load_into_model(policy.model, w)
-    prompts = ns.prompt or cfg.load_prompts()[:8]
     allp = [p for p in prompts for _ in range(ns.per_prompt)]
     g = torch.Generator().manual_seed(cfg.seed)
     noise = torch.randn((len(allp), *policy.latent_shape()), generator=g)

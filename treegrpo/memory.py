@@ -156,6 +156,7 @@ class Footprint:
     update_ckpt: Optional[Curve]        # the same with gradient checkpointing (None: not available)
     decode: Optional[Curve] = None      # one VAE decode of ``rows`` latents
     reward: Optional[Curve] = None      # one call of the reward models on ``rows`` images
+    denoiser_params: int = 0            # parameters of the denoiser (bytes per parameter: its weights' dtype)
 
 
 @dataclass(frozen=True)
@@ -247,6 +248,10 @@ class Plan:
                  f"{wl.sample_batch or 'all'} rows per sampling call"]
         if wl.offload_rewards:
             parts.append("reward models on CPU while sampling and training")
+        if wl.decode_batch > 1:
+            parts.append(f"{wl.decode_batch} latents per decode")
+        if wl.reward_batch:
+            parts.append(f"{wl.reward_batch} images per reward call")
         return ", ".join(parts)
 
 
@@ -266,14 +271,22 @@ def candidates(wl: Workload, fp: Footprint, *, checkpointing: Optional[bool] = N
         [False, True] if fp.weights.get("rewards", 0) else [False]
     sb = [sample_batch] if sample_batch is not None else [0] + halvings(wl.leaves)[1:]
     mb = [microbatch] if microbatch is not None else halvings(min(wl.microbatch, max(wl.parents, 1)))
+    db, rb = _batches(wl.decode_batch, wl.leaves), _batches(wl.reward_batch, wl.leaves)
     out = []
-    for c in ckpt:
+    for c in ckpt:   # the innermost choice changes first: smaller decode and reward batches cost next to nothing
         for o in off:
             for m in mb:
                 for s in sb:
-                    out.append(dataclasses.replace(wl, checkpointing=c, offload_rewards=o, microbatch=m,
-                                                   sample_batch=s))
+                    for d in db:
+                        for r in rb:
+                            out.append(dataclasses.replace(wl, checkpointing=c, offload_rewards=o, microbatch=m,
+                                                           sample_batch=s, decode_batch=d, reward_batch=r))
     return out
+
+
+def _batches(batch: int, leaves: int) -> list[int]:
+    """Decode / reward batch sizes to try: halvings of a set batch; 0 (all at once, the backend's own way) stays."""
+    return halvings(min(batch, leaves)) if batch > 1 else [batch]
 
 
 def plan(fp: Footprint, wl: Workload, budget: float, *, suggest: Optional[Callable[[float], str]] = None,
@@ -324,8 +337,8 @@ def smallest_change(fp: Footprint, wl: Workload, budget: float, fixed: Optional[
             return f"Train {trees} tree{'s' if trees > 1 else ''} per iteration instead of {wl.trees} (fewer prompts " \
                    f"per iteration), or free memory."
     den = fp.weights.get("denoiser", 0)
-    fp8 = dataclasses.replace(fp, weights={**fp.weights, "denoiser": den // 2})
-    if den and fits(fp8, wl):
+    fp8 = dataclasses.replace(fp, weights={**fp.weights, "denoiser": fp.denoiser_params or den // 2})
+    if den and fp.denoiser_params and den > 1.5 * fp.denoiser_params and fits(fp8, wl):   # not fp8 already
         return "Load the model's weights in fp8 (UNETLoader weight_dtype fp8_e4m3fn), or free memory."
     one = dataclasses.replace(wl, trees=1)
     for width in range(len(wl.branching) - 1, 0, -1):
@@ -336,7 +349,10 @@ def smallest_change(fp: Footprint, wl: Workload, budget: float, fixed: Optional[
     for side in (0.75, 0.5, 0.375, 0.25):
         if fits(_scaled(fp, side * side), one):
             return f"Lower the resolution to about {side:g}× the width and height, with 1 tree per iteration."
-    return "The model's weights alone do not fit: use a smaller model or a GPU with more memory."
+    held = sum(fp.weights.values()) + 4 * fp.lora
+    return (f"Even one small tree at a quarter of the resolution does not fit: the weights (denoiser, VAE and reward "
+            f"models, which are all on the device while the leaves are scored) with the LoRA and its optimiser state "
+            f"hold {held / GB:.1f} GB. Use a GPU with more memory, a smaller model or a smaller reward model.")
 
 
 def available_ram() -> float:
@@ -385,8 +401,8 @@ def halvings(n: int) -> list[int]:
 def probe_rows(wl: Workload) -> dict:
     """The row counts :func:`plan` can ask about for ``wl``, per phase (``probe_policy``'s keywords)."""
     return {"sample_rows": halvings(wl.leaves), "update_rows": halvings(min(wl.microbatch, max(wl.parents, 1))),
-            "decode_rows": [min(wl.decode_batch or wl.leaves, wl.leaves)],
-            "reward_rows": [min(wl.reward_batch or wl.leaves, wl.leaves)]}
+            "decode_rows": [b or wl.leaves for b in _batches(wl.decode_batch, wl.leaves)],
+            "reward_rows": [b or wl.leaves for b in _batches(wl.reward_batch, wl.leaves)]}
 
 
 def probe_policy(policy, prompt: str, guidance: float, params: Sequence[torch.Tensor], *,
@@ -454,9 +470,10 @@ def probe_policy(policy, prompt: str, guidance: float, params: Sequence[torch.Te
                            lambda: (torch.rand((n, *image_shape)),), fake)
         reward = curve(score, reward_rows)
     weights = dict(policy.memory_weights())
+    den_params = int(policy.denoiser_parameters())
     weights["rewards"] = sum(int(r.model_size()) for r in rewards if hasattr(r, "model_size"))
     lora = tensor_bytes(params)
     latent = math.prod(shape) * 4
     image = math.prod(image_shape) * 4 if image_shape else 0
     return Footprint(weights=weights, lora=lora, latent=latent, image=image, sample=sample, update=update,
-                     update_ckpt=update_ckpt, decode=decode, reward=reward)
+                     update_ckpt=update_ckpt, decode=decode, reward=reward, denoiser_params=den_params)

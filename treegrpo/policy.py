@@ -88,6 +88,10 @@ class Policy(Protocol):
         from .memory import module_bytes
         return {"denoiser": module_bytes(self.model)}
 
+    def denoiser_parameters(self) -> int:
+        """Parameters of the denoiser (the memory plan's fp8 advice). Default: those of ``model``."""
+        return sum(p.numel() for p in self.model.parameters())
+
     def comfy_lora_state_dict(self, w) -> dict:
         """LoRA weights (:class:`treegrpo.lora.LoraWeights`) under ComfyUI's key names."""
         from .lora import to_comfy

@@ -493,6 +493,11 @@ class Trainer:
         self.cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, microbatch=wl.microbatch),
                                        memory=dataclasses.replace(cfg.memory, sample_batch=wl.sample_batch))
         self.memory_plan = p
+        if wl.decode_batch > 1:
+            self.policy.decode_batch = wl.decode_batch
+        for name in self.weights if self.rewards else ():
+            if wl.reward_batch and hasattr(self.rewards[name], "batch_size"):
+                self.rewards[name].batch_size = wl.reward_batch
         if wl.offload_rewards:
             self._offload_rewards()
 

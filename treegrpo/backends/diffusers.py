@@ -13,6 +13,7 @@ only inside :meth:`denoise`. Epsilon models work in k-diffusion sigma space ``x 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import tempfile
@@ -156,6 +157,10 @@ class DiffusersPolicy(Policy):
     @property
     def decode_batch(self) -> int:
         return self.pcfg.decode_batch
+
+    @decode_batch.setter
+    def decode_batch(self, n: int) -> None:   # the memory plan's choice
+        self.pcfg = dataclasses.replace(self.pcfg, decode_batch=int(n))
 
     def set_gradient_checkpointing(self, on: bool) -> bool:
         if not getattr(self.model, "_supports_gradient_checkpointing", False):

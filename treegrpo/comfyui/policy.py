@@ -290,6 +290,9 @@ class ComfyPolicy(Policy):
         out = self.vae.first_stage_model.decode(raw.to(self.vae.device, self.vae.vae_dtype)).float()
         return out[:, :, 0] if out.ndim == 5 else out   # video VAEs: (B, 3, T, H, W); the reward sees frame 0
 
+    def denoiser_parameters(self) -> int:
+        return sum(p.numel() for p in self.patcher.model.diffusion_model.parameters())
+
     def memory_weights(self) -> dict[str, int]:
         out = {"denoiser": int(self.patcher.model_size())}
         if self.vae is not None:
