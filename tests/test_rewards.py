@@ -410,3 +410,45 @@ def test_config_reward_options_reach_the_loader(tmp_path):
                       rewards=[{"name": "hpsv2", "path": path, "options": {"arch": arch, "batch_size": 2}}])
     model = cli.build_rewards(cfg, "cpu")["hpsv2"]
     assert model(torch.rand(3, 3, 32, 32), ["a", "b", "c"]).shape == (3,)
+
+
+def test_pickscore_refuses_weights_that_do_not_match_its_config(tmp_path):
+    """transformers would fill the weights a file lacks with random values and only warn: a partial download or
+    another model's file would train on noise. The loader refuses, naming what is missing or unexpected."""
+    from safetensors.torch import load_file, save_file
+
+    folder = rf.make_pickscore_folder(str(tmp_path / "PickScore_v1"))
+    weights = os.path.join(folder, "model.safetensors")
+    sd = load_file(weights)
+    dropped = sorted(k for k in sd if k.startswith("vision_model.encoder.layers.0."))
+    save_file({k: v for k, v in sd.items() if k not in dropped}, weights)
+    with pytest.raises(ValueError, match="missing .*vision_model.encoder.layers.0") as e:
+        load_reward("pickscore", path=folder)
+    assert "incomplete download or another model" in str(e.value)
+    save_file({**sd, "extra.weight": sd[dropped[0]].clone()}, weights)
+    with pytest.raises(ValueError, match="unexpected 1 .*extra.weight"):
+        load_reward("pickscore", path=folder)
+
+
+def test_clipscore_reads_the_open_clip_config_beside_the_weights(tmp_path):
+    """LAION weights are trained with GELU, OpenAI's with QuickGELU, and the file does not say which. open_clip's hub
+    layout puts ``open_clip_config.json`` beside the weights: its ``quick_gelu`` and ``preprocess_cfg`` are used
+    (explicit options still win); an unreadable one is named."""
+    import json
+
+    from open_clip.transformer import QuickGELU
+
+    path, arch = rf.make_clip_file(str(tmp_path), "safetensors", arch=rf.TINY_HPS)   # an architecture with GELU
+
+    def act(model):
+        return type(model.module.visual.transformer.resblocks[0].mlp.gelu)
+
+    assert act(load_reward("clipscore", path=path, arch=arch)) is QuickGELU          # pretrained='openai'
+    cfg = {"model_cfg": {"quick_gelu": False}, "preprocess_cfg": {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}}
+    (tmp_path / "open_clip_config.json").write_text(json.dumps(cfg))
+    laion = load_reward("clipscore", path=path, arch=arch)
+    assert act(laion) is torch.nn.GELU and tuple(laion.pre["mean"]) == (0.5, 0.5, 0.5)
+    assert act(load_reward("clipscore", path=path, arch=arch, quick_gelu=True)) is QuickGELU
+    (tmp_path / "open_clip_config.json").write_text("{ not json")
+    with pytest.raises(ValueError, match="open_clip_config.json .*not a readable open_clip config"):
+        load_reward("clipscore", path=path, arch=arch)

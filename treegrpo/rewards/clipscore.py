@@ -15,6 +15,7 @@ is built, and only local files are read.
 from __future__ import annotations
 
 import logging
+import json
 import os
 import warnings
 import zipfile
@@ -377,10 +378,11 @@ def hf_clip_to_open_clip(sd: dict) -> dict:
     return out
 
 
-def build_open_clip(arch: str, sd: dict, name: str, path: str, expected: str, *, quick_gelu: bool,
+def build_open_clip(arch: str, sd: dict, name: str, path: str, expected: str, *, quick_gelu: Optional[bool],
                     vision_only: bool = False) -> torch.nn.Module:
     """An open_clip ``CLIP`` (or only its image tower) of architecture ``arch`` holding the weights ``sd``
-    (open_clip/OpenAI keys, or transformers keys, converted). Built without random initialisation."""
+    (open_clip/OpenAI keys, or transformers keys, converted). Built without random initialisation.
+    ``quick_gelu``: True also for an architecture without it; None: the architecture's own activation."""
     from open_clip.model import CLIP, _build_vision_tower
     cfg = open_clip_config(arch, name)
     if "hf_model_name" in cfg.get("text_cfg", {}) or cfg.get("custom_text") or \
@@ -389,7 +391,8 @@ def build_open_clip(arch: str, sd: dict, name: str, path: str, expected: str, *,
                          f"only open_clip's own CLIP architectures load offline here")
     if is_hf_clip(sd):
         sd = hf_clip_to_open_clip(sd)
-    cfg["quick_gelu"] = bool(quick_gelu or cfg.get("quick_gelu", False))
+    cfg["quick_gelu"] = bool(cfg.get("quick_gelu", False) if quick_gelu is None else
+                             quick_gelu or cfg.get("quick_gelu", False))
     if "logit_scale" in sd and sd["logit_scale"].ndim == 1 and sd["logit_scale"].numel() == 1:
         sd["logit_scale"] = sd["logit_scale"].reshape(())
     with empty_init():
@@ -429,6 +432,23 @@ def preprocess_cfg(arch: str, pretrained: Optional[str], overrides: dict) -> dic
         cfg["size"] = cfg["size"][0]
     if cfg["resize_mode"] not in ("shortest", "longest", "squash"):
         raise ValueError(f"resize_mode must be shortest, longest or squash, got {cfg['resize_mode']!r}")
+    return cfg
+
+
+def beside_config(file: str, name: str) -> dict:
+    """``open_clip_config.json`` next to a weight file (open_clip's hub layout: ``model_cfg`` with ``quick_gelu``,
+    ``preprocess_cfg``), or {}. It says how the weights were trained (GELU or QuickGELU, normalisation), which a
+    weight file alone does not."""
+    path = os.path.join(os.path.dirname(os.path.abspath(file)), "open_clip_config.json")
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            cfg = json.load(fh)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{name}: {path} (beside the weights) is not a readable open_clip config: {e}") from e
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{name}: {path} (beside the weights) is not an open_clip config (a JSON object)")
     return cfg
 
 
@@ -492,12 +512,17 @@ class CLIPScore(TorchReward):
         self._setup(device, dtype, batch_size)
         file = require_file(path, self.name, self.expected_files, self.source)
         sd = read_weights(file, self.name)
+        beside = beside_config(file, self.name)
         if quick_gelu is None:
-            quick_gelu = pretrained_quick_gelu(arch, pretrained) or is_torchscript(file)
+            quick_gelu = beside["model_cfg"].get("quick_gelu") if "quick_gelu" in beside.get("model_cfg", {}) else \
+                pretrained_quick_gelu(arch, pretrained) or is_torchscript(file)
         self.module = build_open_clip(arch, sd, self.name, file, self.expected_files, quick_gelu=quick_gelu)
         self.tokenizer = open_clip_tokenizer(arch, self.name)
-        self.pre = preprocess_cfg(arch, pretrained, dict(mean=mean, std=std, interpolation=interpolation,
-                                                         resize_mode=resize_mode))
+        overrides = {k: v for k, v in beside.get("preprocess_cfg", {}).items()
+                     if k in ("mean", "std", "interpolation", "resize_mode")}
+        overrides.update({k: v for k, v in dict(mean=mean, std=std, interpolation=interpolation,
+                                                resize_mode=resize_mode).items() if v is not None})
+        self.pre = preprocess_cfg(arch, pretrained, overrides)
         self.w, self.clamp, self.arch = float(w), bool(clamp), arch
         self._finish()
 

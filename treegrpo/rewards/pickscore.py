@@ -73,9 +73,10 @@ class PickScore(TorchReward):
 
         from transformers import AutoTokenizer, CLIPImageProcessor, CLIPModel
         try:
-            self.module = CLIPModel.from_pretrained(folder, local_files_only=True)
+            self.module, info = CLIPModel.from_pretrained(folder, local_files_only=True, output_loading_info=True)
         except Exception as e:
             raise ValueError(f"{self.name}: cannot load the CLIP model in {folder}: {e}") from e
+        self._check_weights(folder, info)
         try:
             ip = CLIPImageProcessor.from_pretrained(proc, local_files_only=True)
             self.tokenizer = AutoTokenizer.from_pretrained(proc, local_files_only=True)
@@ -92,6 +93,20 @@ class PickScore(TorchReward):
                              f"{vis} px: the processor folder {proc} does not belong to this model")
         self.folders = {"model": folder, "processor": proc}
         self._finish()
+
+    def _check_weights(self, folder: str, info: dict) -> None:
+        """transformers fills weights a file lacks with random values (a warning only): a wrong or partial file would
+        then score with noise. Refuse unless every weight came from the file (position-id buffers excepted)."""
+        def real(keys):
+            return [k if isinstance(k, str) else k[0] for k in keys or () if not str(k).endswith("position_ids")]
+
+        missing, unexpected, mismatched = (real(info.get(k)) for k in
+                                           ("missing_keys", "unexpected_keys", "mismatched_keys"))
+        if missing or unexpected or mismatched:
+            what = "; ".join(f"{n} {len(v)} (e.g. {v[0]})" for n, v in
+                             (("missing", missing), ("unexpected", unexpected), ("wrong shape", mismatched)) if v)
+            raise wrong_file(self.name, folder, f"its weights do not match its config.json ({what}): an incomplete "
+                             "download or another model's file", "PickScore_v1's config.json with its own weights")
 
     @staticmethod
     def _edge(size, key):
