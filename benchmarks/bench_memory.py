@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -280,9 +281,11 @@ def markdown(result: dict) -> str:
         nc, ck = max(r["no_checkpointing"].values()), max(r.get("checkpointing", {"x": float("nan")}).values())
         target = r["target_gb"]
         ok = "" if target is None else (" ✓" if r["smallest"]["peak_gb"] <= target else " ✗")
+        settings = re.sub(r"(\d+) images? per reward call", r"reward batch \1", r["smallest"]["settings"]) \
+            .replace("reward models on CPU while sampling and training", "rewards on CPU")
         lines.append(f"| {LABELS.get(r['model'], r['model'])} @ {r['px']} | {w.get('denoiser', 0):.1f} / "
                      f"{w.get('vae', 0):.2f} / {w.get('rewards', 0):.1f} | {nc:.0f} / {ck:.1f} | "
-                     f"**{r['smallest']['peak_gb']:.1f}**: {r['smallest']['settings']} | {target or '–'}{ok} |")
+                     f"**{r['smallest']['peak_gb']:.1f}**: {settings} | {target or '–'}{ok} |")
     t = result.get("checkpointing_time")
     if t:
         lines.append("")

@@ -273,3 +273,24 @@ def test_sample_checks_its_output_and_the_lora_before_any_model(tmp_path, capsys
     assert "LoRA file not found" in _run(["sample", "--lora", str(tmp_path / "none.safetensors"), "--output",
                                           str(tmp_path / "x.png")], capsys)
     assert not (tmp_path / "x.png").exists()
+
+
+def test_a_second_run_into_a_folder_in_use_is_refused(tmp_path, capsys):
+    """Another process training into the same output_dir holds its lock: this run stops at once, naming it; once
+    that process is gone (killed, even), the folder is free again."""
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; sys.path.insert(0, %r)\n"
+        "from treegrpo.checkpoint import RunLock\n"
+        "lock = RunLock(%r); print('locked', flush=True); time.sleep(120)") % (str(ROOT), str(out))],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        cfg = write(tmp_path, "c.json", base(tmp_path))
+        err = _run(["train", "--config", cfg, "--quiet"], capsys)
+        assert "is in use by a run that is still training (pid" in err
+    finally:
+        holder.kill()
+        holder.wait()
+    assert cli.main(["train", "--config", cfg, "--quiet"]) == 0

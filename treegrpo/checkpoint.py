@@ -103,6 +103,42 @@ def archive_checkpoints(output_dir: str, run_name: str) -> Optional[str]:
     return dest
 
 
+class RunLock:
+    """An exclusive lock on ``<output_dir>/.treegrpo.lock`` for as long as a run trains there: a second process
+    training into the same folder (which would interleave checkpoints and overwrite the LoRA) is refused at once.
+    The operating system drops the lock when the process dies, so a killed run never leaves a stale one."""
+
+    def __init__(self, output_dir: str):
+        os.makedirs(output_dir, exist_ok=True)
+        self.path = os.path.join(output_dir, ".treegrpo.lock")
+        self.fh = open(self.path, "a+")
+        try:
+            self._lock()
+        except OSError:
+            self.fh.seek(0)
+            who = self.fh.read().strip() or "another process"
+            self.fh.close()
+            raise CheckpointError(f"output_dir {output_dir!r} is in use by a run that is still training ({who}); "
+                                  "wait for it, or choose another output_dir") from None
+        self.fh.seek(0)
+        self.fh.truncate()
+        self.fh.write(f"pid {os.getpid()}")
+        self.fh.flush()
+
+    def _lock(self) -> None:
+        try:
+            import fcntl
+            fcntl.flock(self.fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except ImportError:  # Windows
+            import msvcrt
+            self.fh.seek(0)
+            msvcrt.locking(self.fh.fileno(), msvcrt.LK_NBLCK, 1)
+
+    def release(self) -> None:
+        if not self.fh.closed:
+            self.fh.close()   # closing the file releases the lock
+
+
 def claim_output_dir(output_dir: str, run_name: str, base_model: str) -> None:
     """Record the run in ``<output_dir>/run.json``; refuse a folder that holds another run's files."""
     path = os.path.join(output_dir, "run.json")

@@ -251,7 +251,7 @@ class Plan:
         if wl.decode_batch > 1:
             parts.append(f"{wl.decode_batch} latents per decode")
         if wl.reward_batch:
-            parts.append(f"{wl.reward_batch} images per reward call")
+            parts.append(f"{wl.reward_batch} image{'s' if wl.reward_batch != 1 else ''} per reward call")
         return ", ".join(parts)
 
 

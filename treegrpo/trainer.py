@@ -509,6 +509,15 @@ class Trainer:
             self.plan_memory()
         cfg = self.cfg
         total = iterations or cfg.iterations
+        lock = ckpt.RunLock(self.out) if self.rank == 0 else None
+        try:
+            return self._train(total, resume)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _train(self, total: int, resume: bool) -> dict:
+        cfg = self.cfg
         self.begin(resume)
         bar = None
         if self.progress and self.rank == 0:

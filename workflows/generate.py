@@ -57,7 +57,7 @@ def real_model_workflow(loader_nodes, model, clip, vae, size, reward_note, steps
              "the same name resumes). Stop with Cancel: a checkpoint is saved first.\nMemory: before any work the "
              "Train node plans for your GPU (gradient checkpointing, microbatch, reward model offload) and logs the "
              "planned peak; if nothing fits it stops and says what to change. Predicted peaks at these settings: "
-             "SD1.5 @512 4.0 GB, SDXL @1024 9.4 GB, SD3.5-Medium @1024 7.6 GB, Flux.1-dev fp8 @1024 see the README."
+             "SD1.5 @512 3.9 GB, SDXL @1024 9.3 GB, SD3.5-Medium @1024 7.5 GB, Flux.1-dev fp8 @1024 16.1 GB."
              + extra_note),
     ]
 
