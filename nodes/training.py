@@ -138,6 +138,10 @@ class Train(PackNode):
                        "nothing is planned). The plan picks checkpointing, microbatch and reward offload to fit, "
                        "or stops before any work saying what to change", optional=True, min=0.0, max=4096.0,
                        step=0.5),
+                widget(io.Combo, "offload_rewards", "reward models on the CPU except while scoring; auto: when the "
+                       "memory plan needs it", options=["auto", "on", "off"], optional=True),
+                widget(io.Combo, "tiled_decode", "decode the leaves in tiles (less memory, slower decode); auto: when "
+                       "the memory plan needs it", options=["auto", "on", "off"], optional=True),
             ],
             outputs=[io.Model.Output(display_name="model", tooltip="the model with the trained LoRA applied"),
                      io.LoraModel.Output(display_name="lora", tooltip="the LoRA, for TreeGRPO Save LoRA"),
@@ -156,7 +160,7 @@ class Train(PackNode):
                 steps, window_start, window_width, branch, noise_level, window_schedule, iterations,
                 prompts_per_iteration, lora_rank, lora_alpha, learning_rate, seed, run_name, eval_every,
                 reward_model_2=None, gradient_checkpointing="auto", antithetic=True, tail_solver=None, tail_steps=None,
-                memory_budget_gb=0.0):
+                memory_budget_gb=0.0, offload_rewards="auto", tiled_decode="auto"):
         texts = [p.strip() for p in prompts.splitlines() if p.strip()]
         rewards = {reward_model["name"]: reward_model["model"]}
         specs = [{"name": reward_model["name"], "weight": 1.0}]
@@ -174,7 +178,9 @@ class Train(PackNode):
                          prompts_per_iter=prompts_per_iteration, seed=seed, eval_every=eval_every,
                          eval_seeds=2, checkpoint_every=max(1, min(25, iterations)), run_name=run_name,
                          memory=MemoryConfig(budget_gb=memory_budget_gb or 0.0,
-                                             checkpointing=checkpointing_choice(gradient_checkpointing)))
+                                             checkpointing=checkpointing_choice(gradient_checkpointing),
+                                             offload_rewards=offload_rewards or "auto",
+                                             tiled_decode=tiled_decode or "auto"))
         conds = [(encode(clip, t), encode(clip, negative)) for t in texts]
         r = vae.spacial_compression_decode()
         if width % r or height % r:

@@ -26,6 +26,7 @@ CONFIG_WIDGETS = {
     "iterations": (TrainConfig, "iterations"), "prompts_per_iteration": (TrainConfig, "prompts_per_iter"),
     "eval_every": (TrainConfig, "eval_every"), "run_name": (TrainConfig, "run_name"),
     "gradient_checkpointing": (MemoryConfig, "checkpointing"), "memory_budget_gb": (MemoryConfig, "budget_gb"),
+    "offload_rewards": (MemoryConfig, "offload_rewards"), "tiled_decode": (MemoryConfig, "tiled_decode"),
 }
 
 

@@ -231,3 +231,39 @@ def test_smaller_decode_and_reward_batches_come_before_anything_slower():
     assert f"{p.workload.decode_batch} latents per decode" in p.line()
     assert memory.probe_rows(wl)["decode_rows"] == [8, 4, 2, 1]
     assert memory.candidates(dataclasses.replace(wl, reward_batch=0), fp)[0].reward_batch == 0
+
+
+def test_a_tiled_decode_is_chosen_when_the_decode_does_not_fit():
+    fp = _footprint(decode=memory.Curve.linear(0, 20e9), decode_tiled=memory.Curve.linear(0, 1e9), update_ckpt=None)
+    wl = memory.Workload(trees=2, branching=(2, 2, 2), microbatch=2, decode_batch=1)
+    p = memory.plan(fp, wl, max(memory.predict(fp, wl).values()) - 5e9)
+    assert p.workload.tiled_decode and p.workload.microbatch == 2 and "tiled VAE decode" in p.line()
+
+
+def test_the_diffusers_vae_decodes_in_tiles_in_less_memory(tmp_path):
+    """diffusers' own tiling (``AutoencoderKL.enable_tiling``) measured by the probe: a 256 px decode with 32 px
+    tiles allocates a fraction of the whole decode; the policy switches it on and off."""
+    import torch
+    from diffusers import AutoencoderKL
+
+    from treegrpo.backends.diffusers import DiffusersPolicy
+
+    vae = AutoencoderKL(block_out_channels=(8, 16), down_block_types=("DownEncoderBlock2D",) * 2,
+                        up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4, sample_size=32,
+                        norm_num_groups=4)
+
+    class Pol:   # only what probe_decode and set_tiled_decode use of a DiffusersPolicy
+        pipe = type("P", (), {"vae": vae})()
+        pcfg = type("C", (), {"decode_batch": 1})()
+        device = torch.device("cpu")
+        decode = DiffusersPolicy.decode
+        probe_decode = DiffusersPolicy.probe_decode
+        set_tiled_decode = DiffusersPolicy.set_tiled_decode
+
+    pol = Pol()
+    z = lambda: (torch.randn(1, 4, 128, 128),)   # noqa: E731  (1024 px)
+    whole = memory.peak_of(pol.probe_decode, z)
+    assert pol.set_tiled_decode(True) and vae.use_tiling
+    tiled = memory.peak_of(pol.probe_decode, z)
+    pol.set_tiled_decode(False)
+    assert not vae.use_tiling and 0 < tiled < whole / 2, (tiled, whole)

@@ -323,6 +323,7 @@ class MemoryConfig:
     budget_gb: float = _f(0.0, "accelerator memory to plan for, in GB (0 = the GPU's memory)")
     checkpointing: str = _f("auto", "gradient checkpointing: auto (on when needed to fit) | on | off")
     offload_rewards: str = _f("auto", "reward models on the CPU except while scoring: auto | on | off")
+    tiled_decode: str = _f("auto", "VAE decode in tiles (less memory, slower decode): auto | on | off")
     sample_batch: int = _f(0, "rows per denoiser call while sampling (0 = the plan's choice: a whole tree level)")
 
     def __post_init__(self) -> None:
@@ -331,6 +332,7 @@ class MemoryConfig:
         _choice(self, "plan", ("auto", "off"))
         _choice(self, "checkpointing", ("auto", "on", "off"))
         _choice(self, "offload_rewards", ("auto", "on", "off"))
+        _choice(self, "tiled_decode", ("auto", "on", "off"))
         _require(math.isfinite(self.budget_gb) and self.budget_gb >= 0, c, "budget_gb",
                  f"must be a number of GB >= 0, got {self.budget_gb}")
         _require(self.sample_batch >= 0, c, "sample_batch", f"must be >= 0, got {self.sample_batch}")
@@ -342,6 +344,8 @@ class MemoryConfig:
             out["checkpointing"] = self.checkpointing == "on"
         if self.offload_rewards != "auto":
             out["offload_rewards"] = self.offload_rewards == "on"
+        if self.tiled_decode != "auto":
+            out["tiled_decode"] = self.tiled_decode == "on"
         if self.sample_batch:
             out["sample_batch"] = self.sample_batch
         return out

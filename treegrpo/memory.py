@@ -157,6 +157,7 @@ class Footprint:
     decode: Optional[Curve] = None      # one VAE decode of ``rows`` latents
     reward: Optional[Curve] = None      # one call of the reward models on ``rows`` images
     denoiser_params: int = 0            # parameters of the denoiser (bytes per parameter: its weights' dtype)
+    decode_tiled: Optional[Curve] = None  # the VAE decode in tiles (None: the backend has no tiled decode)
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,7 @@ class Workload:
     reward_batch: int = 0               # images per reward-model call (0 = all leaves at once)
     checkpointing: bool = False
     offload_rewards: bool = False       # reward models on the CPU except while scoring
+    tiled_decode: bool = False          # the VAE decodes in tiles (slower decode, bounded memory)
 
     @property
     def leaves(self) -> int:
@@ -209,12 +211,13 @@ def phases(fp: Footprint, wl: Workload) -> dict[str, tuple[float, float]]:
     images = wl.leaves * fp.image
     dec, rb = min(wl.decode_batch or wl.leaves, wl.leaves), min(wl.reward_batch or wl.leaves, wl.leaves)
     work = fp.update_ckpt if wl.checkpointing else fp.update
+    decode = fp.decode_tiled if wl.tiled_decode else fp.decode
     if work is None:
         raise ValueError("this model cannot use gradient checkpointing")
     return {
         "sample": (resident, tree + 2 * rows * fp.latent + fp.sample(rows)),
         # the decode probe's peak includes its own output images, counted in ``images`` here
-        "decode": (resident + tree + w.get("vae", 0), images + (fp.decode(dec) - dec * fp.image if fp.decode else 0.0)),
+        "decode": (resident + tree + w.get("vae", 0), images + (decode(dec) - dec * fp.image if decode else 0.0)),
         "reward": (resident + tree + images + (rewards_w if wl.offload_rewards else 0),
                    fp.reward(rb) if fp.reward else 0.0),
         "update": (resident + tree, (wl.parents + wl.edges) * fp.latent + work(min(wl.microbatch, wl.parents))),
@@ -250,6 +253,8 @@ class Plan:
             parts.append("reward models on CPU while sampling and training")
         if wl.decode_batch > 1:
             parts.append(f"{wl.decode_batch} latents per decode")
+        if wl.tiled_decode:
+            parts.append("tiled VAE decode")
         if wl.reward_batch:
             parts.append(f"{wl.reward_batch} image{'s' if wl.reward_batch != 1 else ''} per reward call")
         return ", ".join(parts)
@@ -261,7 +266,7 @@ class MemoryPlanError(ValueError):
 
 def candidates(wl: Workload, fp: Footprint, *, checkpointing: Optional[bool] = None,
                offload_rewards: Optional[bool] = None, sample_batch: Optional[int] = None,
-               microbatch: Optional[int] = None) -> list[Workload]:
+               microbatch: Optional[int] = None, tiled_decode: Optional[bool] = None) -> list[Workload]:
     """Settings to try, fastest first: each choice fixed when given (a user's override), else free. Checkpointing
     (≈+30 % update time) is tried after halving the microbatch and the sampling batch; offloading the reward
     models (a host↔device copy per iteration) before checkpointing."""
@@ -272,15 +277,18 @@ def candidates(wl: Workload, fp: Footprint, *, checkpointing: Optional[bool] = N
     sb = [sample_batch] if sample_batch is not None else [0] + halvings(wl.leaves)[1:]
     mb = [microbatch] if microbatch is not None else halvings(min(wl.microbatch, max(wl.parents, 1)))
     db, rb = _batches(wl.decode_batch, wl.leaves), _batches(wl.reward_batch, wl.leaves)
+    tiles = [tiled_decode] if tiled_decode is not None else [False, True] if fp.decode_tiled is not None else [False]
     out = []
-    for c in ckpt:   # the innermost choice changes first: smaller decode and reward batches cost next to nothing
-        for o in off:
+    for c in ckpt:   # the innermost choice changes first: smaller decode and reward batches cost next to nothing,
+        for o in off:    # a tiled decode little (the decode is a small part of an iteration)
             for m in mb:
                 for s in sb:
-                    for d in db:
-                        for r in rb:
-                            out.append(dataclasses.replace(wl, checkpointing=c, offload_rewards=o, microbatch=m,
-                                                           sample_batch=s, decode_batch=d, reward_batch=r))
+                    for t in tiles:
+                        for d in db:
+                            for r in rb:
+                                out.append(dataclasses.replace(wl, checkpointing=c, offload_rewards=o, microbatch=m,
+                                                               sample_batch=s, tiled_decode=t, decode_batch=d,
+                                                               reward_batch=r))
     return out
 
 
@@ -454,14 +462,22 @@ def probe_policy(policy, prompt: str, guidance: float, params: Sequence[torch.Te
     for r in rewards:
         if hasattr(r, "load"):
             r.load()
-    decode = reward = None
+    decode = decode_tiled = reward = None
     image_shape = None
+
+    def decode_curve():
+        return curve(lambda n: peak_of(policy.probe_decode, lambda: (torch.randn((n, *shape), device=policy.device),),
+                                       fake), decode_rows)
+
     try:
         with _mode(fake):
             image_shape = tuple(policy.probe_decode(torch.zeros((1, *shape), device=policy.device)).shape[1:])
-        decode = curve(lambda n: peak_of(policy.probe_decode,
-                                         lambda: (torch.randn((n, *shape), device=policy.device),), fake),
-                       decode_rows)
+        decode = decode_curve()
+        if policy.set_tiled_decode(True):
+            try:
+                decode_tiled = decode_curve()
+            finally:
+                policy.set_tiled_decode(False)
     except ValueError:  # no VAE connected
         pass
     if rewards and image_shape is not None:
@@ -476,4 +492,5 @@ def probe_policy(policy, prompt: str, guidance: float, params: Sequence[torch.Te
     latent = math.prod(shape) * 4
     image = math.prod(image_shape) * 4 if image_shape else 0
     return Footprint(weights=weights, lora=lora, latent=latent, image=image, sample=sample, update=update,
-                     update_ckpt=update_ckpt, decode=decode, reward=reward, denoiser_params=den_params)
+                     update_ckpt=update_ckpt, decode=decode, reward=reward, denoiser_params=den_params,
+                     decode_tiled=decode_tiled)

@@ -74,6 +74,11 @@ class Policy(Protocol):
         can. Default: it cannot (nothing changes)."""
         return False
 
+    def set_tiled_decode(self, on: bool) -> bool:
+        """Decode the leaves in tiles from now on (``on``; bounded memory, slower); returns whether this backend
+        can. Default: it cannot."""
+        return False
+
     def prepare_memory_probe(self) -> None:
         """Put every model the probes use on its device (the probes run on fake tensors: moving a model then
         would replace its weights with fake ones). Default: nothing to do."""

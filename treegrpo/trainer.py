@@ -490,6 +490,7 @@ class Trainer:
         import dataclasses
         wl, cfg = p.workload, self.cfg
         self.policy.set_gradient_checkpointing(wl.checkpointing)
+        self.policy.set_tiled_decode(wl.tiled_decode)
         self.cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, microbatch=wl.microbatch),
                                        memory=dataclasses.replace(cfg.memory, sample_batch=wl.sample_batch))
         self.memory_plan = p

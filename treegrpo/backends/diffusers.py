@@ -162,6 +162,13 @@ class DiffusersPolicy(Policy):
     def decode_batch(self, n: int) -> None:   # the memory plan's choice
         self.pcfg = dataclasses.replace(self.pcfg, decode_batch=int(n))
 
+    def set_tiled_decode(self, on: bool) -> bool:
+        vae = self.pipe.vae
+        if not hasattr(vae, "enable_tiling"):
+            return False
+        (vae.enable_tiling if on else vae.disable_tiling)()
+        return True
+
     def set_gradient_checkpointing(self, on: bool) -> bool:
         if not getattr(self.model, "_supports_gradient_checkpointing", False):
             return False

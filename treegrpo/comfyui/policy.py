@@ -229,6 +229,7 @@ class ComfyPolicy(Policy):
     Call the sampler/update inside :meth:`run`, which opens ComfyUI's sampling context."""
 
     decode_batch = 1  # ComfyUI's VAE batches (and tiles) by the memory it finds free
+    tiled_decode = False
 
     def __init__(self, model_patcher, prompts: list[str], conds: list[tuple[Any, Any]], latent_shape: tuple,
                  *, vae=None, lora_cfg: Optional[LoraConfig] = None, scheduler: str = "simple", seed: int = 0,
@@ -286,9 +287,16 @@ class ComfyPolicy(Policy):
         """The VAE's decoder on ``latents`` (B, C, H, W) → (B, 3, H', W'), with the model where it is."""
         if self.vae is None:
             raise ValueError("no VAE given: connect a VAE to decode the leaves")
+        if self.tiled_decode:   # ComfyUI's tiled decode (the VAE is loaded already: prepare_memory_probe)
+            return self.decode(latents)
         raw = self.patcher.model.process_latent_out(latents.float())
         out = self.vae.first_stage_model.decode(raw.to(self.vae.device, self.vae.vae_dtype)).float()
         return out[:, :, 0] if out.ndim == 5 else out   # video VAEs: (B, 3, T, H, W); the reward sees frame 0
+
+    def set_tiled_decode(self, on: bool) -> bool:
+        can = self.vae is not None and hasattr(self.vae, "decode_tiled")
+        self.tiled_decode = bool(on) and can
+        return can
 
     def denoiser_parameters(self) -> int:
         return sum(p.numel() for p in self.patcher.model.diffusion_model.parameters())
@@ -342,7 +350,7 @@ class ComfyPolicy(Policy):
         if self.vae is None:
             raise ValueError("no VAE given: connect a VAE to decode the leaves")
         raw = self.patcher.model.process_latent_out(latents.float())
-        images = self.vae.decode(raw)  # (B, H, W, 3) in [0, 1]
+        images = (self.vae.decode_tiled if self.tiled_decode else self.vae.decode)(raw)  # (B, H, W, 3) in [0, 1]
         if images.ndim == 5:  # video VAEs: (B, T, H, W, C)
             images = images[:, 0]
         return images.movedim(-1, 1).float().clamp(0, 1)
