@@ -39,9 +39,9 @@ class TrainerState(PackNode):
                 widget(io.Float, "clip_range", "PPO ratio clip", min=1e-6, max=1.0, step=1e-5),
                 widget(io.Float, "kl_beta", "KL weight to the base model (LoRA off)", min=0.0, max=10.0, step=0.001),
                 widget(io.Int, "seed", "seed of the LoRA initialisation", min=0, max=2**31 - 1),
-                widget(io.Combo, "gradient_checkpointing", "recompute blocks in backward (less memory, ~30% more "
-                       "update time); the step nodes make no memory plan, so auto means off here",
-                       options=["auto", "on", "off"], optional=True),
+                widget(io.Combo, "gradient_checkpointing", "recompute blocks in backward (less memory, ~1.5x the "
+                       "update time); auto: on when the memory plan (made before the run's first tree, on a GPU) "
+                       "needs it", options=["auto", "on", "off"], optional=True),
             ],
             outputs=[Run.Output(display_name="run", tooltip="to the Tree Sampler and the Trainer Step")],
         )
@@ -68,7 +68,7 @@ class TrainerState(PackNode):
                 gradient_checkpointing="auto"):
         return io.NodeOutput(RunState.get(run_name, LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=DEFAULT_TARGETS),
                                           OptimConfig(lr=learning_rate, clip_range=clip_range, kl_beta=kl_beta), seed,
-                                          checkpointing_choice(gradient_checkpointing) == "on"))
+                                          checkpointing_choice(gradient_checkpointing)))
 
 
 class TrainerStep(PackNode):
@@ -130,7 +130,7 @@ class Train(PackNode):
                 widget(io.String, "run_name", "checkpoints go to output/treegrpo/<run_name>/; the same name resumes"),
                 widget(io.Int, "eval_every", "evaluate on fixed noises every N iterations (reward curve)", min=0,
                        max=100000),
-                widget(io.Combo, "gradient_checkpointing", "recompute blocks in backward (less memory, ~30% more "
+                widget(io.Combo, "gradient_checkpointing", "recompute blocks in backward (less memory, ~1.5x the "
                        "update time); auto: on when the memory plan needs it", options=["auto", "on", "off"],
                        optional=True),
                 *tail_inputs(),

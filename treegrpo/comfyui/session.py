@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..config import AdvantageConfig, LoraConfig, OptimConfig, TrainConfig, TreeConfig, check_run_name
+from ..config import AdvantageConfig, LoraConfig, MemoryConfig, OptimConfig, TrainConfig, TreeConfig, check_run_name
 from ..trainer import Trainer
 from ..tree import TreeBatch
 from .policy import ComfyPolicy
@@ -106,6 +106,13 @@ class TreeResult:
         return self.policy.patcher.model.process_latent_out(self.batch.leaves.float())
 
 
+def _choice(checkpointing) -> str:
+    """auto / on / off (a boolean from older callers: True = on, False = auto)."""
+    if isinstance(checkpointing, bool):
+        return "on" if checkpointing else "auto"
+    return checkpointing or "auto"
+
+
 class RunState:
     """A named run of the step nodes: settings from the Trainer State node, and the run's Trainer, created when
     the first Tree Sampler attaches a model (resuming the run's checkpoint when one exists)."""
@@ -113,21 +120,21 @@ class RunState:
     _registry: dict[str, "RunState"] = {}
 
     def __init__(self, run_name: str, lora_cfg: LoraConfig, optim_cfg: OptimConfig, seed: int = 0,
-                 gradient_checkpointing: bool = False):
+                 gradient_checkpointing="auto"):
         self.run_name, self.folder = run_name, run_folder(run_name)
         self.lora_cfg, self.optim_cfg, self.seed = lora_cfg, optim_cfg, seed
-        self.gradient_checkpointing = gradient_checkpointing
+        self.gradient_checkpointing = _choice(gradient_checkpointing)
         self.trainer: Optional[Trainer] = None
 
     @classmethod
     def get(cls, run_name: str, lora_cfg: LoraConfig, optim_cfg: OptimConfig, seed: int = 0,
-            gradient_checkpointing: bool = False) -> "RunState":
+            gradient_checkpointing="auto") -> "RunState":
         """The live run of this name (optimiser settings updated), or a new one (resumed from disk when saved)."""
         st = cls._registry.get(run_name)
         if st is None or st.folder != run_folder(run_name) or st.lora_cfg != lora_cfg:
             st = cls(run_name, lora_cfg, optim_cfg, seed, gradient_checkpointing)
             cls._registry[run_name] = st
-        st.optim_cfg, st.gradient_checkpointing = optim_cfg, gradient_checkpointing
+        st.optim_cfg, st.gradient_checkpointing = optim_cfg, _choice(gradient_checkpointing)
         return st
 
     @classmethod
@@ -151,7 +158,8 @@ def _step_config(run: Optional[RunState], prompt: str, tree_cfg: TreeConfig, see
     kw = dict(backend="comfy", prompts=[prompt], cfg=guidance, tree=tree_cfg, prompts_per_iter=trees, seed=seed,
               eval_every=0, checkpoint_every=1)
     if run is not None:
-        kw.update(lora=run.lora_cfg, optim=run.optim_cfg, output_dir=run.folder, run_name=run.run_name)
+        kw.update(lora=run.lora_cfg, optim=run.optim_cfg, output_dir=run.folder, run_name=run.run_name,
+                  memory=MemoryConfig(checkpointing=run.gradient_checkpointing))
     return TrainConfig(**kw)
 
 
@@ -173,7 +181,7 @@ def sample_tree(model, positive, negative, latent: dict, tree_cfg: TreeConfig, *
                              lora=trainer.lora if trainer is not None else None,
                              lora_cfg=run.lora_cfg if run is not None else tc.lora, scheduler=scheduler,
                              seed=run.seed if run is not None else seed,
-                             gradient_checkpointing=bool(run and run.gradient_checkpointing))
+                             gradient_checkpointing=run is not None and run.gradient_checkpointing == "on")
         if trainer is None:
             trainer = Trainer(tc, policy, progress=False, base_model_name=name)
             if run is not None:
@@ -181,6 +189,14 @@ def sample_tree(model, positive, negative, latent: dict, tree_cfg: TreeConfig, *
                 trainer.begin(resume=True)
         else:
             trainer.rebind(tc, policy)
+        # the memory plan: made once per run (on the device's memory, before its first tree), re-applied to each
+        # new policy; without a GPU only the size guard runs
+        if trainer.memory_plan is None:
+            trainer.log = logging.info
+            trainer.memory_budget = memory_budget(policy.device) or None
+            trainer.plan_memory()
+        else:
+            trainer.apply_plan(trainer.memory_plan)
         trainer.step_callback = comfy_progress(tree_cfg.steps)
         batch = trainer.sample()
     batch.prompts = [prompt] * len(batch.prompts)
