@@ -293,7 +293,8 @@ class PipelineConfig:
     width: int = _f(0, "image width in pixels (0 = the model's default)")
     dtype: str = _f("auto", "weights dtype: auto (bfloat16 on GPU, float32 on CPU) | float32 | bfloat16 | float16")
     autocast: bool = _f(True, "bfloat16 autocast of the denoiser on GPU")
-    gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass (less memory, ~30% slower)")
+    gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass (less memory, slower "
+                                             "update); true = memory.checkpointing on")
     shift: float = _f(0.0, "flow models: schedule shift (0 = the model's scheduler config)")
     guidance_embed: float = _f(3.5, "Flux-dev: distilled guidance value fed to the model (true CFG is `cfg`)")
     max_sequence_length: int = _f(0, "T5 tokens for SD3/Flux prompts (0 = the pipeline's default: 256 SD3, 512 Flux)")
