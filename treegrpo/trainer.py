@@ -15,6 +15,7 @@ see the same prompts and initial noises, and a resumed run continues exactly whe
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -466,9 +467,9 @@ class Trainer:
         :class:`treegrpo.memory.MemoryPlanError` before any work when nothing fits; None when there is no budget
         (the CPU) or the plan is off."""
         mc = self.cfg.memory
-        budget = budget or self.memory_budget or mc.budget_gb * memory.GB or memory.accelerator_budget(self.policy.device)
         if mc.plan == "off":
             return None
+        budget = budget or self.memory_budget or mc.budget_gb * memory.GB or memory.accelerator_budget(self.policy.device)
         if not budget:   # the CPU: no measured plan, but a batch that cannot fit is refused before allocation
             latent = 4 * math.prod(self.policy.latent_shape())
             memory.size_guard(self.workload(), latent, memory.available_ram())
@@ -487,7 +488,8 @@ class Trainer:
         return p
 
     def apply_plan(self, p: memory.Plan) -> None:
-        import dataclasses
+        """Put the plan's choices into effect: the policy's checkpointing and decode, the config's microbatch and
+        sampling batch, the reward models' batch size and place."""
         wl, cfg = p.workload, self.cfg
         self.policy.set_gradient_checkpointing(wl.checkpointing)
         self.policy.set_tiled_decode(wl.tiled_decode)
