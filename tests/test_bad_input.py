@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from treegrpo import cli
+from treegrpo import checkpoint as ckpt, cli
 from treegrpo.config import ConfigError, TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -252,7 +252,7 @@ def test_the_catalogue_is_wide():
 
 
 def test_a_checkpoint_config_of_another_version_is_reported(tmp_path):
-    assert cli.config_changes({"tree": {"nonsense": 1}, "prompts": ["a"]}, TrainConfig(prompts=["a"]))[0] \
+    assert ckpt.config_changes({"tree": {"nonsense": 1}, "prompts": ["a"]}, TrainConfig(prompts=["a"]))[0] \
         .startswith("the checkpoint's config is not readable")
     with pytest.raises(ConfigError):
         TrainConfig.from_dict({"prompts": ["a"], "tree": {"nonsense": 1}})
@@ -294,3 +294,65 @@ def test_a_second_run_into_a_folder_in_use_is_refused(tmp_path, capsys):
         holder.kill()
         holder.wait()
     assert cli.main(["train", "--config", cfg, "--quiet"]) == 0
+
+
+def test_a_fresh_run_never_replaces_a_finished_one(tmp_path, capsys):
+    """Starting a run where a run of the same name left its LoRA is refused (nothing touched); ``--overwrite``
+    moves the earlier files to ``previous-<time>/`` (nothing deleted) and trains again."""
+    cfg = write(tmp_path, "c.json", base(tmp_path, checkpoint_every=1))
+    assert cli.main(["train", "--config", cfg, "--quiet"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "out"
+    lora = out / "treegrpo_demo.safetensors"
+    before = lora.read_bytes()
+    err = _run(["train", "--config", cfg, "--quiet"], capsys)
+    assert "already holds run 'treegrpo_demo'" in err and "--resume" in err and "--overwrite" in err
+    assert lora.read_bytes() == before
+    assert cli.main(["train", "--config", cfg, "--quiet", "--overwrite", "--seed", "3"]) == 0
+    archived = list(out.glob("previous-*"))
+    assert len(archived) == 1
+    assert (archived[0] / "treegrpo_demo.safetensors").read_bytes() == before
+    assert (archived[0] / "log.json").exists() and list((archived[0] / "checkpoints").glob("treegrpo_demo-*.pt"))
+    assert lora.read_bytes() != before                       # the new run's LoRA (another seed)
+
+
+def test_export_checks_its_output_before_reading(tmp_path, capsys):
+    import torch
+    from treegrpo.lora import save_lora_file
+
+    src = save_lora_file(str(tmp_path / "a.safetensors"),
+                         {"m.lora_down.weight": torch.ones(2, 4), "m.lora_up.weight": torch.zeros(4, 2)})
+    assert "does not exist; create it first" in _run(["export", src, str(tmp_path / "no" / "b.safetensors")], capsys)
+    assert "write a .safetensors file" in _run(["export", src, str(tmp_path / "b.pt")], capsys)
+    (tmp_path / "d.safetensors").mkdir()
+    assert "is a folder" in _run(["export", src, str(tmp_path / "d.safetensors")], capsys)
+    assert "LoRA file not found" in _run(["export", str(tmp_path / "none.safetensors"),
+                                          str(tmp_path / "b.safetensors")], capsys)
+    assert not (tmp_path / "no").exists() and not (tmp_path / "b.safetensors").exists()
+    assert cli.main(["export", src, str(tmp_path / "b.safetensors"), "--format", "peft"]) == 0
+
+
+def test_sample_applies_the_modules_ranks_and_alpha_the_lora_file_holds(tmp_path, capsys):
+    """A LoRA trained on other targets and rank than the config's sampling section is applied as the file says:
+    its modules, its rank, its alpha; the grid differs from the base model's."""
+    import numpy as np
+    from PIL import Image
+
+    cfg = write(tmp_path, "c.json", base(tmp_path, **{"lora.targets": ["to_q", "to_v"], "lora.rank": 3,
+                                                       "lora.alpha": 6.0, "optim.lr": 3e-2, "iterations": 2}))
+    assert cli.main(["train", "--config", cfg, "--quiet"]) == 0
+    lora = str(tmp_path / "out" / "treegrpo_demo.safetensors")
+    with_lora, without = str(tmp_path / "a.png"), str(tmp_path / "b.png")
+    assert cli.main(["sample", "--lora", lora, "--output", with_lora, "--per-prompt", "1", "--prompt", "a red circle"]) == 0
+    assert cli.main(["sample", "--output", without, "--per-prompt", "1", "--prompt", "a red circle"]) == 0
+    a, b = (np.asarray(Image.open(p), dtype=np.float32) for p in (with_lora, without))
+    assert np.abs(a - b).mean() > 0
+    # the ComfyUI-style keys of a diffusers-trained file resolve onto the model's own module paths
+    import torch
+    from treegrpo.lora import LoraFileError, LoraWeights, match_model_modules
+    m = torch.nn.Sequential(torch.nn.ModuleDict({"to_q": torch.nn.Linear(4, 4)}))
+    w = LoraWeights({"lora_unet_0_to_q": torch.zeros(2, 4)}, {"lora_unet_0_to_q": torch.zeros(4, 2)},
+                    {"lora_unet_0_to_q": 2.0})
+    assert match_model_modules(w, m).modules == ["0.to_q"]
+    with pytest.raises(LoraFileError, match="does not have"):
+        match_model_modules(LoraWeights({"x": torch.zeros(2, 4)}, {"x": torch.zeros(4, 2)}, {"x": 1.0}), m)

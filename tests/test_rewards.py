@@ -452,3 +452,61 @@ def test_clipscore_reads_the_open_clip_config_beside_the_weights(tmp_path):
     (tmp_path / "open_clip_config.json").write_text("{ not json")
     with pytest.raises(ValueError, match="open_clip_config.json .*not a readable open_clip config"):
         load_reward("clipscore", path=path, arch=arch)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# download layouts: Hub cache folders, companions in subfolders or sibling downloads
+# ------------------------------------------------------------------------------------------------------------
+
+def _as_hub_cache(src: str, cache_root: str, repo: str, commit: str = "0123abc") -> str:
+    """Move a model folder into the layout ``huggingface-cli download`` leaves without --local-dir."""
+    import shutil
+    repo_dir = os.path.join(cache_root, "models--" + repo.replace("/", "--"))
+    os.makedirs(os.path.join(repo_dir, "refs"))
+    os.makedirs(os.path.join(repo_dir, "snapshots"))
+    shutil.move(src, os.path.join(repo_dir, "snapshots", commit))
+    with open(os.path.join(repo_dir, "refs", "main"), "w") as fh:
+        fh.write(commit)
+    return repo_dir
+
+
+def test_pickscore_finds_hub_cache_and_sibling_processor_downloads(tmp_path):
+    root = tmp_path / "reward_models"
+    split = rf.make_pickscore_folder(str(root / "PickScore_v1"), processor_subdir="../CLIP-ViT-H-14-laion2B-s32B-b79K")
+    r = load_reward("pickscore", path=split)
+    assert r.folders["processor"] == str(root / "CLIP-ViT-H-14-laion2B-s32B-b79K")
+    # both as Hub cache folders: the model folder given, the processor found beside it by its Hub name
+    cache = tmp_path / "hub"
+    model_repo = _as_hub_cache(split, str(cache), "yuvalkirstain/PickScore_v1")
+    _as_hub_cache(str(root / "CLIP-ViT-H-14-laion2B-s32B-b79K"), str(cache), "laion/CLIP-ViT-H-14-laion2B-s32B-b79K")
+    r2 = load_reward("pickscore", path=model_repo)
+    assert r2.folders["model"].endswith(os.path.join("snapshots", "0123abc"))
+    assert "models--laion--CLIP-ViT-H-14" in r2.folders["processor"]
+
+
+def test_aesthetic_finds_its_clip_in_a_subfolder(tmp_path):
+    import shutil
+    folder, arch = rf.make_aesthetic_folder(str(tmp_path / "aesthetic"))
+    imgs = smooth_images(2, 64, 64, seed=4)
+    want = load_reward("laion_aesthetic", path=folder, arch=arch)(imgs, PROMPTS[:2])
+    os.makedirs(os.path.join(folder, "clip-vit-large-patch14"))
+    shutil.move(os.path.join(folder, "ViT-L-14.pt"), os.path.join(folder, "clip-vit-large-patch14", "ViT-L-14.pt"))
+    model = load_reward("laion_aesthetic", path=folder, arch=arch)
+    assert model.files["clip"].endswith(os.path.join("clip-vit-large-patch14", "ViT-L-14.pt"))
+    assert torch.equal(model(imgs, PROMPTS[:2]), want)
+
+
+def test_image_reward_sibling_tokenizer_and_a_wrong_med_config_is_blamed(tmp_path):
+    import json
+    root = tmp_path / "reward_models"
+    folder = rf.make_imagereward_folder(str(root / "ImageReward"), tokenizer_subdir="../bert-base-uncased")
+    model = load_reward("image_reward", path=folder)
+    assert model.files["tokenizer"] == str(root / "bert-base-uncased")
+    med = os.path.join(folder, "med_config.json")
+    cfg = json.load(open(med))
+    json.dump(dict(cfg, hidden_size=512, num_hidden_layers=cfg["num_hidden_layers"] + 2), open(med, "w"))
+    with pytest.raises(ValueError) as e:
+        load_reward("image_reward", path=folder)
+    msg = str(e.value)
+    assert "med_config.json is not the expected file" in msg and "hidden_size 512 (the checkpoint's is 768)" in msg
+    assert "num_hidden_layers" in msg and "ImageReward.pt is not" not in msg

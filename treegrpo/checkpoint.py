@@ -90,17 +90,93 @@ def optimizer_state_in_order(state: dict, saved_names: list[str], names: list[st
             "param_groups": [dict(groups[0], params=list(range(len(names))))]}
 
 
-def archive_checkpoints(output_dir: str, run_name: str) -> Optional[str]:
-    """Move the run's existing checkpoints to ``checkpoints/previous-<time>/`` (a fresh run neither mixes with
-    nor deletes them); returns that folder, or None when there were none."""
-    old = checkpoint_paths(output_dir, run_name)
+def run_files(output_dir: str, run_name: str) -> list[str]:
+    """What a run of ``run_name`` left in ``output_dir``: its LoRA files, logs, summary and checkpoints."""
+    names = (f"{run_name}.safetensors", f"{run_name}_diffusers.safetensors")
+    try:
+        owner = json.load(open(os.path.join(output_dir, "run.json"), encoding="utf-8")).get("run_name")
+    except (OSError, ValueError, AttributeError):
+        owner = run_name
+    if owner == run_name:   # the logs are the folder's; another run's are claim_output_dir's business
+        names += ("log.json", "log.csv", "summary.json")
+    found = [os.path.join(output_dir, n) for n in names if os.path.isfile(os.path.join(output_dir, n))]
+    return found + checkpoint_paths(output_dir, run_name)
+
+
+def check_fresh_start(output_dir: str, run_name: str) -> None:
+    """Refuse to start run ``run_name`` afresh where an earlier run of that name left its files (it would replace
+    its LoRA and logs): the user resumes it, archives it explicitly, or picks another name or folder."""
+    found = run_files(output_dir, run_name)
+    if found:
+        shown = ", ".join(os.path.basename(p) for p in found[:4]) + (" ..." if len(found) > 4 else "")
+        raise CheckpointError(f"output_dir {output_dir!r} already holds run {run_name!r} ({shown}); pass --resume to "
+                              "continue it, --overwrite to start again (its files are moved to "
+                              "previous-<time>/, nothing is deleted), or choose another run_name or output_dir")
+
+
+def archive_run(output_dir: str, run_name: str) -> Optional[str]:
+    """Move an earlier run's files (:func:`run_files`) to ``<output_dir>/previous-<time>/`` so that a fresh run
+    neither mixes with nor deletes them; returns that folder, or None when there was nothing to move."""
+    old = run_files(output_dir, run_name)
     if not old:
         return None
-    dest = os.path.join(output_dir, "checkpoints", f"previous-{time.strftime('%Y%m%d-%H%M%S')}")
-    os.makedirs(dest, exist_ok=True)
+    stamp = time.strftime('%Y%m%d-%H%M%S')
+    dest = os.path.join(output_dir, f"previous-{stamp}")
+    n = 1
+    while os.path.exists(dest):   # two fresh starts within a second
+        n += 1
+        dest = os.path.join(output_dir, f"previous-{stamp}-{n}")
     for p in old:
-        os.replace(p, os.path.join(dest, os.path.basename(p)))
+        sub = "checkpoints" if os.path.basename(os.path.dirname(p)) == "checkpoints" else ""
+        os.makedirs(os.path.join(dest, sub), exist_ok=True)
+        os.replace(p, os.path.join(dest, sub, os.path.basename(p)))
     return dest
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def config_changes(saved: dict, cfg) -> list[str]:
+    """``field: saved -> now`` for every training setting (``TrainConfig.training_settings``) of ``cfg`` that
+    differs from the checkpoint's config ``saved`` (a ``to_dict``)."""
+    from .config import ConfigError, TrainConfig
+
+    try:
+        before = _flat(TrainConfig.from_dict(saved).training_settings())
+    except ConfigError as e:
+        return [f"the checkpoint's config is not readable by this version ({e})"]
+    now = _flat(cfg.training_settings())
+    return [f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(before) | set(now))
+            if before.get(k) != now.get(k)]
+
+
+def check_resume(output_dir: str, cfg, *, allow_changes: bool = False, required: bool = True,
+                 override_hint: str = "pass --allow-changes to continue anyway") -> Optional[str]:
+    """Before any model is loaded: the newest readable checkpoint of ``cfg.run_name`` in ``output_dir`` (None when
+    there is none and ``required`` is False), refusing when ``cfg``'s training settings differ from the ones the
+    run was trained with (its LoRA's metadata would then misdescribe it), unless ``allow_changes``."""
+    found = checkpoint_paths(output_dir, cfg.run_name)
+    if not found:
+        if not required:
+            return None
+        raise CheckpointError(f"--resume: no checkpoint of run {cfg.run_name!r} in "
+                              f"{os.path.join(output_dir, 'checkpoints')}; run without --resume to start it (or give "
+                              "the run's output_dir and run_name)")
+    path, state = read_latest_checkpoint(found, cfg.run_name)
+    changes = config_changes(json.loads(state.get("config", "{}")), cfg)
+    if changes and not allow_changes:
+        raise CheckpointError(f"run {cfg.run_name!r} was trained with other settings, so its LoRA's metadata would "
+                              f"misdescribe it: {'; '.join(changes)}. Resume with the same settings (only the "
+                              "budget, evaluation, checkpointing and memory settings may change), start a new "
+                              f"run_name, or {override_hint}")
+    return path
 
 
 class RunLock:

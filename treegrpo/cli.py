@@ -126,30 +126,11 @@ def build_rewards(cfg: TrainConfig, device) -> dict:
     return {r.name: load_reward(r.name, path=r.path, device=device, **r.options) for r in cfg.rewards if r.weight > 0}
 
 
-def config_changes(saved: dict, cfg: TrainConfig) -> list[str]:
-    """``field: saved -> now`` for every training setting (``TrainConfig.training_settings``) that differs."""
-    def flat(d, prefix=""):
-        out = {}
-        for k, v in d.items():
-            if isinstance(v, dict):
-                out.update(flat(v, f"{prefix}{k}."))
-            else:
-                out[prefix + k] = v
-        return out
-
-    try:
-        before = flat(TrainConfig.from_dict(saved).training_settings())
-    except ConfigError as e:
-        return [f"the checkpoint's config is not readable by this version ({e})"]
-    now = flat(cfg.training_settings())
-    return [f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(before) | set(now))
-            if before.get(k) != now.get(k)]
-
-
-def preflight(cfg: TrainConfig, resume: bool = False, allow_changes: bool = False) -> None:
+def preflight(cfg: TrainConfig, resume: bool = False, allow_changes: bool = False, overwrite: bool = False) -> None:
     """Every check that needs no model, before one is loaded (minutes for SDXL or Flux): the prompts, the reward
-    names, the output folder, the LoRA to start from, and for ``resume`` a checkpoint whose training settings
-    match ``cfg`` (unless ``allow_changes``)."""
+    names and options, the output folder, the LoRA to start from; for ``resume`` a checkpoint whose training
+    settings match ``cfg`` (unless ``allow_changes``), otherwise no earlier run of the same name in the folder
+    (unless ``overwrite``: the Trainer then moves its files aside)."""
     from . import checkpoint as ckpt
 
     cfg.load_prompts()
@@ -166,23 +147,14 @@ def preflight(cfg: TrainConfig, resume: bool = False, allow_changes: bool = Fals
                           "can write to") from None
     if cfg.lora.init_from and not os.path.isfile(cfg.lora.init_from):
         raise ConfigError(f"LoraConfig.init_from: no LoRA file at {cfg.lora.init_from!r}")
-    if not resume:
-        return
-    found = ckpt.checkpoint_paths(out, cfg.run_name)
-    if not found:
-        raise ConfigError(f"--resume: no checkpoint of run {cfg.run_name!r} in {os.path.join(out, 'checkpoints')}; "
-                          "run without --resume to start it (or give the run's output_dir and run_name)")
-    state = ckpt.read_latest_checkpoint(found, cfg.run_name)[1]
-    changes = config_changes(json.loads(state.get("config", "{}")), cfg)
-    if changes and not allow_changes:
-        raise ConfigError(f"--resume: this config differs from the one run {cfg.run_name!r} was trained with, so "
-                          f"the LoRA's metadata would misdescribe it: {'; '.join(changes)}. Resume with the same "
-                          "settings (only the budget, evaluation, checkpointing and memory settings may change), "
-                          "start a new run_name, or pass --allow-changes to continue anyway")
+    if resume:
+        ckpt.check_resume(out, cfg, allow_changes=allow_changes)
+    elif not overwrite:
+        ckpt.check_fresh_start(out, cfg.run_name)
 
 
 def run_training(cfg: TrainConfig, resume: bool = False, progress: bool = True, write_lora: bool = True,
-                 allow_changes: bool = False):
+                 allow_changes: bool = False, overwrite: bool = False):
     """Build policy + rewards from ``cfg``, train, save the LoRA; returns (trainer, summary)."""
     from .backends import load_policy
     from .trainer import Trainer
@@ -190,7 +162,7 @@ def run_training(cfg: TrainConfig, resume: bool = False, progress: bool = True, 
     from .backends import resolve_device
     from .distributed import DataParallel, launched
 
-    preflight(cfg, resume, allow_changes)
+    preflight(cfg, resume, allow_changes, overwrite)
 
     device = resolve_device(cfg.device)
     # torchrun / accelerate launch: one process per device
@@ -228,7 +200,7 @@ def cmd_demo(ns) -> int:
     t0 = time.perf_counter()
     print(f"[treegrpo demo] TreeGRPO: {cfg.iterations} iterations, tree k={cfg.tree.branch} w={cfg.tree.window_width} "
           f"({cfg.tree.leaves} leaves/tree), {cfg.prompts_per_iter} prompts/iteration -> {out}")
-    tree_tr, tree_sum = run_training(cfg, progress=not ns.quiet)
+    tree_tr, tree_sum = run_training(cfg, progress=not ns.quiet, overwrite=True)   # a demo re-run archives the last
     results = {"tree": {"evals": tree_tr.evals, "summary": tree_sum}}
     prompts = tree_tr.eval_prompts[: ns.grid_prompts]
     after = tree_tr.evaluate(prompts=prompts, seeds=4, return_images=True)
@@ -243,7 +215,7 @@ def cmd_demo(ns) -> int:
         bcfg = TrainConfig.from_dict(bd)
         print(f"[treegrpo demo] baseline: trajectory GRPO (SDE window, {bcfg.tree.leaves} trajectories/prompt) "
               f"for the same training wall-clock ({tree_tr.train_time:.1f} s)")
-        base_tr, base_sum = run_training(bcfg, progress=not ns.quiet, write_lora=False)
+        base_tr, base_sum = run_training(bcfg, progress=not ns.quiet, write_lora=False, overwrite=True)
         results["trajectory_baseline"] = {"evals": base_tr.evals, "summary": base_sum}
         curves["trajectory GRPO"] = base_tr.evals
     curve_png = reward_curves(curves, os.path.join(out, "reward_curve.png"), "eval reward (prompt adherence)")
@@ -269,7 +241,8 @@ def cmd_demo(ns) -> int:
 def cmd_train(ns) -> int:
     d = read_config_file(ns.config) if ns.config else demo_config_dict()
     cfg = TrainConfig.from_dict(apply_flags(d, ns))
-    trainer, summary = run_training(cfg, resume=ns.resume, progress=not ns.quiet, allow_changes=ns.allow_changes)
+    trainer, summary = run_training(cfg, resume=ns.resume, progress=not ns.quiet, allow_changes=ns.allow_changes,
+                                    overwrite=ns.overwrite)
     if trainer.rank == 0:
         print(json.dumps({k: v for k, v in summary.items()}, indent=2, default=str))
     if trainer.dist is not None:
@@ -298,9 +271,22 @@ def cmd_rewards(ns) -> int:
     return 0
 
 
+def check_output_file(path: str, flag: str, suffix: str) -> None:
+    """An output file the command may write: a ``suffix`` file in a folder that exists (``sample`` and ``export``
+    create no folders: a mistyped path fails at once instead of scattering files)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ConfigError(f"{flag} {path!r}: the folder {folder!r} does not exist; create it first")
+    if os.path.isdir(path):
+        raise ConfigError(f"{flag} {path!r} is a folder; give a {suffix} file name")
+    if not path.lower().endswith(suffix):
+        raise ConfigError(f"{flag} {path!r}: write a {suffix} file")
+
+
 def cmd_export(ns) -> int:
     from .lora import from_state_dict, read_lora_file, save_lora_file, to_comfy, to_peft
 
+    check_output_file(ns.output, "output", ".safetensors")
     tensors, meta = read_lora_file(ns.input)
     w = from_state_dict(tensors, meta)
     sd = to_comfy(w) if ns.format == "comfy" else to_peft(w, prefix=ns.prefix)
@@ -313,18 +299,14 @@ def cmd_export(ns) -> int:
 def cmd_sample(ns) -> int:
     import torch
     from .backends import load_policy
-    from .lora import add_lora, check_base_model, from_state_dict, load_into_model, read_lora_file
+    from .lora import add_lora, check_base_model, from_state_dict, load_into_model, match_model_modules, read_lora_file
     from .report import image_grid, to_pil
     from .tree import sample_ode
 
     d = read_config_file(ns.config) if ns.config else demo_config_dict()
     cfg = TrainConfig.from_dict(apply_flags(d, ns))
     # everything that needs no model first: the output path, the sample count, the LoRA file and its values
-    folder = os.path.dirname(os.path.abspath(ns.output))
-    if not os.path.isdir(folder):
-        raise ConfigError(f"--output {ns.output!r}: the folder {folder!r} does not exist; create it first")
-    if not ns.output.lower().endswith(".png"):
-        raise ConfigError(f"--output {ns.output!r}: write a .png file")
+    check_output_file(ns.output, "--output", ".png")
     if ns.per_prompt < 1:
         raise ConfigError(f"--per-prompt must be >= 1, got {ns.per_prompt}")
     prompts = ns.prompt or cfg.load_prompts()[:8]
@@ -337,9 +319,11 @@ def cmd_sample(ns) -> int:
     policy, base_name = load_policy(cfg)
     if ns.lora:
         check_base_model(meta, base_name, ns.lora)
-        w = from_state_dict(t, meta)
-        r = next(iter(w.down.values())).shape[0]
-        add_lora(policy.model, dataclasses.replace(cfg.lora, rank=r))
+        # the modules, ranks and alphas the file holds, whatever the config's lora section says
+        w = match_model_modules(from_state_dict(t, meta), policy.model)
+        ranks = {n: w.down[n].shape[0] for n in w.modules}
+        add_lora(policy.model, dataclasses.replace(cfg.lora, rank=max(ranks.values()), targets=w.modules),
+                 rank_pattern=ranks)
         load_into_model(policy.model, w)
     allp = [p for p in prompts for _ in range(ns.per_prompt)]
     g = torch.Generator().manual_seed(cfg.seed)
@@ -370,6 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint of this run")
     t.add_argument("--allow-changes", action="store_true",
                    help="with --resume: continue although training settings differ from the checkpoint's")
+    t.add_argument("--overwrite", action="store_true",
+                   help="start again where an earlier run of the same name left its files (they are moved to "
+                        "output_dir/previous-<time>/)")
     t.add_argument("--quiet", action="store_true", help="no progress bars")
     add_config_flags(t)
     t.set_defaults(func=cmd_train)

@@ -40,8 +40,10 @@ class LoraWeights:
         return sorted(self.down)
 
 
-def add_lora(model: nn.Module, cfg: LoraConfig, adapter_name: str = "default") -> list[nn.Parameter]:
-    """Inject PEFT LoRA layers into ``model`` (in place), freeze the base; returns the LoRA parameters."""
+def add_lora(model: nn.Module, cfg: LoraConfig, adapter_name: str = "default",
+             rank_pattern: Optional[dict[str, int]] = None) -> list[nn.Parameter]:
+    """Inject PEFT LoRA layers into ``model`` (in place), freeze the base; returns the LoRA parameters.
+    ``rank_pattern`` (module path -> rank) overrides ``cfg.rank`` for some modules (PEFT's own option)."""
     from peft import LoraConfig as PeftLoraConfig, inject_adapter_in_model
 
     names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
@@ -57,7 +59,8 @@ def add_lora(model: nn.Module, cfg: LoraConfig, adapter_name: str = "default") -
         raise ValueError(f"LoraConfig.targets {cfg.targets} match no nn.Linear in the model; Linear modules are: {sample}")
     model.requires_grad_(False)
     inject_adapter_in_model(PeftLoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, target_modules=targets,
-                                           lora_dropout=0.0, init_lora_weights=True), model, adapter_name=adapter_name)
+                                           rank_pattern=dict(rank_pattern or {}), lora_dropout=0.0,
+                                           init_lora_weights=True), model, adapter_name=adapter_name)
     params = [p for n, p in model.named_parameters() if "lora_" in n]
     for p in params:
         p.requires_grad_(True)
@@ -206,6 +209,39 @@ def from_state_dict(sd: dict[str, torch.Tensor], metadata: Optional[dict] = None
         return {(k[len(pre):] if pre and k.startswith(pre) else k): v for k, v in d.items()}
 
     return LoraWeights(strip(down), strip(up), strip(alpha))
+
+
+#: prefixes LoRA files put before a module path: ComfyUI's diffusers-style keys, ComfyUI's model prefix, PEFT's
+FILE_PREFIXES = ("lora_unet_", "lora_transformer_", "diffusion_model.", "unet.", "transformer.")
+
+
+def match_model_modules(w: LoraWeights, model: nn.Module) -> LoraWeights:
+    """``w`` renamed to ``model``'s own ``nn.Linear`` paths, so a LoRA file can be applied whatever key style it
+    was saved in: the model's paths, ComfyUI's ``lora_unet_<path with _ for .>``, or a ``unet.``/``transformer.``
+    prefix (PEFT/diffusers). Raises LoraFileError naming modules the model does not have."""
+    def canon(name: str) -> str:
+        for p in FILE_PREFIXES:
+            if name.startswith(p):
+                name = name[len(p):]
+                break
+        return name.replace(".", "_")
+
+    linear: dict[str, list[str]] = {}
+    for n, m in model.named_modules():
+        if isinstance(m, nn.Linear) and "lora_" not in n:
+            linear.setdefault(canon(n), []).append(n)
+    rename, unknown = {}, []
+    for n in w.modules:
+        hits = linear.get(canon(n), [])
+        if len(hits) != 1:
+            unknown.append(n)
+        else:
+            rename[n] = hits[0]
+    if unknown:
+        raise LoraFileError(f"the LoRA names {len(unknown)} module(s) this model does not have (or not "
+                            f"unambiguously), e.g. {unknown[:3]}; was it trained for another base model?")
+    return LoraWeights({rename[n]: v for n, v in w.down.items()}, {rename[n]: v for n, v in w.up.items()},
+                       {rename[n]: v for n, v in w.alpha.items()})
 
 
 def check_base_model(metadata: dict, base_model: str, path: str = "LoRA") -> None:

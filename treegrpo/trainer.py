@@ -393,7 +393,8 @@ class Trainer:
         _set_numpy_state(json.loads(state["numpy_rng"]))
 
     def begin(self, resume: bool) -> None:
-        """Claim the output folder; resume the run's latest checkpoint (``resume``) or move old ones aside."""
+        """Claim the output folder; resume the run's latest checkpoint (``resume``) or move an earlier run's files
+        aside (``checkpoint.archive_run``)."""
         if self.rank != 0:
             return
         ckpt.claim_output_dir(self.out, self.cfg.run_name, self.base_model_name)
@@ -402,7 +403,9 @@ class Trainer:
             if found:   # the newest readable one: a damaged latest falls back to the one before
                 self.load_checkpoint(*ckpt.read_latest_checkpoint(found, self.cfg.run_name))
         else:
-            ckpt.archive_checkpoints(self.out, self.cfg.run_name)
+            moved = ckpt.archive_run(self.out, self.cfg.run_name)
+            if moved:
+                self.log(f"an earlier run {self.cfg.run_name!r} was moved to {moved}")
 
     def write_logs(self) -> None:
         """``log.csv`` (one row per iteration) and ``log.json`` (training and evaluation records)."""

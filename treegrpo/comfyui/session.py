@@ -19,6 +19,7 @@ from typing import Callable, Optional
 
 import torch
 
+from .. import checkpoint as ckpt
 from ..config import AdvantageConfig, LoraConfig, MemoryConfig, OptimConfig, TrainConfig, TreeConfig, check_run_name
 from ..trainer import Trainer
 from ..tree import TreeBatch
@@ -276,11 +277,15 @@ def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict
     denoiser/update step and answered with a checkpoint (by the Trainer) before the exception propagates."""
     import comfy.model_management
 
+    out = run_folder(cfg.run_name)
+    # before any model work: a run of this name trained with other settings is not continued silently
+    ckpt.check_resume(out, dataclasses.replace(cfg, output_dir=out), required=False,
+                      override_hint=f"move the folder {out} away to start the run again")
     policy = ComfyPolicy(model, prompts, conds, latent_shape, vae=vae, lora_cfg=cfg.lora, scheduler=scheduler,
                          seed=cfg.seed, gradient_checkpointing=cfg.memory.checkpointing == "on")
     bar = comfy_progress(cfg.iterations)
     with torch.inference_mode(False):
-        trainer = Trainer(dataclasses.replace(cfg, output_dir=run_folder(cfg.run_name)), policy, rewards,
+        trainer = Trainer(dataclasses.replace(cfg, output_dir=out), policy, rewards,
                           progress=False, base_model_name=model_name(model),
                           step_callback=comfy.model_management.throw_exception_if_processing_interrupted,
                           iteration_callback=lambda stats: bar())

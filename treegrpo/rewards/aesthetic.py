@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from .base import register
 from .clipscore import (OPENAI_MEAN, OPENAI_STD, TorchReward, build_open_clip, files_error, find_file, folder_of,
+                        nearby_folders,
                         load_into, normalize, read_weights, resize_shortest_crop, wrong_file, empty_init)
 
 HEAD_NAMES = ("sac+logos+ava1-l14-linearMSE.pth", "sac+logos+ava1-l14-linearMSE.safetensors")
@@ -93,7 +94,9 @@ class LaionAesthetic(TorchReward):
             if not os.path.isfile(p):
                 raise files_error(self.name, f"{what} {p} does not exist", self.expected_files, self.source)
             return p
-        found = find_file(folder, names)
+        # the head sits in the folder; the CLIP may also be in a subfolder or a sibling Hub download
+        places = [folder] if names is HEAD_NAMES else nearby_folders(folder, "clip-vit-large-patch14")
+        found = next((f for f in (find_file(d, names) for d in places) if f), None)
         if found is None and names is HEAD_NAMES:
             cands = [f for f in sorted(os.listdir(folder)) if "linearMSE" in f]
             found = os.path.join(folder, cands[0]) if len(cands) == 1 else None

@@ -17,14 +17,13 @@ from __future__ import annotations
 import logging
 import json
 import os
-import warnings
-import zipfile
 from typing import Iterable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from .base import check_batch, register
+from .weightfiles import is_torchscript, read_weights  # noqa: F401  (the loaders' shared readers)
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +49,8 @@ def wrong_file(name: str, path: str, problem: str, expected: str) -> ValueError:
 
 
 def folder_of(path: str | os.PathLike | None, name: str, expected: str, source: str) -> str:
-    """The model folder: ``path`` itself, or the folder of a file inside it (what ComfyUI's file list gives)."""
+    """The model folder: ``path`` itself, the folder of a file inside it (what ComfyUI's file list gives), or the
+    snapshot of a Hugging Face cache folder (:func:`hub_snapshot`)."""
     if path is None or str(path) == "":
         raise files_error(name, "no path given", expected, source)
     path = os.path.abspath(os.fspath(path))
@@ -58,7 +58,49 @@ def folder_of(path: str | os.PathLike | None, name: str, expected: str, source: 
         return os.path.dirname(path)
     if not os.path.isdir(path):
         raise files_error(name, f"{path} does not exist", expected, source)
-    return path
+    return hub_snapshot(path)
+
+
+def hub_snapshot(folder: str) -> str:
+    """A Hugging Face cache folder (``models--<org>--<name>/`` with ``snapshots/<commit>/``, what
+    ``huggingface-cli download`` leaves without ``--local-dir``) resolved to the snapshot ``refs/main`` names, or to
+    the newest one; any other folder as it is."""
+    snaps = os.path.join(folder, "snapshots")
+    if not os.path.isdir(snaps):
+        return folder
+    try:
+        with open(os.path.join(folder, "refs", "main"), encoding="utf-8") as fh:
+            named = os.path.join(snaps, fh.read().strip())
+        if os.path.isdir(named):
+            return named
+    except OSError:
+        pass
+    found = sorted((os.path.join(snaps, d) for d in os.listdir(snaps) if os.path.isdir(os.path.join(snaps, d))),
+                   key=os.path.getmtime)
+    return found[-1] if found else folder
+
+
+def _subfolders(folder: str) -> list[str]:
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    return [os.path.join(folder, n) for n in names if os.path.isdir(os.path.join(folder, n))
+            and n not in ("snapshots", "refs", "blobs", ".cache")]
+
+
+def nearby_folders(folder: str, sibling_hint: Optional[str] = None) -> list[str]:
+    """Where a download put a companion model (a CLIP beside an aesthetic head, a processor or tokenizer beside
+    its model), in the order searched: the folder, its subfolders, then sibling folders whose name contains
+    ``sibling_hint`` (the companion's Hub name, e.g. ``bert-base-uncased``); Hub cache folders by their snapshot."""
+    out = [folder] + [hub_snapshot(d) for d in _subfolders(folder)]
+    # a snapshot's siblings are those of its cache folder models--<org>--<name>/
+    home = os.path.dirname(os.path.dirname(folder)) if os.path.basename(os.path.dirname(folder)) == "snapshots" \
+        else folder
+    if sibling_hint:
+        out += [hub_snapshot(d) for d in _subfolders(os.path.dirname(home))
+                if sibling_hint.lower() in os.path.basename(d).lower() and d != home]
+    return out
 
 
 def find_file(folder: str, candidates: Sequence[str]) -> Optional[str]:
@@ -81,55 +123,8 @@ def require_file(path: str | os.PathLike | None, name: str, expected: str, sourc
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# reading weights
+# reading weights (the readers are in weightfiles.py)
 # ----------------------------------------------------------------------------------------------------------------
-
-def is_torchscript(path: str) -> bool:
-    """TorchScript archives (OpenAI's CLIP ``ViT-L-14.pt``) are zip files with ``code/`` and ``constants.pkl``."""
-    try:
-        with zipfile.ZipFile(path) as z:
-            return any(n.endswith("constants.pkl") or "/code/" in n for n in z.namelist())
-    except (zipfile.BadZipFile, OSError):
-        return False
-
-
-def read_weights(path: str, name: str) -> dict:
-    """Load a state dict from ``.safetensors``, a torch pickle (``weights_only=True``) or a TorchScript archive.
-
-    Unwraps ``{'state_dict': ...}`` and a ``module.`` prefix (DataParallel). Errors name the file and model."""
-    if path.endswith(".safetensors"):
-        from safetensors.torch import load_file
-        try:
-            return load_file(path, device="cpu")
-        except Exception as e:  # safetensors raises its own error types
-            raise ValueError(f"{name}: cannot read {path} as safetensors ({e})") from e
-    if is_torchscript(path):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)  # torch.jit deprecation notice
-                sd = dict(torch.jit.load(path, map_location="cpu").state_dict())
-        except Exception as e:
-            raise ValueError(f"{name}: cannot read TorchScript archive {path} ({e})") from e
-        for key in ("input_resolution", "context_length", "vocab_size"):
-            sd.pop(key, None)
-        return sd
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
-    except Exception as e:
-        hint = ""
-        if "weights_only" in str(e) or "Unsupported global" in str(e):
-            hint = ("; the file holds Python objects besides tensors, which are not loaded for safety: convert it to "
-                    "a plain state dict or .safetensors")
-        raise ValueError(f"{name}: cannot read {path} as a torch weight file ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0][:200]}){hint}") from e
-    if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
-        obj = obj["state_dict"]
-    if not isinstance(obj, dict) or not obj or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise ValueError(f"{name}: {path} does not contain a state dict of tensors")
-    if all(k.startswith("module.") for k in obj):
-        obj = {k[len("module."):]: v for k, v in obj.items()}
-    return obj
-
 
 def load_into(module: torch.nn.Module, sd: dict, name: str, path: str, expected: str,
               optional: Iterable[str] = ()) -> None:

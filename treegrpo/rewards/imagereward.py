@@ -21,6 +21,7 @@ reward = ``(mlp(text_cls_feature) − 0.16717362830052426) / 1.0333394966054072`
 from __future__ import annotations
 
 import importlib
+import json
 import importlib.util
 import os
 import sys
@@ -32,11 +33,11 @@ import torch
 
 from .base import register
 from .clipscore import (OPENAI_MEAN, OPENAI_STD, TorchReward, empty_init, files_error, folder_of, load_into,
+                        nearby_folders,
                         normalize, read_weights, resize_shortest_crop, wrong_file)
 
 MEAN, STD = 0.16717362830052426, 1.0333394966054072
 MAX_LENGTH = 35
-TOKENIZER_DIRS = ("", "bert-base-uncased", "tokenizer")
 _PKG = "_treegrpo_imagereward"
 _lock = threading.Lock()
 
@@ -119,6 +120,34 @@ def load_tokenizer(folder: str):
     return tok
 
 
+#: med_config.json fields and the ImageReward.pt weight (and axis) whose size each must equal
+MED_FIELDS = (("vocab_size", "blip.text_encoder.embeddings.word_embeddings.weight", 0),
+              ("hidden_size", "blip.text_encoder.embeddings.word_embeddings.weight", 1),
+              ("intermediate_size", "blip.text_encoder.encoder.layer.0.intermediate.dense.weight", 0))
+# (encoder_width is not compared: BLIP sets it from the vision encoder, whatever the file says)
+
+
+def check_med_config(med: str, sd: dict, name: str) -> None:
+    """Blame ``med_config.json`` (not the checkpoint) when the BERT it describes is not the one ImageReward.pt
+    holds: its sizes and layer count are compared with the weights' shapes before any model is built."""
+    try:
+        with open(med, encoding="utf-8") as fh:
+            cfg = json.load(fh)
+    except (OSError, ValueError) as e:
+        raise wrong_file(name, med, f"not readable as JSON: {e}", "the med_config.json of ImageReward (a BERT "
+                         "config)") from None
+    if not isinstance(cfg, dict):
+        raise wrong_file(name, med, "not a JSON object", "the med_config.json of ImageReward (a BERT config)")
+    wrong = [f"{field} {cfg.get(field)!r} (the checkpoint's is {sd[key].shape[axis]})"
+             for field, key, axis in MED_FIELDS if key in sd and cfg.get(field) != sd[key].shape[axis]]
+    layers = {int(k.split(".")[4]) for k in sd if k.startswith("blip.text_encoder.encoder.layer.")}
+    if layers and cfg.get("num_hidden_layers") != max(layers) + 1:
+        wrong.append(f"num_hidden_layers {cfg.get('num_hidden_layers')!r} (the checkpoint has {max(layers) + 1})")
+    if wrong:
+        raise wrong_file(name, med, f"it describes another text encoder than ImageReward.pt holds: {'; '.join(wrong)}",
+                         "the med_config.json published with ImageReward.pt (THUDM/ImageReward)")
+
+
 @register("image_reward")
 class ImageRewardModel(TorchReward):
     """ImageReward v1.0. Options: ``tokenizer_path`` (the bert-base-uncased tokenizer folder, when it is
@@ -128,7 +157,8 @@ class ImageRewardModel(TorchReward):
     name = "image_reward"
     expected_files = ("a folder with ImageReward.pt, med_config.json and the bert-base-uncased tokenizer files "
                       "(vocab.txt, optionally tokenizer_config.json, tokenizer.json, special_tokens_map.json) in the "
-                      "folder itself or in its subfolder bert-base-uncased/")
+                      "folder itself, in a subfolder, or in a sibling folder named like bert-base-uncased (a Hub download or "
+                      "cache folder)")
     is_folder = True
     source = ("ImageReward.pt and med_config.json: THUDM/ImageReward on Hugging Face (project github THUDM/ImageReward); "
               "the tokenizer: google-bert/bert-base-uncased on Hugging Face")
@@ -143,8 +173,8 @@ class ImageRewardModel(TorchReward):
             if not os.path.isfile(os.path.join(tok_dir, "vocab.txt")):
                 raise files_error(self.name, f"{tok_dir} has no vocab.txt", self.expected_files, self.source)
         else:
-            tok_dir = next((os.path.join(folder, d) for d in TOKENIZER_DIRS
-                            if os.path.isfile(os.path.join(folder, d, "vocab.txt"))), None)
+            tok_dir = next((d for d in nearby_folders(folder, "bert-base-uncased")
+                            if os.path.isfile(os.path.join(d, "vocab.txt"))), None)
         missing = [f for f, p in (("ImageReward.pt", ckpt), ("med_config.json", med)) if not os.path.isfile(p)]
         if tok_dir is None:
             missing.append("vocab.txt (bert-base-uncased tokenizer)")
@@ -157,6 +187,7 @@ class ImageRewardModel(TorchReward):
         if not any(k.startswith("blip.visual_encoder.") for k in sd):
             raise wrong_file(self.name, ckpt, f"no 'blip.visual_encoder.*' weights (keys start {sorted(sd)[:3]})",
                              "ImageReward.pt (a flat state dict with blip.* and mlp.* weights)")
+        check_med_config(med, sd, self.name)
         with _lock:
             original = bp.init_tokenizer
             bp.init_tokenizer = lambda: self.tokenizer  # BLIP_Pretrain would fetch bert-base-uncased

@@ -24,12 +24,12 @@ from typing import Optional
 import torch.nn.functional as F
 
 from .base import register
-from .clipscore import (TorchReward, files_error, folder_of, normalize, resize_shortest_crop, unique_prompt_index,
-                        wrong_file)
+from .clipscore import (TorchReward, files_error, folder_of, nearby_folders, normalize, resize_shortest_crop,
+                        unique_prompt_index, wrong_file)
 
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 TOKENIZER_SETS = (("tokenizer.json",), ("vocab.json", "merges.txt"))
-PROCESSOR_SUBDIRS = ("processor", "CLIP-ViT-H-14-laion2B-s32B-b79K")
+PROCESSOR_HUB_NAME = "CLIP-ViT-H-14-laion2B-s32B-b79K"   # a sibling download of the processor
 
 
 def _has_processor(folder: str) -> bool:
@@ -46,7 +46,8 @@ class PickScore(TorchReward):
     expected_files = ("the PickScore_v1 model folder (config.json + model.safetensors or pytorch_model.bin) and "
                       "the processor files of laion/CLIP-ViT-H-14-laion2B-s32B-b79K (preprocessor_config.json, "
                       "tokenizer.json or vocab.json + merges.txt, tokenizer_config.json, special_tokens_map.json) in "
-                      "the same folder, in its subfolder 'processor/', or given as the option processor_path")
+                      "the same folder, in a subfolder, in a sibling folder named like CLIP-ViT-H-14-laion2B-s32B-b79K (a Hub "
+                      "download or cache folder), or given as the option processor_path")
     is_folder = True
     source = ("Hugging Face: the model yuvalkirstain/PickScore_v1, the processor laion/CLIP-ViT-H-14-laion2B-s32B-b79K "
               "(PickScore project: github yuvalkirstain/PickScore)")
@@ -122,11 +123,12 @@ class PickScore(TorchReward):
                 raise files_error(self.name, f"processor folder {p} lacks preprocessor_config.json or the tokenizer files",
                                   self.expected_files, self.source)
             return p
-        for cand in (folder, *(os.path.join(folder, d) for d in PROCESSOR_SUBDIRS)):
+        for cand in nearby_folders(folder, PROCESSOR_HUB_NAME):
             if _has_processor(cand):
                 return cand
-        raise files_error(self.name, f"no processor files (preprocessor_config.json + tokenizer) in {folder} or its "
-                          f"subfolders {', '.join(PROCESSOR_SUBDIRS)}", self.expected_files, self.source)
+        raise files_error(self.name, f"no processor files (preprocessor_config.json + tokenizer) in {folder}, its "
+                          f"subfolders or a sibling folder named like {PROCESSOR_HUB_NAME}", self.expected_files,
+                          self.source)
 
     def preprocess(self, images):
         x = resize_shortest_crop(images, self.size, self.interpolation, crop_rounding="floor", crop=self.crop)

@@ -1,0 +1,82 @@
+"""Weight files are read without executing anything in them, and a file cut short is called incomplete."""
+from __future__ import annotations
+
+import os
+import warnings
+import zipfile
+
+import pytest
+import torch
+
+import reward_fixtures as rf
+from treegrpo.rewards.weightfiles import WeightFileError, read_torchscript, read_weights
+
+
+@pytest.fixture(scope="module")
+def torchscript_clip(tmp_path_factory):
+    return rf.make_clip_file(str(tmp_path_factory.mktemp("ts")), "torchscript")[0]
+
+
+def test_a_torchscript_archive_is_read_like_torch_jit_load_without_running_it(torchscript_clip):
+    ours = read_torchscript(torchscript_clip, "clipscore")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = dict(torch.jit.load(torchscript_clip, map_location="cpu").state_dict())
+    assert ours.keys() == ref.keys()
+    assert all(torch.equal(ours[k], ref[k]) and ours[k].dtype == ref[k].dtype for k in ref)
+
+
+def _with_data_pkl(src: str, dst: str, payload: bytes) -> str:
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for item in zin.infolist():
+            data = zin.read(item.filename)
+            zout.writestr(item, payload if item.filename.endswith("/data.pkl") else data)
+    return dst
+
+
+def test_code_in_a_torchscript_archive_is_never_run(torchscript_clip, tmp_path):
+    marker = tmp_path / "ran"
+    evil = f"cos\nsystem\n(S'touch {marker}'\ntR.".encode()
+    path = _with_data_pkl(torchscript_clip, str(tmp_path / "ViT-L-14.pt"), evil)
+    with pytest.raises(WeightFileError, match=r"holds a os.system object, which is not read"):
+        read_weights(path, "clipscore")
+    assert not marker.exists()
+
+
+def test_a_pickle_with_objects_is_refused(tmp_path):
+    path = str(tmp_path / "head.pth")
+    torch.save({"layers.0.weight": torch.ones(2, 2), "opt": torch.optim.SGD}, path)
+    with pytest.raises(WeightFileError, match="Python objects besides tensors"):
+        read_weights(path, "laion_aesthetic")
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "zip", "torchscript"])
+def test_a_truncated_file_is_called_incomplete(fmt, tmp_path, torchscript_clip):
+    if fmt == "torchscript":
+        src = torchscript_clip
+        path = str(tmp_path / "ViT-L-14.pt")
+    else:
+        src = str(tmp_path / ("full.safetensors" if fmt == "safetensors" else "full.pt"))
+        sd = {"w": torch.randn(64, 64), "b": torch.randn(64)}
+        if fmt == "safetensors":
+            from safetensors.torch import save_file
+            save_file(sd, src)
+        else:
+            torch.save(sd, src)
+        path = str(tmp_path / ("cut" + os.path.splitext(src)[1]))
+    data = open(src, "rb").read()
+    open(path, "wb").write(data[: len(data) * 2 // 3])
+    with pytest.raises(WeightFileError) as e:
+        read_weights(path, "hpsv2")
+    msg = str(e.value)
+    assert "is incomplete" in msg and path in msg and "download the file again" in msg, msg
+
+
+def test_a_safetensors_file_cut_inside_its_header(tmp_path):
+    from safetensors.torch import save_file
+    src = str(tmp_path / "a.safetensors")
+    save_file({"w": torch.ones(3)}, src)
+    cut = str(tmp_path / "b.safetensors")
+    open(cut, "wb").write(open(src, "rb").read()[:20])
+    with pytest.raises(WeightFileError, match="is incomplete"):
+        read_weights(cut, "pickscore")
