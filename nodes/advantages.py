@@ -38,8 +38,9 @@ class AdvantageBackup(PackNode):
         )
 
     @classmethod
-    def validate_inputs(cls, backup=None):
-        return cls.check_choice("backup", backup, ("softmax", "mean"))
+    def validate_inputs(cls, backup=None, edge_baseline=None):
+        ok = cls.check_choice("backup", backup, ("softmax", "mean"))
+        return ok if ok is not True else cls.check_combos(edge_baseline=edge_baseline)
 
     @classmethod
     def execute(cls, tree, rewards, backup, temperature, adv_clip, flat_floor, edge_baseline=None):

@@ -1,13 +1,14 @@
 """Reward Model Loader and Reward Scorer nodes."""
 from __future__ import annotations
 
+import json
 import os
 
 import folder_paths
 from comfy_api.latest import io
 
 from treegrpo.comfyui.session import ManagedReward
-from treegrpo.rewards.base import available, load_reward
+from treegrpo.rewards.base import available, check_options, load_reward, reward_options
 from treegrpo.rewards.scoring import score_images
 
 from .sockets import CATEGORY, PackNode, RewardModel, Rewards
@@ -38,19 +39,53 @@ class RewardModelLoader(PackNode):
                 io.Combo.Input("reward", options=available(), default="demo_adherence",
                                tooltip="reward model type"),
                 io.Combo.Input("file", options=reward_files(), default=NO_FILE,
-                               tooltip="weight file in models/reward_models (the demo and JPEG rewards need none)"),
+                               tooltip="weight file in models/reward_models (the demo and JPEG rewards need none); "
+                                       "for a model folder (PickScore, ImageReward, aesthetic) any file inside it"),
+                io.String.Input("options", default="{}", multiline=True, optional=True,
+                                tooltip="the reward's options as JSON, e.g. {\"dtype\": \"bfloat16\", "
+                                        "\"batch_size\": 8}. " + options_help()),
             ],
             outputs=[RewardModel.Output(display_name="reward_model", tooltip="to a Reward Scorer or the Train node")],
         )
 
     @classmethod
-    def validate_inputs(cls, reward=None):
-        return cls.check_choice("reward", reward, available())
+    def validate_inputs(cls, reward=None, options=None):
+        ok = cls.check_choice("reward", reward, available())
+        if ok is not True or reward is None or options is None:
+            return ok
+        try:
+            parse_options(reward, options)
+        except ValueError as e:
+            return str(e)
+        return True
 
     @classmethod
-    def execute(cls, reward, file):
+    def execute(cls, reward, file, options="{}"):
+        opts = parse_options(reward, options)
         path = None if file == NO_FILE else folder_paths.get_full_path_or_raise(FOLDER, file)
-        return io.NodeOutput({"name": reward, "model": ManagedReward(load_reward(reward, path=path))})
+        return io.NodeOutput({"name": reward, "model": ManagedReward(load_reward(reward, path=path, **opts))})
+
+
+def parse_options(reward: str, text: str | None) -> dict:
+    """The loader's ``options`` JSON, checked against what reward ``reward`` accepts (names and types)."""
+    text = (text or "").strip() or "{}"
+    try:
+        opts = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"options: not JSON ({e.msg} at line {e.lineno} column {e.colno}); write an object such "
+                         'as {"dtype": "bfloat16"}') from None
+    if not isinstance(opts, dict):
+        raise ValueError(f"options: must be a JSON object such as {{\"dtype\": \"bfloat16\"}}, got {text!r}")
+    check_options(reward, opts, where="options")
+    return opts
+
+
+def options_help() -> str:
+    """Every reward's options with their defaults (the tooltip)."""
+    def show(p):
+        return p.name if p.default is p.empty else f"{p.name}={json.dumps(p.default)}"
+    return "Options: " + "; ".join(f"{n}: {', '.join(show(p) for p in reward_options(n).values()) or 'none'}"
+                                   for n in available())
 
 
 class RewardScorer(PackNode):

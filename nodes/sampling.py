@@ -112,6 +112,9 @@ class TreeSampler(PackNode):
     def execute(cls, model, positive, negative, latent, seed, cfg, scheduler, steps, window_start, window_width,
                 branch, noise_level, window_schedule, trees_per_latent, prompt, run=None, antithetic=True,
                 tail_solver=None, tail_steps=None):
+        bad = cls.check_combos(scheduler=scheduler, window_schedule=window_schedule, tail_solver=tail_solver)
+        if bad is not True:   # checked here, not in validate_inputs: ComfyUI would repeat it per parameter
+            raise ValueError(bad)
         tcfg = tree_config(steps, window_start, window_width, branch, noise_level, window_schedule, antithetic,
                            tail_solver, tail_steps)
         trees = latent["samples"].shape[0] * trees_per_latent

@@ -36,3 +36,17 @@ class PackNode(io.ComfyNode):
         if deps is not True:
             return deps
         return True if value is None or value in options else f"{name}: {value!r} is not one of {list(options)}"
+
+    @classmethod
+    def check_combos(cls, **values) -> bool | str:
+        """ComfyUI 0.3.75 checks a V3 combo's value against its options only for V1 nodes: a stale or hand-made
+        graph with a value the list lacks would reach ``execute``. The nodes check their combos here (``None``: a
+        linked input; booleans pass for the old boolean ``gradient_checkpointing`` widget, mapped in execute)."""
+        options = {i.id: list(i.options) for i in cls.define_schema().inputs if isinstance(i, io.Combo.Input)}
+        for name, value in values.items():
+            if value is None or isinstance(value, bool) or name not in options or value in options[name]:
+                continue
+            shown = options[name] if len(options[name]) <= 20 else f"{len(options[name])} choices"
+            return f"{name}: {value!r} is not one of {shown}"
+        return True
+

@@ -53,15 +53,16 @@ class TrainerState(PackNode):
         return RunState.iteration_of(run_name)
 
     @classmethod
-    def validate_inputs(cls, run_name=None):
+    def validate_inputs(cls, run_name=None, gradient_checkpointing=None):
         deps = cls.check_dependencies()
-        if deps is not True or run_name is None:
+        if deps is not True:
             return deps
-        try:
-            check_run_name(run_name)
-        except ConfigError as e:
-            return str(e)
-        return True
+        if run_name is not None:
+            try:
+                check_run_name(run_name)
+            except ConfigError as e:
+                return str(e)
+        return cls.check_combos(gradient_checkpointing=gradient_checkpointing)
 
     @classmethod
     def execute(cls, run_name, lora_rank, lora_alpha, learning_rate, clip_range, kl_beta, seed,
@@ -115,6 +116,10 @@ class Train(PackNode):
                 RewardModel.Input("reward_model", tooltip="from a TreeGRPO Reward Model Loader (weight 1)"),
                 RewardModel.Input("reward_model_2", optional=True, tooltip="optional second reward"),
                 io.Float.Input("weight_2", default=1.0, min=0.0, max=100.0, step=0.05, tooltip="weight of reward 2"),
+                RewardModel.Input("judge", optional=True,
+                                  tooltip="held-out judge: scored on the evaluation samples only, never trained on; "
+                                          "its curve next to the training reward shows whether the LoRA improves or "
+                                          "only fools the reward (the best LoRA by the judge is kept)"),
                 io.Int.Input("width", default=512, min=8, max=4096, step=8, tooltip="image width (pixels)"),
                 io.Int.Input("height", default=512, min=8, max=4096, step=8, tooltip="image height (pixels)"),
                 widget(io.Float, "cfg", "classifier-free guidance (1 = off; keep 1 for Flux)", min=1.0, max=30.0,
@@ -145,33 +150,51 @@ class Train(PackNode):
             ],
             outputs=[io.Model.Output(display_name="model", tooltip="the model with the trained LoRA applied"),
                      io.LoraModel.Output(display_name="lora", tooltip="the LoRA, for TreeGRPO Save LoRA"),
-                     io.Image.Output(display_name="reward_curve", tooltip="evaluation reward over the run"),
+                     io.Image.Output(display_name="reward_curve", tooltip="evaluation reward, held-out judge and "
+                                     "hacking signals over the run (also shown live on the node while it trains)"),
                      io.Image.Output(display_name="samples", tooltip="evaluation samples with the LoRA")],
             is_output_node=True,
         )
 
     @classmethod
     def validate_inputs(cls, steps=None, window_start=None, window_width=None, branch=None):
+        # ComfyUI repeats a failure once per parameter named here: the other checks run first thing in execute
         deps = cls.check_dependencies()
         return deps if deps is not True else validate_tree(steps, window_start, window_width, branch)
+
+    @classmethod
+    def check_inputs(cls, prompts, run_name, **combos) -> None:
+        """What validation leaves to execution, before any work: prompts, run name, combo values."""
+        if not [p for p in prompts.splitlines() if p.strip()]:
+            raise ValueError("prompts: no prompt given; write one training prompt per line")
+        check_run_name(run_name)
+        bad = cls.check_combos(**combos)
+        if bad is not True:
+            raise ValueError(bad)
 
     @classmethod
     def execute(cls, model, clip, vae, prompts, negative, reward_model, weight_2, width, height, cfg, scheduler,
                 steps, window_start, window_width, branch, noise_level, window_schedule, iterations,
                 prompts_per_iteration, lora_rank, lora_alpha, learning_rate, seed, run_name, eval_every,
                 reward_model_2=None, gradient_checkpointing="auto", antithetic=True, tail_solver=None, tail_steps=None,
-                memory_budget_gb=0.0, offload_rewards="auto", tiled_decode="auto"):
+                memory_budget_gb=0.0, offload_rewards="auto", tiled_decode="auto", judge=None):
+        cls.check_inputs(prompts, run_name, scheduler=scheduler, window_schedule=window_schedule,
+                         tail_solver=tail_solver, gradient_checkpointing=gradient_checkpointing,
+                         offload_rewards=offload_rewards, tiled_decode=tiled_decode)
         texts = [p.strip() for p in prompts.splitlines() if p.strip()]
         rewards = {reward_model["name"]: reward_model["model"]}
         specs = [{"name": reward_model["name"], "weight": 1.0}]
         if reward_model_2 is not None:
             if reward_model_2["name"] in rewards:
-                raise ValueError("reward_model and reward_model_2 are the same reward type")
+                raise ValueError(f"reward_model and reward_model_2 are both {reward_model_2['name']!r}; connect "
+                                 "another reward type to reward_model_2, or raise the first one's weight instead")
             rewards[reward_model_2["name"]] = reward_model_2["model"]
             specs.append({"name": reward_model_2["name"], "weight": weight_2})
+        judges = {judge["name"]: judge["model"]} if judge is not None else {}
         tcfg = tree_config(steps, window_start, window_width, branch, noise_level, window_schedule, antithetic,
                            tail_solver, tail_steps)
         tc = TrainConfig(backend="comfy", prompts=texts, negative_prompt=negative, cfg=cfg, rewards=specs, tree=tcfg,
+                         eval_rewards=[{"name": n, "weight": 1.0} for n in judges],
                          advantage=AdvantageConfig(),
                          lora=LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=DEFAULT_TARGETS),
                          optim=OptimConfig(lr=learning_rate), iterations=iterations,
@@ -181,12 +204,12 @@ class Train(PackNode):
                                              checkpointing=checkpointing_choice(gradient_checkpointing),
                                              offload_rewards=offload_rewards or "auto",
                                              tiled_decode=tiled_decode or "auto"))
-        conds = [(encode(clip, t), encode(clip, negative)) for t in texts]
         r = vae.spacial_compression_decode()
         if width % r or height % r:
-            raise ValueError(f"width and height must be multiples of the VAE's scale factor {r}")
+            raise ValueError(f"width {width} and height {height} must be multiples of the VAE's scale factor {r}")
+        conds = [(encode(clip, t), encode(clip, negative)) for t in texts]
         trainer = train_full(model, vae, texts, conds, rewards, tc, latent_shape_for(model, width, height, r),
-                             scheduler=scheduler)
+                             scheduler=scheduler, judges=judges)
         curve, grid = run_previews(trainer, texts)
         lora = LoraDict(trainer.lora_tensors("comfy"), metadata=trainer.metadata())
         out_model = model.clone()

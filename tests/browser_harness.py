@@ -203,7 +203,8 @@ JS_HOOK_EVENTS = """() => {
   if (window.__tg) return;
   window.__tg = {events: [], titles: []};
   for (const type of ['status', 'execution_start', 'execution_cached', 'executing', 'progress', 'progress_state',
-                      'executed', 'execution_success', 'execution_error', 'execution_interrupted']) {
+                      'executed', 'execution_success', 'execution_error', 'execution_interrupted',
+                      'b_preview', 'b_preview_with_metadata']) {
     window.app.api.addEventListener(type, e => window.__tg.events.push({type, t: Date.now(),
                                                                         detail: JSON.parse(JSON.stringify(e.detail ?? null))}));
   }

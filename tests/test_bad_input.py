@@ -70,6 +70,16 @@ CONFIG_CASES = [
     ("rewards_all_zero", {"rewards": [{"name": "demo_adherence", "weight": 0}]}, "reward weights are all zero"),
     ("rewards_duplicate", {"rewards": [{"name": "demo_adherence"}, {"name": "demo_adherence"}]}, "duplicate reward"),
     ("rewards_options_list", {"rewards": [{"name": "demo_adherence", "options": [1]}]}, "RewardSpec.options: must be a mapping"),
+    ("rewards_option_typo", {"rewards": [{"name": "jpeg_compressibility", "options": {"qualty": 90}}]},
+     "TrainConfig.rewards[0].options: unknown option(s) ['qualty'] for reward 'jpeg_compressibility'; its options "
+     "are: quality=95"),
+    ("rewards_option_type", {"rewards": [{"name": "jpeg_compressibility", "options": {"quality": "high"}}]},
+     "option 'quality' of reward 'jpeg_compressibility' must be an integer, got 'high'"),
+    ("rewards_option_dtype", {"rewards": [{"name": "demo_adherence"},
+                                          {"name": "hpsv2", "weight": 0.5, "options": {"dtype": "fp8"}}]},
+     "TrainConfig.rewards[1].options: option 'dtype' of reward 'hpsv2'"),
+    ("rewards_option_for_none", {"rewards": [{"name": "demo_adherence", "options": {"dtype": "float16"}}]},
+     "its options are: none"),
     ("cfg_below_one", {"cfg": 0.5}, "TrainConfig.cfg: must be >= 1"),
     ("cfg_str", {"cfg": "high"}, "TrainConfig.cfg: must be a number"),
     ("unknown_top", {"iteratons": 3}, "unknown field(s) ['iteratons']"),
@@ -248,7 +258,7 @@ def test_sigterm_checkpoints_like_ctrl_c_and_the_run_resumes(tmp_path):
 
 
 def test_the_catalogue_is_wide():
-    assert len(CONFIG_CASES) + len(FILE_CASES) + 4 * 2 + 2 + 1 + 1 >= 60
+    assert len(CONFIG_CASES) + len(FILE_CASES) + 4 * 2 + 2 + 1 + 1 >= 64
 
 
 def test_a_checkpoint_config_of_another_version_is_reported(tmp_path):

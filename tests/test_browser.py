@@ -430,6 +430,14 @@ def test_demo_workflow_runs_from_the_page(page, ui_server):
     assert last and all(s["state"] == "finished" for s in last.values()), last
     executed = {str(e["detail"]["node"]) for e in events if e["type"] == "executed"}
 
+    # the live preview: while the Train node ran, the server sent it images (its curves after every evaluation)
+    end_t = next(e["t"] for e in events if e["type"] == "execution_success")
+    train_done_t = next(e["t"] for e in events if e["type"] == "executed" and str(e["detail"]["node"]) == str(train))
+    live = [e for e in events if e["type"] in ("b_preview", "b_preview_with_metadata") and e["t"] < train_done_t
+            and str((e["detail"] or {}).get("displayNodeId", (e["detail"] or {}).get("nodeId", train))) == str(train)]
+    assert len(live) >= 2 and live[0]["t"] < end_t, [(e["type"], e["detail"]) for e in events
+                                                     if e["type"].startswith("b_preview")]
+
     # the previews: sample grid (Train node + its PreviewImage), reward curve, tree preview
     preview_nodes = [train, *by_type["PreviewImage"], *by_type["TreeGRPOTreePreview"]]
     assert {str(i) for i in preview_nodes} <= executed, executed

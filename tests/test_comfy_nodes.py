@@ -104,6 +104,23 @@ def test_step_nodes_two_queued_iterations_on_demo_model(rt):
     assert all(k.startswith("diffusion_model.") for k in w2)
 
 
+def test_run_monitor_records_each_iteration_with_a_held_out_judge(rt):
+    """The step graph's Run Monitor: one record per queued iteration (training reward, judge, signals) in the
+    run's monitor.json, drawn as an IMAGE."""
+    g = demo_step_graph("monitored", 0)
+    g["judge"] = {"class_type": "TreeGRPORewardModelLoader", "inputs": {"reward": "demo_judge", "file": NO_FILE}}
+    g["monitor"] = {"class_type": "TreeGRPORunMonitor", "inputs": {"tree": ["adv", 0], "images": ["img", 0],
+                                                                   "rewards": ["score", 0], "judge": ["judge", 0]}}
+    r = rt.execute(json.loads(json.dumps(g)))    # a fresh prompt per queue, as the server gets (ComfyUI writes
+    rt.execute(json.loads(json.dumps(g)))        # its fingerprints into the prompt dict it executes)
+    assert r.outputs["monitor"]["images"]
+    records = json.load(open(Path(rt.base_dir) / "output" / "treegrpo" / "monitored" / "monitor.json"))
+    assert [m["iteration"] for m in records] == [0, 1]
+    for m in records:
+        assert 0 <= m["eval_judge"] <= 1 and 0 <= m["eval_reward"] <= 1
+        assert {"eval_diversity", "eval_hf_energy", "eval_saturation", "eval_near_black"} <= set(m)
+
+
 @pytest.mark.parametrize("arch", ["sd15", "sd3", "flux"])
 def test_step_nodes_on_tiny_real_architectures(rt, arch):
     nodes = {"m": {"class_type": "TreeGRPOTestTinyModel", "inputs": {"arch": arch, "seed": 0}},

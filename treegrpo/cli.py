@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from .config import ConfigError, TrainConfig, read_config_file
 
-_SUBS = ("tree", "advantage", "lora", "optim", "pipeline")
+_SUBS = ("tree", "advantage", "lora", "optim", "pipeline", "memory", "signals")
 
 
 def _parse_value(text: str, default: Any):
@@ -99,6 +99,7 @@ def demo_config_dict() -> dict:
     return {
         "backend": "demo", "prompts": all_prompts(), "cfg": 1.0,
         "rewards": [{"name": "demo_adherence", "weight": 1.0}],
+        "eval_rewards": [{"name": "demo_judge", "weight": 1.0}],   # held out: never trained on
         "tree": {"steps": 10, "window_start": 1, "window_width": 3, "branch": 2, "noise_level": 0.7,
                  "tail_solver": "dpmpp_2m", "tail_steps": 3},
         "advantage": {"backup": "softmax", "flat_floor": 1e-3},
@@ -111,19 +112,29 @@ def demo_config_dict() -> dict:
 
 
 def check_reward_names(cfg: TrainConfig) -> None:
-    from .rewards.base import available
+    """Reward names and their options' names and types, before any model is built."""
+    from .rewards.base import available, check_options
 
     names = available()
-    unknown = [r.name for r in cfg.rewards if r.name not in names]
-    if unknown:
-        raise ConfigError(f"TrainConfig.rewards: unknown reward model(s) {unknown}; available: {names}")
+    for field_name in ("rewards", "eval_rewards"):
+        specs = getattr(cfg, field_name)
+        unknown = [r.name for r in specs if r.name not in names]
+        if unknown:
+            raise ConfigError(f"TrainConfig.{field_name}: unknown reward model(s) {unknown}; available: {names}")
+        for i, r in enumerate(specs):
+            try:
+                check_options(r.name, r.options, where=f"TrainConfig.{field_name}[{i}].options")
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
 
 
-def build_rewards(cfg: TrainConfig, device) -> dict:
+def build_rewards(cfg: TrainConfig, device, specs: Optional[list] = None) -> dict:
+    """The reward models of ``specs`` (default: the training rewards) with a weight > 0, by name."""
     from .rewards.base import load_reward
 
     check_reward_names(cfg)
-    return {r.name: load_reward(r.name, path=r.path, device=device, **r.options) for r in cfg.rewards if r.weight > 0}
+    specs = cfg.rewards if specs is None else specs
+    return {r.name: load_reward(r.name, path=r.path, device=device, **r.options) for r in specs if r.weight > 0}
 
 
 def preflight(cfg: TrainConfig, resume: bool = False, allow_changes: bool = False, overwrite: bool = False) -> None:
@@ -171,8 +182,10 @@ def run_training(cfg: TrainConfig, resume: bool = False, progress: bool = True, 
         device = dist.device
     # fail on reward names/files before loading the model; score on the policy's device
     rewards_ready = build_rewards(cfg, device)
+    judges = build_rewards(cfg, device, cfg.eval_rewards) if cfg.eval_every or cfg.eval_every_s else {}
     policy, base_name = load_policy(cfg, device)
-    trainer = Trainer(cfg, policy, rewards_ready, progress=progress, base_model_name=base_name, dist=dist)
+    trainer = Trainer(cfg, policy, rewards_ready, progress=progress, base_model_name=base_name, dist=dist,
+                      judges=judges)
     summary = trainer.train(resume=resume)
     if write_lora:
         summary["lora"] = trainer.save_lora()

@@ -28,9 +28,11 @@ def _require(ok: bool, cls: str, name: str, msg: str) -> None:
 
 
 def check_run_name(name: str) -> str:
-    """A run name is a file name: letters, digits, '-', '_' or '.'; returns it, else raises ConfigError."""
-    if not (isinstance(name, str) and name and all(ch.isalnum() or ch in "-_." for ch in name)):
-        raise ConfigError(f"TrainConfig.run_name: use letters, digits, '-', '_' or '.', got {name!r}")
+    """A run name is a file name: letters, digits, '-', '_' or '.', not starting with '.' (so neither '..' nor a
+    hidden file); returns it, else raises ConfigError."""
+    if not (isinstance(name, str) and name and all(ch.isalnum() or ch in "-_." for ch in name)
+            and not name.startswith(".")):
+        raise ConfigError(f"TrainConfig.run_name: use letters, digits, '-', '_' or '.' (not first), got {name!r}")
     return name
 
 
@@ -218,11 +220,12 @@ class RewardSpec:
                  f"must be finite and >= 0, got {self.weight} (reward {self.name!r})")
 
 
-def _reward_spec(r, i: int) -> "RewardSpec":
-    """Entry ``i`` of ``TrainConfig.rewards`` (a mapping or a RewardSpec), checked field by field."""
+def _reward_spec(r, i: int, field_name: str = "rewards") -> "RewardSpec":
+    """Entry ``i`` of ``TrainConfig.rewards`` (or ``eval_rewards``; a mapping or a RewardSpec), checked field by
+    field."""
     if isinstance(r, RewardSpec):
         return r
-    where = f"TrainConfig.rewards[{i}]"
+    where = f"TrainConfig.{field_name}[{i}]"
     if not isinstance(r, dict):
         raise ConfigError(f"{where}: must be a mapping such as {{\"name\": \"hpsv2\", \"weight\": 1.0}}, got {r!r}")
     known = [f.name for f in dataclasses.fields(RewardSpec)]
@@ -353,6 +356,29 @@ class MemoryConfig:
 
 
 @dataclass
+class SignalsConfig:
+    """Reward-hacking signals at every evaluation (``treegrpo.signals``): the warnings they raise and the best
+    checkpoint they select."""
+
+    judge_drop: float = _f(0.03, "warn when a held-out judge falls this far below its best while the training "
+                                 "reward is above its value there (0 = off)")
+    diversity_floor: float = _f(0.5, "warn when the samples' diversity falls below this fraction of the base "
+                                      "model's (0 = off)")
+    hf_ceiling: float = _f(1.5, "warn when the samples' high-frequency energy exceeds this multiple of the base "
+                                "model's (0 = off)")
+    kl_estimate: bool = _f(True, "estimate the KL to the base model (LoRA off) over the SDE window at every "
+                                 "evaluation (2 extra denoiser calls per window step)")
+    keep_best: bool = _f(True, "also keep <run_name>_best.safetensors: the LoRA of the evaluation with the best "
+                               "held-out judge score (the best evaluation reward when there is no judge)")
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        for name in ("judge_drop", "diversity_floor", "hf_ceiling"):
+            v = getattr(self, name)
+            _require(math.isfinite(v) and v >= 0, "SignalsConfig", name, f"must be a number >= 0, got {v}")
+
+
+@dataclass
 class TrainConfig:
     """The whole run: model, prompts, rewards, tree, advantages, LoRA, optimiser, loop and output."""
 
@@ -379,6 +405,9 @@ class TrainConfig:
                              "(0 = off): equal resolution in time when comparing methods")
     eval_prompts: list = _f([], "evaluation prompts (default: the training prompts)")
     eval_seeds: int = _f(4, "fixed noises per evaluation prompt")
+    eval_rewards: list = _f([], "held-out judges: reward models (RewardSpec) scored on the evaluation samples only, "
+                                "never trained on; their weighted mean is the log's eval_judge")
+    signals: SignalsConfig = field(default_factory=SignalsConfig, metadata={"help": "reward-hacking signals"})
     checkpoint_every: int = _f(50, "write a checkpoint every N iterations (0 = only at the end)")
     keep_checkpoints: int = _f(2, "checkpoints kept on disk")
     output_dir: str = _f("treegrpo_out", "folder for the LoRA, logs, plots and checkpoints")
@@ -402,7 +431,12 @@ class TrainConfig:
             self.pipeline = PipelineConfig(**self.pipeline)
         if isinstance(self.memory, dict):
             self.memory = MemoryConfig(**self.memory)
+        if isinstance(self.signals, dict):
+            self.signals = SignalsConfig(**self.signals)
         self.rewards = [_reward_spec(r, i) for i, r in enumerate(self.rewards)]
+        self.eval_rewards = [_reward_spec(r, i, "eval_rewards") for i, r in enumerate(self.eval_rewards)]
+        judges = [r.name for r in self.eval_rewards]
+        _require(len(set(judges)) == len(judges), c, "eval_rewards", f"duplicate reward names in {judges}")
         _choice(self, "backend", ("demo", "diffusers", "comfy"))
         _require(self.backend != "diffusers" or bool(self.model), c, "model",
                  "the diffusers backend needs a model path: a local diffusers folder or a .safetensors checkpoint")
@@ -463,7 +497,7 @@ class TrainConfig:
             raise ConfigError(f"TrainConfig: unknown field(s) {unknown}; known: {sorted(known)}")
         for sub, klass in (("tree", TreeConfig), ("advantage", AdvantageConfig), ("lora", LoraConfig),
                            ("optim", OptimConfig), ("pipeline", PipelineConfig),
-                           ("memory", MemoryConfig)):
+                           ("memory", MemoryConfig), ("signals", SignalsConfig)):
             if isinstance(d.get(sub), dict):
                 kn = {f.name for f in dataclasses.fields(klass)}
                 bad = sorted(set(d[sub]) - kn)

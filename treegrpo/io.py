@@ -23,9 +23,10 @@ def atomic_write(path: str, write: Callable[[str], None]) -> str:
     os.close(fd)
     umask = os.umask(0)
     os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; give the usual permissions
     try:
         write(tmp)
+        # mkstemp makes 0600 files (and some writers replace the file): give the usual permissions
+        os.chmod(tmp, 0o666 & ~umask)
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)

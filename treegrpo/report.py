@@ -72,8 +72,12 @@ def reward_curves(runs: dict[str, list[dict]], path: str, title: str = "evaluati
         t = [e.get("train_time", 0.0) for e in ev]
         nfe = [e.get("total_nfe", 0) for e in ev]
         r = [e["eval_reward"] for e in ev]
-        axes[0].plot(t, r, marker="o", ms=3, label=name)
-        axes[1].plot(nfe, r, marker="o", ms=3, label=name)
+        line = axes[0].plot(t, r, marker="o", ms=3, label=name)[0]
+        axes[1].plot(nfe, r, marker="o", ms=3, label=name, color=line.get_color())
+        if any(e.get("eval_judge") is not None for e in ev):   # the held-out judge, dashed, same colour
+            j = [e.get("eval_judge", float("nan")) for e in ev]
+            axes[0].plot(t, j, ls="--", marker="x", ms=3, color=line.get_color(), label=f"{name}: held-out judge")
+            axes[1].plot(nfe, j, ls="--", marker="x", ms=3, color=line.get_color(), label=f"{name}: held-out judge")
     axes[0].set_xlabel("training wall-clock (s)")
     axes[1].set_xlabel("denoiser evaluations (NFE)")
     for ax in axes:
@@ -93,6 +97,44 @@ def curve_image(values: list[float], width: int = 512, height: int = 256) -> tor
     fig, ax = plt.subplots(figsize=(width / 100, height / 100), dpi=100)
     ax.plot(range(len(values)), values, marker="o", ms=2)
     ax.set_xlabel("iteration"), ax.set_ylabel("reward"), ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _fig_to_image(fig)
+
+
+#: the signals drawn relative to the base model's value (the first evaluation), with their labels
+RELATIVE_SIGNALS = (("eval_diversity", "diversity"), ("eval_hf_energy", "high-freq. energy"),
+                    ("eval_saturation", "saturation"))
+
+
+def signals_image(evals: list[dict], width: int = 768, height: int = 320) -> torch.Tensor:
+    """A run's evaluations as a ComfyUI IMAGE (1, H, W, 3): left, the training reward and the held-out judge per
+    iteration; right, the hacking signals relative to the base model (1 = unchanged), the near-black + near-white
+    share and the window KL; the newest warning as the title."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    it = [e["iteration"] for e in evals]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(width / 100, height / 100), dpi=100)
+    a.plot(it, [e["eval_reward"] for e in evals], marker="o", ms=3, label="training reward")
+    if any(e.get("eval_judge") is not None for e in evals):
+        a.plot(it, [e.get("eval_judge", float("nan")) for e in evals], marker="x", ms=3, ls="--",
+               label="held-out judge")
+    a.set_xlabel("iteration"), a.set_ylabel("evaluation score"), a.grid(alpha=0.3), a.legend(fontsize=7)
+    base = evals[0] if evals else {}
+    for key, label in RELATIVE_SIGNALS:
+        if base.get(key):
+            b.plot(it, [e.get(key, float("nan")) / base[key] for e in evals], marker=".", label=label)
+    b.plot(it, [e.get("eval_near_black", 0.0) + e.get("eval_near_white", 0.0) for e in evals], marker=".",
+           label="near-black+white share")
+    if any("eval_kl" in e for e in evals):
+        b.plot(it, [e.get("eval_kl", float("nan")) for e in evals], marker=".", ls=":", label="KL to base")
+    b.axhline(1.0, color="grey", lw=0.5)
+    b.set_xlabel("iteration"), b.set_ylabel("vs. base model"), b.grid(alpha=0.3), b.legend(fontsize=7)
+    warned = [w for e in evals for w in e.get("warnings", [])]
+    if warned:
+        fig.suptitle("warning: " + warned[-1][:110] + ("..." if len(warned[-1]) > 110 else ""), fontsize=8,
+                     color="firebrick")
     fig.tight_layout()
     return _fig_to_image(fig)
 

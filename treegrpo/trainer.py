@@ -32,7 +32,8 @@ from .io import atomic_write, atomic_write_json
 from . import memory
 from .lora import PeftLoRA, check_base_model, from_state_dict, read_lora_file, save_lora_file, to_peft
 from .policy import Policy
-from .tree import TreeBatch, sample_ode, sample_trees, window_start_at
+from .signals import best_index, hacking_warnings, image_signals
+from .tree import TreeBatch, sample_ode, sample_ode_window_kl, sample_trees, window_start_at
 from .update import grpo_update, lr_factor
 
 
@@ -83,8 +84,15 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, policy: Policy, rewards: Optional[dict[str, Callable]] = None, *,
                  progress: bool = True, stop: Optional[Callable[[], bool]] = None,
                  step_callback: Optional[Callable[[], None]] = None, dist: Any = None, base_model_name: str = "",
-                 iteration_callback: Optional[Callable[[dict], None]] = None):
+                 iteration_callback: Optional[Callable[[dict], None]] = None,
+                 judges: Optional[dict[str, Callable]] = None):
         self.cfg, self.policy, self.rewards = cfg, policy, rewards
+        # held-out judges: scored on the evaluation samples only, never trained on
+        self.judges = dict(judges or {})
+        self.judge_weights = {r.name: r.weight for r in cfg.eval_rewards if r.name in self.judges and r.weight > 0}
+        self.warnings: list[str] = []
+        #: called with each evaluation record after it is logged (ComfyUI's live preview)
+        self.eval_callback: Optional[Callable[[dict], None]] = None
         if rewards is not None:
             missing = [r.name for r in cfg.rewards if r.name not in rewards]
             if missing:
@@ -290,8 +298,9 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self, prompts: Optional[list[str]] = None, seeds: Optional[int] = None,
                  return_images: bool = False) -> dict:
-        """Deterministic ODE samples on fixed (prompt, noise) pairs: mean reward and diversity
-        (mean pairwise RMS distance between the images of one prompt). Not counted as training time."""
+        """Deterministic ODE samples on fixed (prompt, noise) pairs, scored by the training rewards and the held-out
+        judges, with the reward-hacking signals (``treegrpo.signals``: diversity, high-frequency energy,
+        saturation, near-black / near-white share) and the window KL to the base model. Not training time."""
         prompts = prompts or self.eval_prompts
         seeds = seeds or self.cfg.eval_seeds
         was_training = self.policy.model.training
@@ -299,24 +308,64 @@ class Trainer:
         all_p = [p for p in prompts for _ in range(seeds)]
         gen = torch.Generator().manual_seed(987654321)
         noise = torch.randn((len(all_p), *self.policy.latent_shape()), generator=gen)
-        x = self.policy.run(lambda: sample_ode(self.policy, all_p, noise, self.cfg.tree.steps, self.cfg.cfg),
-                            max_batch=len(all_p))
+        kl = None
+        if self.cfg.signals.kl_estimate:
+            x, kl = self.policy.run(lambda: sample_ode_window_kl(self.policy, all_p, noise, self.cfg.tree,
+                                                                 self.cfg.cfg), max_batch=len(all_p))
+        else:
+            x = self.policy.run(lambda: sample_ode(self.policy, all_p, noise, self.cfg.tree.steps, self.cfg.cfg),
+                                max_batch=len(all_p))
         images = self.policy.decode(x)
         raw = self.score_images(images, all_p)
         total = weighted_raw(raw, self.weights)
-        flat = images.flatten(1).reshape(len(prompts), seeds, -1)
-        if seeds > 1:
-            d = torch.cdist(flat, flat) / math.sqrt(flat.shape[-1])
-            div = float(d.sum() / (len(prompts) * seeds * (seeds - 1)))
-        else:
-            div = 0.0
         self.policy.model.train(was_training)
         out = {"iteration": self.iteration, "train_time": self.train_time, "total_nfe": self.total_nfe,
-               "eval_reward": float(total.mean()), "eval_diversity": div,
+               "eval_reward": float(total.mean()), **image_signals(images, seeds),
                **{f"eval/{k}": float(v.mean()) for k, v in raw.items()}}
+        if self.judge_weights:
+            judged = {n: torch.as_tensor(self.judges[n](images, all_p), dtype=torch.float32).reshape(-1).cpu()
+                      for n in self.judge_weights}
+            check_rewards(judged, len(all_p), where=" (held-out judge)")
+            out["eval_judge"] = float(weighted_raw(judged, self.judge_weights).mean())
+            out.update({f"judge/{k}": float(v.mean()) for k, v in judged.items()})
+        if kl is not None:
+            out["eval_kl"] = float(kl.mean())
         if return_images:
             out["images"] = images.cpu()
         return out
+
+    def record_evaluation(self) -> dict:
+        """Evaluate, log, warn about reward hacking (:func:`treegrpo.signals.hacking_warnings`) and keep the best
+        LoRA (``signals.keep_best``); returns the record."""
+        rec = self.evaluate()
+        self.evals.append(rec)
+        sc = self.cfg.signals
+        found = hacking_warnings(self.evals, judge_drop=sc.judge_drop, diversity_floor=sc.diversity_floor,
+                                 hf_ceiling=sc.hf_ceiling)
+        if found:
+            rec["warnings"] = found
+            for w in found:
+                self.warnings.append(f"iteration {self.iteration}: {w}")
+                self.log(f"TreeGRPO warning (iteration {self.iteration}): {w}")
+        if sc.keep_best and best_index(self.evals) == len(self.evals) - 1:
+            self.save_best()
+        if self.eval_callback is not None:
+            self.eval_callback(rec)
+        return rec
+
+    @property
+    def best_lora_path(self) -> str:
+        return os.path.join(self.out, f"{self.cfg.run_name}_best.safetensors")
+
+    def save_best(self) -> Optional[str]:
+        """Write the current LoRA as the run's best (atomically), with the evaluation that chose it."""
+        if self.rank != 0:
+            return None
+        rec = self.evals[-1]
+        key = "eval_judge" if rec.get("eval_judge") is not None else "eval_reward"
+        meta = dict(self.metadata(), **{"treegrpo.best_iteration": str(self.iteration), "treegrpo.best_metric": key,
+                                        "treegrpo.best_score": f"{rec[key]:.6f}"})
+        return save_lora_file(self.best_lora_path, self.lora_tensors("comfy"), meta)
 
     # ------------------------------------------------------------------ files
     def lora_weights(self):
@@ -430,7 +479,7 @@ class Trainer:
     def start_evaluations(self) -> None:
         """The base model's evaluation (iteration 0) and the clock of the time-based evaluations."""
         if self.evaluating and self.iteration == 0 and not self.evals:
-            self.evals.append(self.evaluate())
+            self.record_evaluation()
         self._next_eval_t = _next_multiple(self.train_time, self.cfg.eval_every_s)
 
     def after_iteration(self, stats: dict) -> None:
@@ -442,7 +491,7 @@ class Trainer:
         if due_t:
             self._next_eval_t = _next_multiple(self.train_time, cfg.eval_every_s)
         if self.evaluating and (due_t or (cfg.eval_every and self.iteration % cfg.eval_every == 0)):
-            self.evals.append(self.evaluate())
+            self.record_evaluation()
         if cfg.checkpoint_every and self.iteration % cfg.checkpoint_every == 0:
             self.save_checkpoint()
             self.write_logs()
@@ -548,7 +597,9 @@ class Trainer:
             if bar:
                 bar.close()
         if self.evaluating and (not self.evals or self.evals[-1]["iteration"] != self.iteration):
-            self.evals.append(self.evaluate())
+            self.record_evaluation()
         self.write_logs()
+        best = best_index(self.evals)
         return {"iterations": self.iteration, "train_time": self.train_time, "total_nfe": self.total_nfe,
-                "final_eval": self.evals[-1] if self.evals else None}
+                "final_eval": self.evals[-1] if self.evals else None,
+                "best_eval": self.evals[best] if best is not None else None, "warnings": list(self.warnings)}

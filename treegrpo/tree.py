@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .config import TreeConfig
+from .loss import kl_to_reference
 from .policy import Policy, select_cond
 from .sde import SDEKernel, ode_step
 
@@ -312,6 +313,33 @@ def sample_trees(policy: Policy, prompts: list[str], cfg: TreeConfig, *, cond: A
 
 
 @torch.no_grad()
+@torch.no_grad()
+def sample_ode_window_kl(policy: Policy, prompts: list[str], noise: torch.Tensor, cfg: TreeConfig,
+                         guidance: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Euler samples of :func:`sample_ode` (same floats) and, along the way, an estimate of the KL from the
+    trained policy to the reference (LoRA off): at each SDE-window step ``s .. s+w−1`` the KL between the two SDE
+    transitions out of the current state, ``‖μ_θ − μ_ref‖²/(2·std²)`` reduced like the log-probs, summed over the
+    window. Returns (latents (B, ...), kl (B,)); ``w`` extra denoiser calls with the LoRA disabled."""
+    sig = policy.sigmas(cfg.steps).to(policy.device)
+    den = Denoiser(policy, policy.encode_prompts(prompts), guidance, NFECounter())
+    kernel = SDEKernel(policy.prediction, cfg.noise_level, cfg.eta, cfg.logprob_reduction,
+                       float(sig[1]) if sig.numel() > 1 else None)
+    idx = torch.arange(len(prompts))
+    x = policy.noise_scaling(sig[0], noise.to(policy.device).float())
+    kl = torch.zeros(len(prompts), device=x.device)
+    window = range(cfg.window_start, cfg.window_start + cfg.window_width)
+    for i in range(sig.numel() - 1):
+        x0 = den(x, sig[i], idx)
+        if i in window:
+            with policy.lora_disabled():
+                x0_ref = den(x, sig[i], idx)
+            s, sn = sig[i].expand(x.shape[0]), sig[i + 1].expand(x.shape[0])
+            mean, std = kernel.mean_std(x, x0, s, sn)
+            kl += kl_to_reference(mean, kernel.mean_std(x, x0_ref, s, sn)[0], std, kernel.reduction)
+        x = ode_step(x, x0, sig[i], sig[i + 1])
+    return x, kl
+
+
 def sample_ode(policy: Policy, prompts: list[str], noise: torch.Tensor, steps: int, guidance: float = 1.0,
                callback: Optional[Callable[[], None]] = None) -> torch.Tensor:
     """Deterministic Euler samples (clean latents, (B, C, H, W)) from initial ``noise`` (B, C, H, W), one per

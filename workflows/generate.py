@@ -28,13 +28,16 @@ def note(key, text):
     return (key, "Note", {"text": text}, {})
 
 
-def train_node(key, model, clip, vae, reward, **w):
+def train_node(key, model, clip, vae, reward, judge=None, **w):
     widgets = {"prompts": DEMO_PROMPTS, "negative": "", "weight_2": 1.0, "width": 16, "height": 16, "cfg": 1.0,
                "scheduler": "simple", "steps": 10, "window_start": 1, "window_width": 3, "branch": 2,
                "noise_level": 0.7, "iterations": 40, "prompts_per_iteration": 4, "lora_rank": 8, "lora_alpha": 16.0,
                "learning_rate": 3e-3, "seed": 0, "run_name": "treegrpo_demo", "eval_every": 10}
     widgets.update(w)
-    return (key, "TreeGRPOTrain", widgets, {"model": model, "clip": clip, "vae": vae, "reward_model": reward})
+    links = {"model": model, "clip": clip, "vae": vae, "reward_model": reward}
+    if judge is not None:
+        links["judge"] = judge
+    return (key, "TreeGRPOTrain", widgets, links)
 
 
 def real_model_workflow(loader_nodes, model, clip, vae, size, reward_note, steps=20, cfg=4.5, extra_note=""):
@@ -66,9 +69,10 @@ WORKFLOWS = {
     "treegrpo_demo_cpu": [
         ("demo", "TreeGRPOLoadDemoModel", {}, {}),
         ("rm", "TreeGRPORewardModelLoader", {"reward": "demo_adherence", "file": "(none: built-in weights or none needed)"}, {}),
+        ("judge", "TreeGRPORewardModelLoader", {"reward": "demo_judge", "file": "(none: built-in weights or none needed)"}, {}),
         # measured (benchmarks/bench_comfy.py, 3 seeds, this 2-core CPU): ~65 s in the node, eval reward
         # 0.554 -> 0.75-0.94; 50 iterations gave +0.15 on one seed, too close to the CLI demo's +0.12 to rely on
-        train_node("train", ("demo", 0), ("demo", 1), ("demo", 2), ("rm", 0), iterations=100,
+        train_node("train", ("demo", 0), ("demo", 1), ("demo", 2), ("rm", 0), judge=("judge", 0), iterations=100,
                    prompts_per_iteration=24, tail_solver="dpmpp_2m", tail_steps=3),
         ("save", "TreeGRPOSaveLoRA", {"filename_prefix": "treegrpo/treegrpo_demo"}, {"lora": ("train", 1)}),
         ("curve", "PreviewImage", {}, {"images": ("train", 2)}),
@@ -114,6 +118,9 @@ WORKFLOWS = {
          {"tree": ("tree", 0), "rewards": ("score", 0)}),
         ("step", "TreeGRPOTrainerStep", {}, {"tree": ("adv", 0), "run": ("run", 0), "model": ("demo", 0)}),
         ("preview", "TreeGRPOTreePreview", {}, {"tree": ("adv", 0), "images": ("dec", 0), "rewards": ("score", 0)}),
+        ("judge", "TreeGRPORewardModelLoader", {"reward": "demo_judge", "file": "(none: built-in weights or none needed)"}, {}),
+        ("monitor", "TreeGRPORunMonitor", {}, {"tree": ("adv", 0), "images": ("dec", 0), "rewards": ("score", 0),
+                                               "judge": ("judge", 0)}),
         ("save", "TreeGRPOSaveLoRA", {"filename_prefix": "treegrpo/treegrpo_steps"}, {"lora": ("step", 1)}),
         note("n1", "The four TreeGRPO step nodes, one iteration per Queue. Turn on auto-queue to watch the LoRA "
              "learn: each queued prompt is the run's next iteration (its noise comes from the seed and the iteration, "

@@ -26,18 +26,29 @@ from ..tree import TreeBatch
 from .policy import ComfyPolicy
 
 
-def comfy_progress(total: int) -> Callable[[], None]:
-    """A step callback: advances ComfyUI's ProgressBar and raises on user interrupt."""
-    import comfy.model_management
-    import comfy.utils
+class ComfyProgress:
+    """ComfyUI's ProgressBar for a node: ``step()`` advances it and raises on user interrupt (a step callback);
+    ``preview(image)`` shows an IMAGE (1, H, W, 3) on the node while it runs (the web UI's progress preview)."""
 
-    bar = comfy.utils.ProgressBar(max(1, total))
+    def __init__(self, total: int):
+        import comfy.utils
+        self.bar = comfy.utils.ProgressBar(max(1, total))
 
-    def step():
-        bar.update(1)
+    def __call__(self) -> None:
+        import comfy.model_management
+        self.bar.update(1)
         comfy.model_management.throw_exception_if_processing_interrupted()
 
-    return step
+    step = __call__
+
+    def preview(self, image: torch.Tensor, max_size: int = 768) -> None:
+        from ..report import to_pil
+        self.bar.update_absolute(self.bar.current, preview=("JPEG", to_pil(image[0].movedim(-1, 0)), max_size))
+
+
+def comfy_progress(total: int) -> ComfyProgress:
+    """A step callback: advances ComfyUI's ProgressBar and raises on user interrupt."""
+    return ComfyProgress(total)
 
 
 def run_folder(run_name: str) -> str:
@@ -96,6 +107,7 @@ class TreeResult:
     prompt: str
     run: Optional["RunState"] = None
     adv_stats: dict = field(default_factory=dict)
+    iteration: int = 0                    # the run's iteration the trees were sampled at
 
     @property
     def policy(self) -> ComfyPolicy:
@@ -126,6 +138,7 @@ class RunState:
         self.lora_cfg, self.optim_cfg, self.seed = lora_cfg, optim_cfg, seed
         self.gradient_checkpointing = _choice(gradient_checkpointing)
         self.trainer: Optional[Trainer] = None
+        self.monitor: list[dict] = _read_monitor(self.folder)   # the Run Monitor's records, one per iteration
 
     @classmethod
     def get(cls, run_name: str, lora_cfg: LoraConfig, optim_cfg: OptimConfig, seed: int = 0,
@@ -201,7 +214,51 @@ def sample_tree(model, positive, negative, latent: dict, tree_cfg: TreeConfig, *
         trainer.step_callback = comfy_progress(tree_cfg.steps)
         batch = trainer.sample()
     batch.prompts = [prompt] * len(batch.prompts)
-    return TreeResult(batch, trainer, prompt, run)
+    return TreeResult(batch, trainer, prompt, run, iteration=trainer.iteration)
+
+
+def _read_monitor(folder: str) -> list[dict]:
+    import json
+    import os
+    try:
+        with open(os.path.join(folder, "monitor.json"), encoding="utf-8") as fh:
+            return list(json.load(fh))
+    except (OSError, ValueError, TypeError):
+        return []
+
+
+def monitor_tree(tree: TreeResult, images: torch.Tensor, rewards: dict, judge: Optional[dict] = None) -> list[dict]:
+    """The Run Monitor: the hacking signals of this iteration's leaves (``images`` (n, 3, H, W), their
+    ``rewards``, the held-out ``judge``'s scores), recorded in the run (``monitor.json`` in its folder) one record
+    per iteration, with the warnings the history raises; returns the records (the first is the base model's)."""
+    import os
+
+    from ..advantages import weighted_raw
+    from ..config import SignalsConfig
+    from ..io import atomic_write_json
+    from ..signals import hacking_warnings, image_signals
+
+    run = tree.run
+    if run is None:
+        raise ValueError("the Run Monitor needs a tree sampled with a TreeGRPO Trainer State (the run it records)")
+    n = images.shape[0]
+    if n != tree.batch.leaves.shape[0]:
+        raise ValueError(f"the Run Monitor got {n} images for {tree.batch.leaves.shape[0]} leaves: connect the VAE "
+                         "Decode of this tree's leaves")
+    raw = {k: torch.as_tensor(v, dtype=torch.float32).reshape(-1) for k, v in rewards["rewards"].items()}
+    rec = {"iteration": tree.iteration, "eval_reward": float(weighted_raw(raw, rewards["weights"]).mean()),
+           **image_signals(images, n // tree.batch.n_trees)}
+    if judge is not None:
+        rec["eval_judge"] = float(torch.as_tensor(judge["model"](images.float(), [tree.prompt] * n)).float().mean())
+    run.monitor = [r for r in run.monitor if r["iteration"] < tree.iteration] + [rec]
+    sc = SignalsConfig()
+    found = hacking_warnings(run.monitor, judge_drop=sc.judge_drop, diversity_floor=sc.diversity_floor,
+                             hf_ceiling=sc.hf_ceiling)
+    if found:
+        rec["warnings"] = found
+    os.makedirs(run.folder, exist_ok=True)
+    atomic_write_json(os.path.join(run.folder, "monitor.json"), run.monitor)
+    return run.monitor
 
 
 def backup_tree(tree: TreeResult, rewards: dict, adv_cfg: AdvantageConfig) -> TreeResult:
@@ -270,11 +327,13 @@ def memory_budget(device) -> float:
 
 
 def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict, cfg: TrainConfig,
-               latent_shape: tuple, *, scheduler: str = "simple") -> Trainer:
+               latent_shape: tuple, *, scheduler: str = "simple", judges: Optional[dict] = None) -> Trainer:
     """The whole TreeGRPO loop on a ComfyUI model (the Train node); resumes the run's latest checkpoint.
     Before any sampling the memory plan (``cfg.memory``) picks checkpointing, microbatch and offload for the
-    device's memory (or refuses). The ProgressBar advances once per iteration; interrupts are checked at every
-    denoiser/update step and answered with a checkpoint (by the Trainer) before the exception propagates."""
+    device's memory (or refuses). The ProgressBar advances once per iteration and shows the evaluation curves and
+    hacking signals (``judges``: held-out reward models) as its preview after every evaluation; interrupts are
+    checked at every denoiser/update step and answered with a checkpoint (by the Trainer) before the exception
+    propagates."""
     import comfy.model_management
 
     out = run_folder(cfg.run_name)
@@ -288,8 +347,9 @@ def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict
         trainer = Trainer(dataclasses.replace(cfg, output_dir=out), policy, rewards,
                           progress=False, base_model_name=model_name(model),
                           step_callback=comfy.model_management.throw_exception_if_processing_interrupted,
-                          iteration_callback=lambda stats: bar())
+                          iteration_callback=lambda stats: bar(), judges=judges)
         trainer.log = logging.info
+        trainer.eval_callback = lambda rec: _optional_preview(bar, trainer)
         if not cfg.memory.budget_gb:
             trainer.memory_budget = memory_budget(policy.device) or None
         trainer.train(resume=True)
@@ -297,14 +357,24 @@ def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict
     return trainer
 
 
+def _optional_preview(bar: ComfyProgress, trainer: Trainer) -> None:
+    """The live preview after an evaluation; a drawing failure is logged, never the run's end."""
+    from ..report import signals_image
+
+    image = _optional("live preview", lambda: signals_image(trainer.evals), trainer)
+    bar.preview(image)
+
+
 def run_previews(trainer: Trainer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """The Train node's optional outputs, as ComfyUI IMAGEs (1, H, W, 3): the reward curve and a grid of
     evaluation samples (2 per prompt, up to 8 prompts). A failure here (a plotting library missing, a reward
     model erroring) is logged and answered with a blank image: the LoRA is already saved."""
-    from ..report import curve_image, image_grid
+    from ..report import curve_image, image_grid, signals_image
 
     def curve():
-        return curve_image([e["eval_reward"] for e in trainer.evals] or [h["reward"] for h in trainer.history])
+        if trainer.evals:
+            return signals_image(trainer.evals)
+        return curve_image([h["reward"] for h in trainer.history])
 
     def grid():
         with torch.inference_mode(False):

@@ -3,7 +3,8 @@
     python -m treegrpo.demo.pretrain --out treegrpo/demo/assets
 
 1. the classifier (colour + shape heads) on generator images with noise / blur / colour augmentation;
-2. the flow model with the rectified-flow loss (logit-normal σ, 10 % condition dropout for CFG).
+2. the flow model with the rectified-flow loss (logit-normal σ, 10 % condition dropout for CFG);
+3. the held-out judge (:mod:`.judge`: another architecture and seed), never trained on by the RL demo.
 
 The flow model is deliberately *under*-trained: at cfg 1 with 10 Euler steps its samples look like
 coloured shapes but often miss the prompt (mean adherence reward ≈ 0.5), which leaves the RL demo
@@ -22,11 +23,14 @@ import torch
 import torch.nn.functional as F
 
 from .classifier import ClassifierConfig, DemoClassifier, save_classifier
+from .judge import DemoJudge, JudgeConfig, save_judge
 from .model import DemoConfig, DemoDiT, euler_sample, save_demo_model, tokenize
 from .shapes import COLOURS, all_prompts, sample_batch
 
 CLASSIFIER_FILE = "demo_classifier.safetensors"
 FLOW_FILE = "demo_flow.safetensors"
+JUDGE_FILE = "demo_judge.safetensors"
+JUDGE_SEED = 101   # the judge shares nothing with the training reward: not its seed, not its data draw
 
 
 def _gaussian_blur(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
@@ -63,7 +67,7 @@ def _lr(step: int, total: int, base: float, warmup: int) -> float:
 
 
 @torch.no_grad()
-def classifier_accuracy(model: DemoClassifier, n: int = 2048, seed: int = 1234, augmented: bool = False) -> dict:
+def classifier_accuracy(model, n: int = 2048, seed: int = 1234, augmented: bool = False) -> dict:
     """Colour / shape / joint accuracy on ``n`` fresh generator images."""
     g = torch.Generator().manual_seed(seed)
     x, c, s = sample_batch(n, g)
@@ -79,10 +83,13 @@ def classifier_accuracy(model: DemoClassifier, n: int = 2048, seed: int = 1234, 
     }
 
 
-def train_classifier(steps: int = 600, batch: int = 128, lr: float = 2e-3, seed: int = 0, log=print) -> DemoClassifier:
+def train_classifier(steps: int = 600, batch: int = 128, lr: float = 2e-3, seed: int = 0, log=print,
+                     build=lambda: DemoClassifier(ClassifierConfig()), what: str = "classifier"):
+    """A colour + shape classifier (``build()``: the training reward's by default, or the judge) on augmented
+    generator images, AdamW with warm-up and cosine decay, seeded."""
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed + 1)
-    model = DemoClassifier(ClassifierConfig())
+    model = build()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
     model.train()
     for step in range(steps):
@@ -96,7 +103,7 @@ def train_classifier(steps: int = 600, batch: int = 128, lr: float = 2e-3, seed:
         loss.backward()
         opt.step()
         if (step + 1) % 100 == 0 or step == steps - 1:
-            log(f"classifier step {step + 1}/{steps} loss {loss.item():.4f}")
+            log(f"{what} step {step + 1}/{steps} loss {loss.item():.4f}")
     return model.eval()
 
 
@@ -174,6 +181,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--eval-per-prompt", type=int, default=8, help="samples per prompt for the final adherence report")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--min-accuracy", type=float, default=0.98, help="fail if the classifier is less accurate")
+    ap.add_argument("--judge-steps", type=int, default=800)
+    ap.add_argument("--only", choices=("all", "judge"), default="all",
+                    help="judge: regenerate only the held-out judge (the other files are unchanged)")
     args = ap.parse_args(argv)
 
     threads_before = torch.get_num_threads()
@@ -184,9 +194,25 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(threads_before)
 
 
+def _judge(args: argparse.Namespace, out: Path) -> dict:
+    """Train and write the held-out judge (seed ``JUDGE_SEED``; its own architecture, :mod:`.judge`)."""
+    t0 = time.perf_counter()
+    judge = train_classifier(steps=args.judge_steps, batch=args.batch, seed=JUDGE_SEED, lr=3e-3,
+                             build=lambda: DemoJudge(JudgeConfig()), what="judge")
+    acc = classifier_accuracy(judge, n=args.eval_images, seed=4321)
+    print(f"judge accuracy {acc}  ({time.perf_counter() - t0:.0f} s)")
+    if acc["joint"] < args.min_accuracy:
+        raise SystemExit(f"judge accuracy {acc['joint']:.3f} < {args.min_accuracy}; train longer (--judge-steps)")
+    save_judge(judge, out / JUDGE_FILE, {"steps": str(args.judge_steps), "seed": str(JUDGE_SEED),
+                                         "accuracy": json.dumps(acc)})
+    return {"judge": acc}
+
+
 def _regenerate(args: argparse.Namespace) -> dict:
     torch.manual_seed(args.seed)
     out = Path(args.out)
+    if args.only == "judge":
+        return _judge(args, out)
     t0 = time.perf_counter()
 
     classifier = train_classifier(steps=args.classifier_steps, batch=args.batch, seed=args.seed)
@@ -219,9 +245,10 @@ def _regenerate(args: argparse.Namespace) -> dict:
             "adherence_cfg1": f"{r1:.4f}", "adherence_cfg3": f"{r3:.4f}",
         },
     )
+    judged = _judge(args, out)
     total = time.perf_counter() - t0
-    print(f"wrote {out / CLASSIFIER_FILE} and {out / FLOW_FILE} in {total:.0f} s")
-    return {"classifier": acc_clean, "adherence_cfg1": r1, "adherence_cfg3": r3, "seconds": total}
+    print(f"wrote {out / CLASSIFIER_FILE}, {out / FLOW_FILE} and {out / JUDGE_FILE} in {total:.0f} s")
+    return {"classifier": acc_clean, **judged, "adherence_cfg1": r1, "adherence_cfg3": r3, "seconds": total}
 
 
 if __name__ == "__main__":

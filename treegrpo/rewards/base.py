@@ -5,6 +5,7 @@ A reward model maps decoded images and their prompts to one float per image:
 """
 from __future__ import annotations
 
+import inspect
 from typing import Callable, Protocol
 
 import torch
@@ -40,6 +41,50 @@ def load_reward(name: str, path: str | None = None, device: str | torch.device =
     if name not in _REGISTRY:
         raise ValueError(f"unknown reward model {name!r}; available: {', '.join(available())}")
     return _REGISTRY[name](path=path, device=device, **kwargs)
+
+
+def reward_options(name: str) -> dict[str, inspect.Parameter]:
+    """The options (keyword arguments besides ``path`` and ``device``) reward ``name`` accepts, with defaults."""
+    _import_builtin()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown reward model {name!r}; available: {', '.join(available())}")
+    params = inspect.signature(_REGISTRY[name]).parameters
+    return {k: p for k, p in params.items() if k not in ("self", "path", "device")
+            and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+
+
+def _option_type_error(value, default) -> str | None:
+    """What is wrong with ``value`` for an option whose default is ``default`` (None: nothing, or unknown type)."""
+    if isinstance(default, bool):
+        return None if isinstance(value, bool) else "true or false"
+    if isinstance(default, int):
+        return None if isinstance(value, int) and not isinstance(value, bool) else "an integer"
+    if isinstance(default, float):
+        return None if isinstance(value, (int, float)) and not isinstance(value, bool) else "a number"
+    if isinstance(default, str):
+        return None if isinstance(value, str) or value is None else "a string"
+    return None
+
+
+def check_options(name: str, options: dict, where: str = "options") -> None:
+    """Refuse unknown option names (listing the ones ``name`` takes) and values of the wrong type, before any
+    reward model is built."""
+    known = reward_options(name)
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        listed = ", ".join(f"{k}={p.default!r}" if p.default is not p.empty else k for k, p in known.items())
+        raise ValueError(f"{where}: unknown option(s) {unknown} for reward {name!r}; its options are: "
+                         f"{listed or 'none'}")
+    for k, v in options.items():
+        want = _option_type_error(v, known[k].default)
+        if want:
+            raise ValueError(f"{where}: option {k!r} of reward {name!r} must be {want}, got {v!r}")
+    if options.get("dtype") is not None:
+        from .clipscore import resolve_dtype
+        try:
+            resolve_dtype(options["dtype"], torch.device("cpu"))
+        except ValueError as e:
+            raise ValueError(f"{where}: option 'dtype' of reward {name!r}: {e}") from None
 
 
 def check_batch(images: torch.Tensor, prompts: list[str], who: str) -> None:

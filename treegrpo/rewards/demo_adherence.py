@@ -2,7 +2,8 @@
 
 ``reward = p(colour of the prompt) · p(shape of the prompt)`` under the demo classifier
 (``treegrpo.demo.classifier``, trained by ``treegrpo.demo.pretrain``): in [0, 1], 1 = the judge is sure
-the image shows exactly what the prompt asks for.
+the image shows exactly what the prompt asks for. ``demo_judge`` is the same question put to the held-out judge
+(``treegrpo.demo.judge``: another architecture and seed), for scoring evaluations only.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..demo.classifier import load_classifier
+from ..demo.judge import load_judge
 from ..demo.shapes import parse_prompt
 from .base import check_batch, register
 
@@ -20,9 +22,11 @@ from .base import check_batch, register
 class DemoAdherence:
     name = "demo_adherence"
 
+    load = staticmethod(load_classifier)
+
     def __init__(self, path: str | os.PathLike | None = None, device: str | torch.device = "cpu"):
         self.device = torch.device(device)
-        self.classifier = load_classifier(path, device=self.device)
+        self.classifier = self.load(path, device=self.device)
         self.resolution = self.classifier.config.resolution
 
     @torch.no_grad()
@@ -37,3 +41,12 @@ class DemoAdherence:
         s = torch.tensor([l[1] for l in labels], device=self.device)
         idx = torch.arange(len(labels), device=self.device)
         return (p_colour[idx, c] * p_shape[idx, s]).float()
+
+
+@register("demo_judge")
+class DemoJudgeAdherence(DemoAdherence):
+    """The demo's held-out judge: ``p(colour) · p(shape)`` under :class:`treegrpo.demo.judge.DemoJudge`."""
+
+    name = "demo_judge"
+    load = staticmethod(load_judge)
+

@@ -1,0 +1,157 @@
+"""Bad input through the nodes, inside a real ComfyUI 0.3.75: a queued graph with a bad widget fails ComfyUI's
+validation with a message naming the input (nothing runs); what only execution can see fails before any sampling,
+with a one-line message naming the input, and leaves an earlier run's files as they were."""
+import json
+from pathlib import Path
+
+import pytest
+
+import comfy_harness as ch
+import test_comfy_nodes as tcn
+
+NO_FILE = tcn.NO_FILE
+
+
+@pytest.fixture(scope="module")
+def rt(comfyui_pack):
+    return comfyui_pack
+
+
+def train(**inputs) -> dict:
+    g = tcn.train_graph(inputs.pop("run_name", "bad_input"), inputs.pop("iterations", 1))
+    g["train"]["inputs"].update(inputs)
+    g["save"]["inputs"]["filename_prefix"] = "treegrpo/bad_input"
+    return g
+
+
+def loader(reward="clipscore", options=None, file=NO_FILE) -> dict:
+    inputs = {"reward": reward, "file": file}
+    if options is not None:
+        inputs["options"] = options
+    g = tcn.train_graph("bad_loader", 1)
+    g["rm"]["inputs"] = inputs
+    return g
+
+
+def step(**over) -> dict:
+    g = tcn.demo_step_graph("bad_step", 0)
+    for key, inputs in over.items():
+        g[key]["inputs"].update(inputs)
+    return g
+
+
+#: (case id, graph, node id, fragment of the validation message)
+VALIDATION_CASES = [
+    ("train_window_past_steps", train(steps=6, window_start=4, window_width=3), "train", "window"),
+    ("train_branch_zero", train(branch=0), "train", "branch = 0 is outside"),
+    ("train_steps_huge", train(steps=100000), "train", "steps = 100000 is outside"),
+    ("train_iterations_zero", train(iterations=0), "train", "iterations"),
+    ("train_lr_zero", train(learning_rate=0.0), "train", "learning_rate"),
+    ("train_rank_zero", train(lora_rank=0), "train", "lora_rank"),
+    ("loader_unknown_reward", loader(reward="nosuch"), "rm", "reward: 'nosuch' is not one of"),
+    ("loader_options_not_json", loader(options="{dtype: bf16"), "rm", "options: not JSON"),
+    ("loader_options_list", loader(options="[1, 2]"), "rm", "options: must be a JSON object"),
+    ("loader_options_typo", loader(options='{"dtyp": "bfloat16"}'), "rm", "unknown option(s) ['dtyp']"),
+    ("loader_options_type", loader(reward="hpsv2", options='{"batch_size": "8"}'), "rm",
+     "option 'batch_size' of reward 'hpsv2' must be an integer"),
+    ("loader_options_dtype", loader(options='{"dtype": "fp8"}'), "rm", "option 'dtype'"),
+    ("loader_options_for_a_reward_without", loader(reward="demo_adherence", options='{"w": 1}'), "rm",
+     "its options are: none"),
+    ("state_run_name_dotdot", step(run={"run_name": "../x"}), "run", "run_name"),
+    ("sampler_window_past_steps", step(tree={"steps": 4, "window_start": 3, "window_width": 2}), "tree", "window"),
+    ("backup_unknown", step(adv={"backup": "max"}), "adv", "backup: 'max' is not one of"),
+    ("backup_edge_baseline_unknown", step(adv={"edge_baseline": "parent"}), "adv", "edge_baseline: 'parent'"),
+    ("state_checkpointing_unknown", step(run={"gradient_checkpointing": "maybe"}), "run", "gradient_checkpointing"),
+    ("save_prefix_escapes", {**tcn.train_graph("bad_save", 1),
+                             "save": {"class_type": "TreeGRPOSaveLoRA",
+                                      "inputs": {"lora": ["train", 1], "filename_prefix": "../../x"}}},
+     "save", "must be a relative name inside models/loras"),
+]
+
+
+@pytest.mark.parametrize("case,graph,node,fragment", VALIDATION_CASES, ids=[c[0] for c in VALIDATION_CASES])
+def test_a_bad_widget_fails_validation_naming_it(rt, case, graph, node, fragment):
+    v = rt.validate(graph)
+    assert node in v.node_errors, (case, v.error, v.node_errors)
+    messages = " | ".join(f"{e.get('message')}: {e.get('details')}" for e in v.node_errors[node]["errors"])
+    assert fragment in messages, messages
+    assert "Traceback" not in messages
+
+
+def _execution_error(rt, graph) -> str:
+    with pytest.raises(ch.ComfyExecutionError) as e:
+        rt.execute(graph)
+    err = e.value.result.error
+    msg = err["exception_message"]
+    assert "\n" not in msg.strip() and "Traceback" not in msg, msg
+    return msg
+
+
+def _sampling_started(rt, since: int) -> bool:
+    return any(p.get("node_id") == "train" for p in rt.progress[since:])
+
+
+EXECUTION_CASES = [
+    # ComfyUI repeats a validate_inputs failure once per parameter it names, so the Train node and the Tree
+    # Sampler check these first thing in execute instead (and ComfyUI 0.3.75 checks no V3 combo by itself)
+    ("train_prompts_empty", train(prompts="\n  \n"), "prompts: no prompt given"),
+    ("train_run_name_slash", train(run_name="a/b"), "TrainConfig.run_name"),
+    ("train_run_name_empty", train(run_name=""), "TrainConfig.run_name"),
+    ("train_run_name_dotdot", train(run_name=".."), "TrainConfig.run_name"),
+    ("train_scheduler_unknown", train(scheduler="cosine"), "scheduler: 'cosine' is not one of"),
+    ("train_checkpointing_unknown", train(gradient_checkpointing="maybe"), "gradient_checkpointing: 'maybe'"),
+    ("train_tail_solver_unknown", train(tail_solver="rk4"), "tail_solver: 'rk4'"),
+    ("train_offload_unknown", train(offload_rewards="yes"), "offload_rewards: 'yes'"),
+    ("sampler_scheduler_unknown", step(tree={"scheduler": "cosine"}), "scheduler: 'cosine' is not one of"),
+    ("loader_file_missing", loader(reward="hpsv2", file="HPS_v2.1_compressed.pt"), "HPS_v2.1_compressed.pt"),
+    ("loader_needs_files", loader(reward="pickscore"), "pickscore: no path given"),
+    ("loader_file_for_a_reward_without", None, "needs no weight file"),
+    ("train_same_reward_twice", {**train(), "rm2": {"class_type": "TreeGRPORewardModelLoader",
+                                                      "inputs": {"reward": "demo_adherence", "file": NO_FILE}}},
+     "reward_model and reward_model_2 are both 'demo_adherence'"),
+    ("scorer_prompts_mismatch", step(score={"prompt": "a red circle\na blue square\na green triangle"}),
+     "prompt"),
+]
+
+
+@pytest.mark.parametrize("case,graph,fragment", EXECUTION_CASES, ids=[c[0] for c in EXECUTION_CASES])
+def test_what_only_execution_sees_fails_before_sampling(rt, request, case, graph, fragment):
+    if case == "loader_file_for_a_reward_without":
+        import folder_paths
+        folder = Path(folder_paths.models_dir) / "reward_models"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "stray.pt").write_bytes(b"x")
+        graph = loader(reward="jpeg_compressibility", file="stray.pt")
+        request.addfinalizer((folder / "stray.pt").unlink)
+    if case == "train_same_reward_twice":
+        graph["train"]["inputs"]["reward_model_2"] = ["rm2", 0]
+    since = len(rt.progress)
+    assert fragment in _execution_error(rt, graph)
+    assert not _sampling_started(rt, since)
+    if case.startswith("train_"):
+        assert not (Path(rt.base_dir) / "output" / "treegrpo" / "bad_input").exists()   # nothing written
+
+
+def test_a_train_node_run_continued_with_other_settings_is_refused_untouched(rt):
+    """The Train node resumes a run by its name: with other training settings its LoRA's metadata would
+    misdescribe it, so the node stops before any sampling, names the settings, and changes no file of the run."""
+    run = "bad_input_resume"
+    rt.execute(train(run_name=run, iterations=1))
+    folder = Path(rt.base_dir) / "output" / "treegrpo" / run
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.name != ".treegrpo.lock"}
+    since = len(rt.progress)
+    msg = _execution_error(rt, train(run_name=run, iterations=2, learning_rate=5e-3, seed=7))
+    assert "optim.lr: 0.001 -> 0.005" in msg and "seed: 0 -> 7" in msg and f"move the folder {folder}" in msg
+    assert not _sampling_started(rt, since)
+    after = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.name != ".treegrpo.lock"}
+    assert after == before
+    # the budget may change: one more iteration continues the run
+    rt.execute(train(run_name=run, iterations=2))
+    assert len(json.loads((folder / "log.json").read_text())["train"]) == 2
+
+
+def test_the_node_catalogue_with_the_cli_one_is_wide():
+    import test_bad_input as cli_cases
+    cli = len(cli_cases.CONFIG_CASES) + len(cli_cases.FILE_CASES)
+    nodes = len(VALIDATION_CASES) + len(EXECUTION_CASES) + 1
+    assert nodes >= 25 and cli + nodes >= 80, (cli, nodes)
