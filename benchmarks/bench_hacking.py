@@ -137,6 +137,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default=os.path.join(HERE, "results", "hacking.json"))
     ap.add_argument("--plot", default=None, help="curves PNG (default: beside --out)")
     ap.add_argument("--markdown", action="store_true", help="print the table of an existing --out and exit")
+    ap.add_argument("--merge", action="store_true", help="add these runs to an existing --out (same lr, iterations "
+                    "and evaluation schedule), replacing runs of the same kl_beta and seed")
     args = ap.parse_args(argv)
     if args.markdown:
         print(markdown(json.load(open(args.out))))
@@ -153,9 +155,16 @@ def main(argv=None) -> dict:
                   f"judge {r['base']['eval_judge']:.3f} -> {r['final']['eval_judge']:.3f} (best "
                   f"{r['best']['eval_judge']:.3f} @ {r['best']['iteration']}), HF x{r['final']['hf_ratio']:.2f}, "
                   f"diversity x{r['final']['diversity_ratio']:.2f}, {r['seconds']:.0f} s", flush=True)
+    if args.merge and os.path.exists(args.out):
+        old = json.load(open(args.out))
+        if (old["lr"], old["iterations"], old["eval_every"]) != (args.lr, args.iterations, args.eval_every):
+            raise SystemExit(f"--merge: {args.out} was measured with other settings")
+        new = {(r["kl_beta"], r["seed"]) for r in runs}
+        runs = [r for r in old["runs"] if (r["kl_beta"], r["seed"]) not in new] + runs
     by_kl = aggregate(runs)
     best = max(by_kl, key=lambda k: by_kl[k]["final_eval_judge"])
-    res = {"lr": args.lr, "iterations": args.iterations, "eval_every": args.eval_every, "seeds": args.seeds,
+    res = {"lr": args.lr, "iterations": args.iterations, "eval_every": args.eval_every,
+           "seeds": min(row["seeds"] for row in by_kl.values()),
            "by_kl": by_kl, "best_kl_beta": float(best), "runs": runs}
     atomic_write_json(args.out, res)
     plot(res, args.plot or os.path.splitext(args.out)[0] + ".png")

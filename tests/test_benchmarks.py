@@ -152,3 +152,21 @@ def test_bench_memory_measures_a_published_architecture_on_fake_tensors(comfyui_
     assert r["smallest"]["peak_gb"] <= 8 and r["plans"]["8"].startswith("planned peak")
     table = bench_memory.markdown({"models": [r]})
     assert "SD1.5 @ 512" in table and "✓" in table
+
+
+def test_bench_hacking_sweeps_kl_and_reports_the_held_out_judge(tmp_path):
+    """benchmarks/bench_hacking.py end to end, shortened: two kl_beta values, one seed, the table and the merge."""
+    import bench_hacking
+
+    out = tmp_path / "hacking.json"
+    res = bench_hacking.main(["--kl", "0,0.1", "--seeds", "1", "--iterations", "2", "--eval-every", "1",
+                              "--out", str(out)])
+    assert set(res["by_kl"]) == {"0.0", "0.1"} and res["best_kl_beta"] in (0.0, 0.1)
+    run = res["runs"][0]
+    assert [p["iteration"] for p in run["curve"]] == [0, 1, 2]
+    assert run["base"]["hf_ratio"] == 1.0 and run["base"]["diversity_ratio"] == 1.0
+    assert (tmp_path / "hacking.png").exists()
+    merged = bench_hacking.main(["--kl", "1", "--seeds", "1", "--iterations", "2", "--eval-every", "1",
+                                 "--out", str(out), "--merge"])
+    assert set(merged["by_kl"]) == {"0.0", "0.1", "1.0"} and len(merged["runs"]) == 3
+    assert "| 1.0 |" in bench_hacking.markdown(merged)

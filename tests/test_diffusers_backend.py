@@ -118,7 +118,8 @@ def test_one_iteration_nfe_and_lora_exports(saved, tmp_path, family):
     h = trainer.history[0]
     per_tree = expected_nfe(cfg.tree, guidance=cfg.cfg)
     assert h["nfe"] == 2 * per_tree
-    sample_rows = sum(rows) - h["forwards"] * (2 if cfg.cfg > 1 else 1)  # the rest were update forwards
+    # the rest were update forwards: the policy's and, for the KL term, the reference's (LoRA off)
+    sample_rows = sum(rows) - (h["forwards"] + h["ref_forwards"]) * (2 if cfg.cfg > 1 else 1)
     assert sample_rows == 2 * per_tree, (sum(rows), h)
     assert h["edges"] > 0 and h["grad_norm"] > 0
 

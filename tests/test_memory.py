@@ -85,7 +85,7 @@ def test_cli_demo_every_phase_is_predicted(tmp_path, microbatch):
     tr = Trainer(cfg, policy, rewards, progress=False)
     wl = tr.workload()
     fp = memory.probe_policy(policy, cfg.prompts[0], cfg.cfg, tr.params, rewards=list(rewards.values()),
-                             **memory.probe_rows(wl))
+                             kl=cfg.optim.kl_beta > 0, **memory.probe_rows(wl))
     _check(memory.phases(fp, wl), _measure(tr), memory.PHASES)
 
 
@@ -106,7 +106,7 @@ def test_comfy_families_sampling_and_update_are_predicted(comfyui_pack, tmp_path
     with torch.inference_mode(False):
         tr = Trainer(cfg, policy, rewards, progress=False)
         wl = dataclasses.replace(tr.workload(), checkpointing=checkpointing)
-        fp = memory.probe_policy(policy, "p", cfg.cfg, tr.params, **memory.probe_rows(wl))
+        fp = memory.probe_policy(policy, "p", cfg.cfg, tr.params, kl=cfg.optim.kl_beta > 0, **memory.probe_rows(wl))
         assert fp.update_ckpt is not None and fp.update_ckpt(3) < fp.update(3)
         _check(memory.phases(fp, wl), _measure(tr), ("sample", "update"))
 
@@ -168,7 +168,7 @@ def test_a_small_budget_turns_checkpointing_on_and_a_tiny_one_stops_before_sampl
     tr = Trainer(cfg, policy, rewards, progress=False)
     wl = tr.workload()
     fp = memory.probe_policy(policy, cfg.prompts[0], cfg.cfg, tr.params, rewards=list(rewards.values()),
-                             **memory.probe_rows(wl))
+                             kl=cfg.optim.kl_beta > 0, **memory.probe_rows(wl))
     assert fp.update_ckpt is not None and fp.update_ckpt(8) < fp.update(8) / 2
 
     def least(ckpt):

@@ -4,6 +4,7 @@ import json
 
 import comfy_harness as ch
 from behaviour_fixture import lora_digest
+from treegrpo.config import OptimConfig
 from treegrpo.lora import read_lora_file
 
 PROMPT = "a red circle"
@@ -21,7 +22,7 @@ def step_graph(run_name: str) -> dict:
         "empty": {"class_type": "EmptyImage", "inputs": {"width": 16, "height": 16, "batch_size": 3, "color": 0}},
         "lat": {"class_type": "VAEEncode", "inputs": {"pixels": ["empty", 0], "vae": ["d", 2]}},
         "run": {"class_type": "TreeGRPOTrainerState", "inputs": {
-            "run_name": run_name, **LORA, "clip_range": 1e-4, "kl_beta": 0.0, "seed": 0,
+            "run_name": run_name, **LORA, "clip_range": 1e-4, "kl_beta": OptimConfig().kl_beta, "seed": 0,
             "gradient_checkpointing": "off"}},
         "tree": {"class_type": "TreeGRPOTreeSampler", "inputs": {
             "model": ["d", 0], "positive": ["pos", 0], "negative": ["neg", 0], "latent": ["lat", 0], "seed": 0,

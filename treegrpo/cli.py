@@ -105,7 +105,7 @@ def demo_config_dict() -> dict:
         "advantage": {"backup": "softmax", "flat_floor": 1e-3},
         "lora": {"rank": 8, "alpha": 16.0, "targets": ["to_q", "to_k", "to_v", "to_out"]},
         "optim": {"lr": 3e-3, "clip_range": 1e-4, "microbatch": 256},
-        "iterations": 50, "prompts_per_iter": 24, "trees_per_prompt": 1, "seed": 0,
+        "iterations": 80, "prompts_per_iter": 24, "trees_per_prompt": 1, "seed": 0,
         "eval_every": 10, "eval_seeds": 4, "checkpoint_every": 0, "output_dir": "treegrpo_demo_out",
         "run_name": "treegrpo_demo", "device": "cpu",
     }
@@ -232,9 +232,15 @@ def cmd_demo(ns) -> int:
         results["trajectory_baseline"] = {"evals": base_tr.evals, "summary": base_sum}
         curves["trajectory GRPO"] = base_tr.evals
     curve_png = reward_curves(curves, os.path.join(out, "reward_curve.png"), "eval reward (prompt adherence)")
+    first, last = (tree_tr.evals[0], tree_tr.evals[-1]) if tree_tr.evals else ({}, {})
     summary = {
         "lora": tree_sum["lora"], "reward_curve": curve_png, "sample_grid": grid,
-        "base_reward": tree_tr.evals[0]["eval_reward"] if tree_tr.evals else None,
+        "best_lora": tree_tr.best_lora_path if os.path.exists(tree_tr.best_lora_path) else None,
+        "best_eval": tree_sum["best_eval"], "warnings": tree_sum["warnings"],
+        "base_reward": first.get("eval_reward"), "base_judge": first.get("eval_judge"),
+        "tree_final_judge": last.get("eval_judge"),
+        "hf_energy_ratio": (last["eval_hf_energy"] / first["eval_hf_energy"]
+                            if first.get("eval_hf_energy") else None),
         "tree_final_reward": tree_sum["final_eval"]["eval_reward"] if tree_sum["final_eval"] else None,
         "tree_train_time_s": tree_tr.train_time, "tree_iterations": tree_tr.iteration,
         "wall_time_s": time.perf_counter() - t0, "config": cfg.to_dict(),
@@ -247,6 +253,10 @@ def cmd_demo(ns) -> int:
     atomic_write_json(os.path.join(out, "summary.json"), summary)
     print(f"[treegrpo demo] eval reward: base {summary['base_reward']:.3f} -> TreeGRPO {summary['tree_final_reward']:.3f}"
           + (f" | trajectory GRPO (same time) {summary['baseline_final_reward']:.3f}" if "baseline_final_reward" in summary else ""))
+    if summary["base_judge"] is not None:
+        print(f"[treegrpo demo] held-out judge (never trained on): base {summary['base_judge']:.3f} -> TreeGRPO "
+              f"{summary['tree_final_judge']:.3f}; high-frequency energy {summary['hf_energy_ratio']:.2f}x the base "
+              f"model's; {len(summary['warnings'])} hacking warning(s)")
     print(f"[treegrpo demo] wrote {summary['lora']}, {curve_png}, {grid}, {os.path.join(out, 'summary.json')}")
     return 0
 

@@ -258,7 +258,8 @@ class OptimConfig:
     lr: float = _f(3e-4, "AdamW learning rate")
     weight_decay: float = _f(0.0, "AdamW weight decay")
     clip_range: float = _f(1e-4, "PPO ratio clip epsilon")
-    kl_beta: float = _f(0.0, "weight of the KL term to the LoRA-disabled reference")
+    kl_beta: float = _f(0.1, "weight of the KL term to the LoRA-disabled reference (0.1: the best held-out judge "
+                             "score of {0, 1e-3, 1e-2, 3e-2, 0.1, 0.3, 1, 10} on the demo, benchmarks/bench_hacking.py)")
     max_grad_norm: float = _f(1.0, "gradient clipping norm (0 = off)")
     microbatch: int = _f(64, "parent nodes per forward/backward (gradient accumulation over microbatches)")
     updates_per_batch: int = _f(1, "optimiser passes over each batch of trees")
@@ -360,8 +361,9 @@ class SignalsConfig:
     """Reward-hacking signals at every evaluation (``treegrpo.signals``): the warnings they raise and the best
     checkpoint they select."""
 
-    judge_drop: float = _f(0.03, "warn when a held-out judge falls this far below its best while the training "
-                                 "reward is above its value there (0 = off)")
+    judge_drop: float = _f(0.05, "warn when a held-out judge falls this far below its best while the training "
+                                 "reward is above its value there (0 = off; runs without hacking dipped up to "
+                                 "0.035 on the demo)")
     diversity_floor: float = _f(0.5, "warn when the samples' diversity falls below this fraction of the base "
                                       "model's (0 = off)")
     hf_ceiling: float = _f(1.5, "warn when the samples' high-frequency energy exceeds this multiple of the base "

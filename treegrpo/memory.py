@@ -416,11 +416,13 @@ def probe_rows(wl: Workload) -> dict:
 def probe_policy(policy, prompt: str, guidance: float, params: Sequence[torch.Tensor], *,
                  rewards: Sequence[Callable] = (), fake=True, sample_rows: Sequence[int] = (1, 2),
                  update_rows: Sequence[int] = (1, 2), decode_rows: Sequence[int] = (1, 2),
-                 reward_rows: Sequence[int] = (1, 2)) -> Footprint:
+                 reward_rows: Sequence[int] = (1, 2), kl: bool = False) -> Footprint:
     """Measure ``policy`` (see the module docstring) at its latent size; ``params`` are the trainable LoRA
     parameters, ``rewards`` the reward callables ``(images (B, 3, H, W), prompts) -> (B,)``. Each phase's call is
     measured at the row counts given (and 1), so the curves are exact where the plan looks. ``fake=False``
-    measures with real tensors (tests); a FakeTensorMode measures a model built in it (the benchmark)."""
+    measures with real tensors (tests); a FakeTensorMode measures a model built in it (the benchmark). ``kl``: the
+    update also runs the reference forward (LoRA off, no grad) while the graph of the policy's forward is alive,
+    as the update does for ``optim.kl_beta > 0``."""
     shape = tuple(policy.latent_shape())
     sigmas = policy.sigmas(10)
     params = list(params)
@@ -434,6 +436,9 @@ def probe_policy(policy, prompt: str, guidance: float, params: Sequence[torch.Te
         def call(x):
             with torch.set_grad_enabled(grad):
                 out = policy.denoise(x, sigma.to(policy.device), cond, guidance)
+                if grad and kl:
+                    with torch.no_grad(), policy.lora_disabled():
+                        policy.denoise(x, sigma.to(policy.device), cond, guidance)
                 if grad:
                     torch.autograd.grad(out.float().sum(), params, allow_unused=True)
                 return None

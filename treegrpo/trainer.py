@@ -266,7 +266,7 @@ class Trainer:
         self.assign(batch, self.score(batch))
         return self.record(batch, self.update(batch))
 
-    _SUMMED = ("flat_trees", "nfe", "edges", "parents", "forwards")
+    _SUMMED = ("flat_trees", "nfe", "edges", "parents", "forwards", "ref_forwards")
     _PER_EDGE = ("loss", "kl", "ratio_mean", "clip_frac")
 
     def _pool_over_ranks(self, stats: dict, raw: dict[str, torch.Tensor]) -> None:
@@ -532,7 +532,7 @@ class Trainer:
         rewards = [self.rewards[n] for n in self.weights] if self.rewards else []
         wl = self.workload()
         fp = memory.probe_policy(self.policy, self.prompts[0], self.cfg.cfg, self.params, rewards=rewards, fake=fake,
-                                 **memory.probe_rows(wl))
+                                 kl=self.cfg.optim.kl_beta > 0, **memory.probe_rows(wl))
         p = memory.plan(fp, wl, budget, suggest=lambda short: memory.smallest_change(fp, wl, budget, fixed),
                         **fixed)
         self.apply_plan(p)

@@ -104,7 +104,7 @@ def backward_edges(policy: Policy, batch: TreeBatch, edges: EdgeSet, cfg: OptimC
 
     The loss is ``Σ_edges weight_e·[surrogate_e + β·KL_e] / E``, so microbatches add up to the full-batch
     gradient."""
-    out = {"loss": 0.0, "kl": 0.0, "ratio_mean": 1.0, "clip_frac": 0.0, "forwards": 0}
+    out = {"loss": 0.0, "kl": 0.0, "ratio_mean": 1.0, "clip_frac": 0.0, "forwards": 0, "ref_forwards": 0}
     if edges.n_edges == 0:
         return out
     bounds = torch.searchsorted(edges.edge_parent, torch.arange(edges.n_parents + 1, device=edges.edge_parent.device))
@@ -124,6 +124,7 @@ def backward_edges(policy: Policy, batch: TreeBatch, edges: EdgeSet, cfg: OptimC
         if cfg.kl_beta > 0:
             with torch.no_grad(), policy.lora_disabled():
                 mean_ref, _ = policy_mean(policy, batch, *args)
+            out["ref_forwards"] += p1 - p0
             kl = kl_to_reference(mean, mean_ref, std, batch.reduction)[local]
             loss = loss + cfg.kl_beta * (wt * kl).sum() / edges.n_edges
             tot_kl += float(kl.detach().sum())
