@@ -61,7 +61,11 @@ def summary(train: list[dict], evals: list[dict]) -> dict:
             **{k: statistics.mean(h[k] for h in train) for k in ("t_sample", "t_decode", "t_reward", "t_update")},
             "train_time_s": sum(t), "eval": [(e["iteration"], e["eval_reward"]) for e in evals],
             "base_reward": evals[0]["eval_reward"], "final_reward": evals[-1]["eval_reward"],
-            "gain": evals[-1]["eval_reward"] - evals[0]["eval_reward"]}
+            "gain": evals[-1]["eval_reward"] - evals[0]["eval_reward"],
+            # the held-out judge and the texture signal, where the run had them
+            "judge": [(e["iteration"], e["eval_judge"]) for e in evals if e.get("eval_judge") is not None],
+            "hf_ratio": (evals[-1]["eval_hf_energy"] / evals[0]["eval_hf_energy"]
+                         if evals[0].get("eval_hf_energy") else None)}
 
 
 def run_seed(rt, api: dict, nid: str, seed: int, tmp: str, skip_cli: bool) -> dict:
