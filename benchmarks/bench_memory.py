@@ -181,7 +181,7 @@ def probe(name: str, prompts_per_iter: int, rank: int):
     """The Train node's policy on the model built in a fake mode, measured by ``memory.probe_policy`` in it."""
     from treegrpo import memory
     from treegrpo.comfyui.policy import DEFAULT_TARGETS, ComfyPolicy
-    from treegrpo.config import LoraConfig
+    from treegrpo.config import LoraConfig, OptimConfig
 
     mode = memory.fake_mode()
     with mode:
@@ -197,7 +197,7 @@ def probe(name: str, prompts_per_iter: int, rank: int):
         wl = memory.Workload(trees=prompts_per_iter, branching=(2, 2, 2), microbatch=64,
                              decode_batch=pol.decode_batch, reward_batch=reward.batch_size)
         fp = memory.probe_policy(pol, "p", cfg_scale, list(pol.lora.parameters()), rewards=[reward], fake=mode,
-                                 **memory.probe_rows(wl))
+                                 kl=OptimConfig().kl_beta > 0, **memory.probe_rows(wl))   # the default's KL term
     return fp, wl, px, cfg_scale, shape
 
 

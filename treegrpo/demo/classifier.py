@@ -1,4 +1,4 @@
-"""A small CNN that names the colour and the shape of a 3×16×16 demo image (the demo's judge).
+"""A small CNN that names the colour and the shape of a 3×16×16 demo image (the demo's training reward).
 
 Trained by ``treegrpo.demo.pretrain`` on generator images with noise / blur / colour augmentation so
 that it also judges imperfect model samples sensibly. Input: images in [0, 1].
@@ -56,37 +56,41 @@ class DemoClassifier(nn.Module):
         return colour.float().softmax(-1), shape.float().softmax(-1)
 
 
+def save_labelled(model: nn.Module, path: str | os.PathLike, fmt: str, extra_metadata: dict[str, str] | None = None):
+    """Write a colour + shape classifier (this one or the judge) as float32 safetensors with its format, config and
+    vocabularies in the metadata (atomic)."""
+    meta = {"format": fmt, "config": json.dumps(asdict(model.config), sort_keys=True),
+            "colours": json.dumps(list(COLOURS)), "shapes": json.dumps(list(SHAPES))}
+    save_weights(model, path, {**meta, **(extra_metadata or {})})
+
+
+def load_labelled(path: Path, fmt: str, config_cls, model_cls, what: str, device) -> nn.Module:
+    """Read a file :func:`save_labelled` wrote: check its format, config fields and vocabularies against this code,
+    build ``model_cls(config_cls(...))`` and load it, in eval mode without gradients."""
+    state, meta = read_safetensors(path, what)
+    if meta.get("format") != fmt or "config" not in meta:
+        raise ValueError(f"{str(path)!r} is not a {what} file (metadata format={meta.get('format')!r}, expected "
+                         f"{fmt!r} with a 'config' entry); {REGENERATE_HINT}")
+    data = json.loads(meta["config"])
+    known = {f.name for f in fields(config_cls)}
+    if set(data) - known:
+        raise ValueError(f"{what} at {str(path)!r}: unknown config fields {sorted(set(data) - known)}")
+    for key, vocab in (("colours", COLOURS), ("shapes", SHAPES)):
+        if key in meta and json.loads(meta[key]) != list(vocab):
+            raise ValueError(f"{what} at {str(path)!r} was trained on {key} {json.loads(meta[key])}, but this code "
+                             f"has {list(vocab)}; {REGENERATE_HINT}")
+    model = model_cls(config_cls(**data))
+    check_state_dict(model, state, what, path)
+    model.load_state_dict(state)
+    return model.to(device).eval().requires_grad_(False)
+
+
 def save_classifier(model: DemoClassifier, path: str | os.PathLike, extra_metadata: dict[str, str] | None = None) -> None:
     """Write float32 safetensors with the config in the metadata (atomic)."""
-    meta = {
-        "format": FORMAT,
-        "config": json.dumps(asdict(model.config), sort_keys=True),
-        "colours": json.dumps(list(COLOURS)),
-        "shapes": json.dumps(list(SHAPES)),
-    }
-    save_weights(model, path, {**meta, **(extra_metadata or {})})
+    save_labelled(model, path, FORMAT, extra_metadata)
 
 
 def load_classifier(path: str | os.PathLike | None = None, device: str | torch.device = "cpu") -> DemoClassifier:
     """Load the demo classifier (default: the shipped ``assets/demo_classifier.safetensors``), in eval mode."""
     path = Path(path) if path is not None else DEFAULT_CLASSIFIER_PATH
-    state, meta = read_safetensors(path, "demo classifier")
-    if meta.get("format") != FORMAT or "config" not in meta:
-        raise ValueError(
-            f"{str(path)!r} is not a demo classifier file (metadata format={meta.get('format')!r}, "
-            f"expected {FORMAT!r} with a 'config' entry); {REGENERATE_HINT}"
-        )
-    data = json.loads(meta["config"])
-    known = {f.name for f in fields(ClassifierConfig)}
-    if set(data) - known:
-        raise ValueError(f"demo classifier at {str(path)!r}: unknown config fields {sorted(set(data) - known)}")
-    for key, vocab in (("colours", COLOURS), ("shapes", SHAPES)):
-        if key in meta and json.loads(meta[key]) != list(vocab):
-            raise ValueError(
-                f"demo classifier at {str(path)!r} was trained on {key} {json.loads(meta[key])}, "
-                f"but this code has {list(vocab)}; {REGENERATE_HINT}"
-            )
-    model = DemoClassifier(ClassifierConfig(**data))
-    check_state_dict(model, state, "demo classifier", path)
-    model.load_state_dict(state)
-    return model.to(device).eval().requires_grad_(False)
+    return load_labelled(path, FORMAT, ClassifierConfig, DemoClassifier, "demo classifier", device)

@@ -8,16 +8,16 @@ draw. Trained by ``treegrpo.demo.pretrain`` (``--only judge``); ``demo_judge`` i
 """
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .model import ASSETS, REGENERATE_HINT, check_state_dict, read_safetensors, save_weights
+from .classifier import load_labelled, save_labelled
+from .model import ASSETS
 from .shapes import COLOURS, RESOLUTION, SHAPES
 
 DEFAULT_JUDGE_PATH = ASSETS / "demo_judge.safetensors"
@@ -73,27 +73,10 @@ class DemoJudge(nn.Module):
 
 def save_judge(model: DemoJudge, path: str | os.PathLike, extra_metadata: dict[str, str] | None = None) -> None:
     """Write float32 safetensors with the config in the metadata (atomic)."""
-    meta = {"format": FORMAT, "config": json.dumps(asdict(model.config), sort_keys=True),
-            "colours": json.dumps(list(COLOURS)), "shapes": json.dumps(list(SHAPES))}
-    save_weights(model, path, {**meta, **(extra_metadata or {})})
+    save_labelled(model, path, FORMAT, extra_metadata)
 
 
 def load_judge(path: str | os.PathLike | None = None, device: str | torch.device = "cpu") -> DemoJudge:
     """Load the judge (default: the shipped ``assets/demo_judge.safetensors``), in eval mode."""
     path = Path(path) if path is not None else DEFAULT_JUDGE_PATH
-    state, meta = read_safetensors(path, "demo judge")
-    if meta.get("format") != FORMAT or "config" not in meta:
-        raise ValueError(f"{str(path)!r} is not a demo judge file (metadata format={meta.get('format')!r}, "
-                         f"expected {FORMAT!r}); {REGENERATE_HINT}")
-    data = json.loads(meta["config"])
-    known = {f.name for f in fields(JudgeConfig)}
-    if set(data) - known:
-        raise ValueError(f"demo judge at {str(path)!r}: unknown config fields {sorted(set(data) - known)}")
-    for key, vocab in (("colours", COLOURS), ("shapes", SHAPES)):
-        if key in meta and json.loads(meta[key]) != list(vocab):
-            raise ValueError(f"demo judge at {str(path)!r} was trained on {key} {json.loads(meta[key])}, but this "
-                             f"code has {list(vocab)}; {REGENERATE_HINT}")
-    model = DemoJudge(JudgeConfig(**data))
-    check_state_dict(model, state, "demo judge", path)
-    model.load_state_dict(state)
-    return model.to(device).eval().requires_grad_(False)
+    return load_labelled(path, FORMAT, JudgeConfig, DemoJudge, "demo judge", device)
