@@ -10,6 +10,11 @@ at a local diffusers folder; the same split is reported.
     python benchmarks/bench_families.py --random-size real --device cuda --height 512 --out results/families_gpu.json
     python benchmarks/bench_families.py --random-size real --families sd35m --methods tree,traj_window,traj_all \
         --device cuda --height 512      # the paper's per-iteration comparison at SD3.5-Medium size
+    python benchmarks/bench_families.py --comfy [--families WAN21_T2V,QwenImage] --out results/families_comfy.json
+
+``--comfy`` times every family ComfyUI trains (treegrpo/comfyui/families.py) on a tiny random instance of
+ComfyUI's own class (tests/comfy_test_pack/families.py), through the Train node's ComfyPolicy and Trainer in a
+ComfyUI 0.3.75 booted in this process: the same split per iteration, video families decoding a few frames.
 
 ``--methods`` times TreeGRPO (k=2, w=3) and the two trajectory baselines with the same 8 leaves per prompt on
 each model: the time per iteration and its split, the quantity the paper's 2.4x is about (it does not
@@ -68,7 +73,8 @@ def summarize(trainer, family: str, t0: float, device: str, method: str = "tree"
     hist = trainer.history[1:]  # the first iteration warms up (allocations, lazy imports, autotuning)
     row = {"family": family, "method": method, "iterations": len(hist), "nfe_per_iter": hist[0]["nfe"],
            "lora_params": sum(p.numel() for p in trainer.params), "wall_s": time.perf_counter() - t0,
-           "denoiser_params": sum(p.numel() for p in trainer.policy.model.parameters())}
+           "denoiser_params": trainer.policy.denoiser_parameters() if hasattr(trainer.policy, "denoiser_parameters")
+           else sum(p.numel() for p in trainer.policy.model.parameters())}
     for k in PARTS:
         row[k] = sum(h[k] for h in hist) / len(hist)
     if device.startswith("cuda"):
@@ -120,6 +126,42 @@ def run_random(name: str, iterations: int, device: str, out: str, height: int, l
     return rows
 
 
+def run_comfy(names: list[str], iterations: int) -> list[dict]:
+    """Each ComfyUI family's tiny instance trained for ``iterations`` (+1 warm-up) by the Trainer through
+    ComfyPolicy (what the Train node runs): k=2, w=2 trees of T=6, 2 prompts, CFG 2 with a negative prompt."""
+    import comfy_harness as ch
+    ch.boot_comfy(None, tempfile.mkdtemp(prefix="bench_families-"))
+    from comfy_test_pack.families import build, vae_for
+    from treegrpo.comfyui.families import FAMILIES
+    from treegrpo.comfyui.policy import ComfyPolicy
+    from treegrpo.config import TrainConfig
+    from treegrpo.rewards.base import load_reward
+    from treegrpo.trainer import Trainer
+
+    rows = []
+    for name in names:
+        patcher, pos, neg, latent = build(name)
+        video = len(latent) == 4 and latent[1] > 1
+        cfg = TrainConfig(backend="comfy", prompts=["a", "b"], cfg=2.0, rewards=[{"name": "jpeg_compressibility",
+                                                                               "weight": 1.0}],
+                          tree={"steps": 6, "window_start": 1, "window_width": 2, "branch": 2},
+                          lora={"rank": 4, "alpha": 4.0, "targets": ["auto"]}, optim={"lr": 1e-3},
+                          iterations=iterations + 1, prompts_per_iter=2, eval_every=0, checkpoint_every=0,
+                          output_dir=tempfile.mkdtemp(prefix="bench_families_out-"), run_name=f"bench_{name}",
+                          video={"frames": 5, "reward_frames": 2, "frame_stride": 4})
+        t0 = time.perf_counter()
+        with torch.inference_mode(False):
+            policy = ComfyPolicy(patcher, ["a", "b"], [(pos, neg), (pos, neg)], latent, vae=vae_for(name),
+                                 lora_cfg=cfg.lora, video=cfg.video)
+            trainer = Trainer(cfg, policy, {"jpeg_compressibility": load_reward("jpeg_compressibility")},
+                              progress=False, base_model_name=name)
+            trainer.train()
+        row = summarize(trainer, name, t0, "cpu", "tree")
+        row.update(label=FAMILIES[name].label, media="video" if video else "image", latent=list(latent))
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iterations", type=int, default=4, help="timed iterations per family (after one warm-up)")
@@ -134,15 +176,29 @@ def main() -> None:
                     "(a CPU smoke test of the real widths)")
     ap.add_argument("--methods", default="tree", help="comma-separated methods to time on each model "
                     f"({', '.join(METHOD_TREES)})")
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "families.json"))
+    ap.add_argument("--comfy", action="store_true", help="time every family ComfyUI trains, on tiny instances of "
+                    "ComfyUI's own classes (--families: class names; default all)")
+    ap.add_argument("--out", default=None, help="results file (default results/families.json, with --comfy "
+                    "results/families_comfy.json)")
     args = ap.parse_args()
+    args.out = args.out or os.path.join(HERE, "results", "families_comfy.json" if args.comfy else "families.json")
     bad = [m for m in args.methods.split(",") if m not in METHOD_TREES]
     if bad:
         ap.error(f"unknown --methods {bad}; choose from {list(METHOD_TREES)}")
     torch.set_num_threads(args.threads)
     rows = []
+    if args.comfy:
+        from treegrpo.comfyui.families import FAMILIES
+        names = [n for n, f in FAMILIES.items() if f.trains] if args.families == "sd,sd_v,sdxl,sd3,flux" else \
+            args.families.split(",")
+        rows = run_comfy(names, args.iterations)
+        for r in rows:
+            print(f"{r['family']:20s} NFE/it {r['nfe_per_iter']:4d}  "
+                  + "  ".join(f"{k[2:]} {r[k]:.3f}s" for k in PARTS), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        if args.random_size == "real":
+        if args.comfy:
+            targets = []
+        elif args.random_size == "real":
             names = args.families.split(",") if args.families != "sd,sd_v,sdxl,sd3,flux" else ["sd15", "sdxl", "sd35m", "flux"]
             for name in names:
                 for r in run_random(name, args.iterations, args.device, os.path.join(tmp, "out_" + name),
@@ -167,6 +223,14 @@ def main() -> None:
     from treegrpo.io import atomic_write_json
     atomic_write_json(args.out, {"threads": args.threads, "device": args.device, "torch": torch.__version__,
                                  "random_size": args.random_size, "height": args.height, "rows": rows})
+    if args.comfy:
+        print("\n| family (ComfyUI class) | latent | NFE/iter | sampling s | decode s | reward s | update s | iteration s |")
+        print("|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['label']} (`{r['family']}`) | {'×'.join(map(str, r['latent']))} | {r['nfe_per_iter']} | "
+                  f"{r['t_sample']:.3f} | {r['t_decode']:.3f} | {r['t_reward']:.3f} | {r['t_update']:.3f} | "
+                  f"{r['t_iter']:.3f} |")
+        return
     print("\n| family | method | NFE/iter | sampling s | decode s | reward s | update s | iteration s | update share "
           "| ÷ tree |")
     print("|---|---|---|---|---|---|---|---|---|---|")

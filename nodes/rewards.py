@@ -10,8 +10,10 @@ from comfy_api.latest import io
 from treegrpo.comfyui.session import ManagedReward
 from treegrpo.rewards.base import available, check_options, load_reward, reward_options
 from treegrpo.rewards.scoring import score_images
+from treegrpo.video import group_frames
 
 from .sockets import CATEGORY, PackNode, RewardModel, Rewards
+from .widgets import config_default, widget
 
 FOLDER = "reward_models"
 NO_FILE = "(none: built-in weights or none needed)"
@@ -103,6 +105,12 @@ class RewardScorer(PackNode):
                 io.Float.Input("weight", default=1.0, min=0.0, max=100.0, step=0.05,
                                tooltip="weight of this reward in the combination"),
                 Rewards.Input("rewards", optional=True, tooltip="rewards from another scorer to combine with"),
+                io.Int.Input("frames_per_video", default=1, min=1, max=10000, optional=True,
+                             tooltip="video leaves: the frames one decoded video has (VAEDecode gives every video's "
+                                     "frames in order); each video gets one reward, the mean over its scored frames. "
+                                     "1 = images"),
+                widget(io.Int, "reward_frames", min=1, max=1000, optional=True),
+                widget(io.Int, "frame_stride", min=1, max=1000, optional=True),
             ],
             outputs=[Rewards.Output(display_name="rewards",
                                      tooltip="per-leaf rewards (this one and the chained ones), for Advantage Backup")],
@@ -113,9 +121,12 @@ class RewardScorer(PackNode):
         return cls.check_dependencies()
 
     @classmethod
-    def execute(cls, images, reward_model, prompt, weight, rewards=None):
-        out = score_images(reward_model["model"], reward_model["name"], images.movedim(-1, 1), prompt, weight,
-                           previous=rewards)
+    def execute(cls, images, reward_model, prompt, weight, rewards=None, frames_per_video=1, reward_frames=None,
+                frame_stride=None):
+        videos = group_frames(images.movedim(-1, 1), frames_per_video or 1,
+                              reward_frames or config_default("reward_frames"),
+                              frame_stride or config_default("frame_stride"))
+        out = score_images(reward_model["model"], reward_model["name"], videos, prompt, weight, previous=rewards)
         return io.NodeOutput(out)
 
 

@@ -5,6 +5,7 @@ import comfy.samplers
 from comfy_api.latest import io
 
 from treegrpo.comfyui.demo import load_demo_comfy
+from treegrpo.comfyui.families import check_trainable
 from treegrpo.comfyui.session import sample_tree
 from treegrpo.config import ConfigError, TreeConfig
 
@@ -112,6 +113,7 @@ class TreeSampler(PackNode):
     def execute(cls, model, positive, negative, latent, seed, cfg, scheduler, steps, window_start, window_width,
                 branch, noise_level, window_schedule, trees_per_latent, prompt, run=None, antithetic=True,
                 tail_solver=None, tail_steps=None):
+        check_trainable(model)   # a refused family or sampling: before any work
         bad = cls.check_combos(scheduler=scheduler, window_schedule=window_schedule, tail_solver=tail_solver)
         if bad is not True:   # checked here, not in validate_inputs: ComfyUI would repeat it per parameter
             raise ValueError(bad)

@@ -6,16 +6,28 @@ import json
 import comfy.samplers
 from comfy_api.latest import io, ui
 
-from treegrpo.comfyui.policy import DEFAULT_TARGETS
+from treegrpo.comfyui.families import check_trainable, parse_targets, targets_tooltip
 from treegrpo.comfyui.session import (RunState, latent_shape_for, patched_model, run_previews, train_full,
                                       train_step)
 from treegrpo.config import (AdvantageConfig, ConfigError, LoraConfig, MemoryConfig, OptimConfig, TrainConfig,
-                             check_run_name)
+                             VideoConfig, check_run_name)
 from treegrpo.lora import LoraDict
 
 from .sampling import tail_inputs, tree_config, tree_inputs, validate_tree
 from .sockets import CATEGORY, PackNode, RewardModel, Run, Tree
 from .widgets import widget
+
+
+def targets_input():
+    """The LoRA targets (optional, last on its node): ``auto`` = the model family's attention and MLP layers."""
+    return io.String.Input("lora_targets", default="auto", optional=True, tooltip=targets_tooltip())
+
+
+def video_inputs():
+    """Video families: the videos' length and the frames the rewards score (optional, last on the Train node)."""
+    return [widget(io.Int, "frames", min=1, max=1024, optional=True),
+            widget(io.Int, "reward_frames", min=1, max=1024, optional=True),
+            widget(io.Int, "frame_stride", min=1, max=1024, optional=True)]
 
 
 def lora_inputs():
@@ -42,6 +54,7 @@ class TrainerState(PackNode):
                 widget(io.Combo, "gradient_checkpointing", "recompute blocks in backward (less memory, ~1.5x the "
                        "update time); auto: on when the memory plan (made before the run's first tree, on a GPU) "
                        "needs it", options=["auto", "on", "off"], optional=True),
+                targets_input(),
             ],
             outputs=[Run.Output(display_name="run", tooltip="to the Tree Sampler and the Trainer Step")],
         )
@@ -53,21 +66,24 @@ class TrainerState(PackNode):
         return RunState.iteration_of(run_name)
 
     @classmethod
-    def validate_inputs(cls, run_name=None, gradient_checkpointing=None):
+    def validate_inputs(cls, run_name=None, gradient_checkpointing=None, lora_targets=None):
         deps = cls.check_dependencies()
         if deps is not True:
             return deps
-        if run_name is not None:
-            try:
+        try:
+            if run_name is not None:
                 check_run_name(run_name)
-            except ConfigError as e:
-                return str(e)
+            if lora_targets is not None:
+                parse_targets(lora_targets)
+        except (ConfigError, ValueError) as e:
+            return str(e)
         return cls.check_combos(gradient_checkpointing=gradient_checkpointing)
 
     @classmethod
     def execute(cls, run_name, lora_rank, lora_alpha, learning_rate, clip_range, kl_beta, seed,
-                gradient_checkpointing="auto"):
-        return io.NodeOutput(RunState.get(run_name, LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=DEFAULT_TARGETS),
+                gradient_checkpointing="auto", lora_targets="auto"):
+        targets = parse_targets(lora_targets or "auto")
+        return io.NodeOutput(RunState.get(run_name, LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=targets),
                                           OptimConfig(lr=learning_rate, clip_range=clip_range, kl_beta=kl_beta), seed,
                                           checkpointing_choice(gradient_checkpointing)))
 
@@ -147,6 +163,12 @@ class Train(PackNode):
                        "memory plan needs it", options=["auto", "on", "off"], optional=True),
                 widget(io.Combo, "tiled_decode", "decode the leaves in tiles (less memory, slower decode); auto: when "
                        "the memory plan needs it", options=["auto", "on", "off"], optional=True),
+                targets_input(),
+                *video_inputs(),
+                io.Float.Input("guidance", default=0.0, min=0.0, max=100.0, step=0.1, optional=True,
+                               tooltip="embedded (distilled) guidance of Flux-style models (Flux.1 dev, Flux.2, "
+                                       "HunyuanVideo), as ComfyUI's FluxGuidance node sets it; 0 = the model's "
+                                       "default (3.5 for Flux). Other families ignore it; they use cfg"),
             ],
             outputs=[io.Model.Output(display_name="model", tooltip="the model with the trained LoRA applied"),
                      io.LoraModel.Output(display_name="lora", tooltip="the LoRA, for TreeGRPO Save LoRA"),
@@ -163,24 +185,30 @@ class Train(PackNode):
         return deps if deps is not True else validate_tree(steps, window_start, window_width, branch)
 
     @classmethod
-    def check_inputs(cls, prompts, run_name, **combos) -> None:
-        """What validation leaves to execution, before any work: prompts, run name, combo values."""
+    def check_inputs(cls, model, prompts, run_name, lora_targets, **combos) -> list[str]:
+        """What validation leaves to execution, before any work: the model's family, prompts, run name, LoRA
+        targets, combo values. Returns the LoRA targets."""
+        check_trainable(model)
         if not [p for p in prompts.splitlines() if p.strip()]:
             raise ValueError("prompts: no prompt given; write one training prompt per line")
         check_run_name(run_name)
+        targets = parse_targets(lora_targets or "auto")
         bad = cls.check_combos(**combos)
         if bad is not True:
             raise ValueError(bad)
+        return targets
 
     @classmethod
     def execute(cls, model, clip, vae, prompts, negative, reward_model, weight_2, width, height, cfg, scheduler,
                 steps, window_start, window_width, branch, noise_level, window_schedule, iterations,
                 prompts_per_iteration, lora_rank, lora_alpha, learning_rate, seed, run_name, eval_every,
                 reward_model_2=None, gradient_checkpointing="auto", antithetic=True, tail_solver=None, tail_steps=None,
-                memory_budget_gb=0.0, offload_rewards="auto", tiled_decode="auto", judge=None):
-        cls.check_inputs(prompts, run_name, scheduler=scheduler, window_schedule=window_schedule,
-                         tail_solver=tail_solver, gradient_checkpointing=gradient_checkpointing,
-                         offload_rewards=offload_rewards, tiled_decode=tiled_decode)
+                memory_budget_gb=0.0, offload_rewards="auto", tiled_decode="auto", judge=None, lora_targets="auto",
+                frames=1, reward_frames=None, frame_stride=None, guidance=0.0):
+        targets = cls.check_inputs(model, prompts, run_name, lora_targets, scheduler=scheduler,
+                                   window_schedule=window_schedule, tail_solver=tail_solver,
+                                   gradient_checkpointing=gradient_checkpointing, offload_rewards=offload_rewards,
+                                   tiled_decode=tiled_decode)
         texts = [p.strip() for p in prompts.splitlines() if p.strip()]
         rewards = {reward_model["name"]: reward_model["model"]}
         specs = [{"name": reward_model["name"], "weight": 1.0}]
@@ -196,20 +224,23 @@ class Train(PackNode):
         tc = TrainConfig(backend="comfy", prompts=texts, negative_prompt=negative, cfg=cfg, rewards=specs, tree=tcfg,
                          eval_rewards=[{"name": n, "weight": 1.0} for n in judges],
                          advantage=AdvantageConfig(),
-                         lora=LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=DEFAULT_TARGETS),
+                         lora=LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=targets),
                          optim=OptimConfig(lr=learning_rate), iterations=iterations,
                          prompts_per_iter=prompts_per_iteration, seed=seed, eval_every=eval_every,
                          eval_seeds=2, checkpoint_every=max(1, min(25, iterations)), run_name=run_name,
                          memory=MemoryConfig(budget_gb=memory_budget_gb or 0.0,
                                              checkpointing=checkpointing_choice(gradient_checkpointing),
                                              offload_rewards=offload_rewards or "auto",
-                                             tiled_decode=tiled_decode or "auto"))
+                                             tiled_decode=tiled_decode or "auto"),
+                         video=VideoConfig(frames=frames or 1,
+                                           reward_frames=reward_frames or VideoConfig().reward_frames,
+                                           frame_stride=frame_stride or VideoConfig().frame_stride))
         r = vae.spacial_compression_decode()
         if width % r or height % r:
             raise ValueError(f"width {width} and height {height} must be multiples of the VAE's scale factor {r}")
-        conds = [(encode(clip, t), encode(clip, negative)) for t in texts]
-        trainer = train_full(model, vae, texts, conds, rewards, tc, latent_shape_for(model, width, height, r),
-                             scheduler=scheduler, judges=judges)
+        shape = latent_shape_for(model, width, height, r, tc.video.frames, vae.temporal_compression_decode() or 1)
+        conds = [(encode(clip, t, guidance), encode(clip, negative, guidance)) for t in texts]
+        trainer = train_full(model, vae, texts, conds, rewards, tc, shape, scheduler=scheduler, judges=judges)
         curve, grid = run_previews(trainer, texts)
         lora = LoraDict(trainer.lora_tensors("comfy"), metadata=trainer.metadata())
         out_model = model.clone()
@@ -225,8 +256,13 @@ def checkpointing_choice(value) -> str:
     return value or "auto"
 
 
-def encode(clip, text: str):
-    return clip.encode_from_tokens_scheduled(clip.tokenize(text))
+def encode(clip, text: str, guidance: float = 0.0):
+    """CONDITIONING of ``text``; ``guidance`` > 0 sets the embedded guidance (what FluxGuidance does)."""
+    cond = clip.encode_from_tokens_scheduled(clip.tokenize(text))
+    if guidance and guidance > 0:
+        import node_helpers
+        cond = node_helpers.conditioning_set_values(cond, {"guidance": float(guidance)})
+    return cond
 
 
 NODES = [TrainerState, TrainerStep, Train]

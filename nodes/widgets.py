@@ -7,7 +7,8 @@ import dataclasses
 
 from comfy_api.latest import io
 
-from treegrpo.config import AdvantageConfig, LoraConfig, MemoryConfig, OptimConfig, TrainConfig, TreeConfig
+from treegrpo.config import (AdvantageConfig, LoraConfig, MemoryConfig, OptimConfig, TrainConfig, TreeConfig,
+                             VideoConfig)
 
 #: widget name → (config dataclass, field)
 CONFIG_WIDGETS = {
@@ -27,6 +28,8 @@ CONFIG_WIDGETS = {
     "eval_every": (TrainConfig, "eval_every"), "run_name": (TrainConfig, "run_name"),
     "gradient_checkpointing": (MemoryConfig, "checkpointing"), "memory_budget_gb": (MemoryConfig, "budget_gb"),
     "offload_rewards": (MemoryConfig, "offload_rewards"), "tiled_decode": (MemoryConfig, "tiled_decode"),
+    "frames": (VideoConfig, "frames"), "reward_frames": (VideoConfig, "reward_frames"),
+    "frame_stride": (VideoConfig, "frame_stride"),
 }
 
 

@@ -24,7 +24,7 @@ import comfy_harness as ch
 REPO = Path(__file__).resolve().parent.parent
 WORKFLOWS = sorted((REPO / "workflows").glob("*.json"))
 DEMO = REPO / "workflows" / "treegrpo_demo_cpu.json"
-VIEWPORT = {"width": 1600, "height": 1000}
+VIEWPORT = {"width": 1600, "height": 1400}
 # screenshot-friendly user settings: no minimap over the graph, text drawn at any zoom (LOD off)
 SETTINGS = {"Comfy.Minimap.Visible": False, "LiteGraph.Canvas.MinFontSizeForLOD": 0}
 DEMO_RUN: dict = {}   # widget values typed into the Train node before Run (none: the shipped defaults are tested)

@@ -5,6 +5,8 @@ gradient checkpointing. A wrong gradient (e.g. from in-place residual adds) fail
 import pytest
 import torch
 
+from lora_gradcheck import lora_gradient_and_difference
+
 from treegrpo.config import LoraConfig
 
 
@@ -41,37 +43,7 @@ def test_lora_gradient_matches_finite_differences(comfyui_pack, arch, guidance, 
         from treegrpo.comfyui.policy import checkpoint_patches
         keys = checkpoint_patches(pol.patcher.model.diffusion_model)
         assert keys and set(keys) <= set(pol.patcher.object_patches)
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn((3, *shape), generator=g)
-    sigma = pol.sigmas(10)[[2, 4, 6]]
-    w = torch.randn((3, *shape), generator=g)
-    cond = pol.encode_prompts(["p", "p", "p"])
-    params = list(pol.lora.parameters())
-    direction = [torch.randn(p.shape, generator=g) for p in params]
-
-    def loss():
-        return (pol.denoise(x, sigma, cond, guidance).double() * w).sum()
-
-    def grad_dot():
-        with torch.enable_grad():
-            for p in params:
-                p.grad = None
-            loss().backward()
-        # a LoRA on a layer whose output the model never uses has no gradient (Qwen-Image's last text stream)
-        return sum((p.grad.double() * d).sum() for p, d in zip(params, direction) if p.grad is not None).item()
-
-    def shifted(eps):
-        with torch.no_grad():
-            for p, d in zip(params, direction):
-                p.add_(eps * d)
-            v = loss().item()
-            for p, d in zip(params, direction):
-                p.sub_(eps * d)
-        return v
-
-    analytic = pol.run(grad_dot)
-    eps = 1e-2
-    numeric = pol.run(lambda: (shifted(eps) - shifted(-eps)) / (2 * eps))
+    analytic, numeric = lora_gradient_and_difference(pol, shape, guidance)
     assert abs(analytic) > 1e-6
     assert analytic == pytest.approx(numeric, rel=3e-2, abs=1e-4)
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 import comfy_harness as ch
-from treegrpo.config import AdvantageConfig, LoraConfig, MemoryConfig, OptimConfig, TrainConfig, TreeConfig
+from treegrpo.config import (AdvantageConfig, LoraConfig, MemoryConfig, OptimConfig, TrainConfig, TreeConfig,
+                             VideoConfig)
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "treegrpo"
@@ -78,6 +79,7 @@ def test_layering_check_catches_an_upward_import(tmp_path, monkeypatch):
 
 #: widgets that set something the config dataclasses do not have (node inputs, not run settings)
 NODE_ONLY = {"prompts", "width", "height", "scheduler", "trees_per_latent", "prompt", "weight", "weight_2",
+             "lora_targets", "frames_per_video", "guidance",
              "reward", "file", "options", "filename_prefix", "text"}
 
 
@@ -109,7 +111,8 @@ def test_every_widget_default_is_its_config_fields(comfyui_pack):
             assert name in CONFIG_WIDGETS, f"{node_id}.{name}: a widget with a default but no config field " \
                                            "(map it in nodes/widgets.py, or list it in NODE_ONLY here)"
             klass, field = CONFIG_WIDGETS[name]
-            assert klass in (TreeConfig, AdvantageConfig, LoraConfig, OptimConfig, MemoryConfig, TrainConfig)
+            assert klass in (TreeConfig, AdvantageConfig, LoraConfig, OptimConfig, MemoryConfig, TrainConfig,
+                             VideoConfig)
             assert opts["default"] == field_default(klass, field), \
                 f"{node_id}.{name} = {opts['default']!r}, but {klass.__name__}.{field} = {field_default(klass, field)!r}"
             checked += 1

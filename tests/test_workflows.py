@@ -8,13 +8,35 @@ import pytest
 import comfy_harness as ch
 
 WORKFLOWS = sorted((Path(__file__).parent.parent / "workflows").glob("*.json"))
-MODEL_FILE_INPUTS = {"ckpt_name", "unet_name", "clip_name1", "clip_name2", "vae_name", "lora_name", "file"}
+MODEL_FILE_INPUTS = {"ckpt_name", "unet_name", "clip_name", "clip_name1", "clip_name2", "vae_name", "lora_name", "file"}
 
 
 def test_all_expected_workflows_are_shipped():
     names = {p.stem for p in WORKFLOWS}
     assert names >= {"treegrpo_demo_cpu", "treegrpo_sd15_lora", "treegrpo_sdxl_lora", "treegrpo_sd35_lora",
-                     "treegrpo_flux_lora", "treegrpo_step_by_step", "compare_base_vs_lora"}
+                     "treegrpo_flux_lora", "treegrpo_step_by_step", "compare_base_vs_lora",
+                     "treegrpo_qwen_image_lora", "treegrpo_zimage_lora", "treegrpo_wan22_t2v_lora"}
+
+
+def test_family_workflows_set_what_their_family_needs(comfyui_pack):
+    """Wan 2.2: 33-frame videos, frames scored 8 apart, CFG with a negative prompt, shift 8; Qwen-Image: CFG and
+    shift 3.1 through ModelSamplingAuraFlow; Z-Image Turbo: 8 steps without CFG; each text encoder through
+    ComfyUI's own CLIPLoader with its family's type."""
+    def nodes(name):
+        wf = json.loads((Path(__file__).parent.parent / "workflows" / f"{name}.json").read_text())
+        api = ch.workflow_to_api(wf, comfyui_pack.node_classes())
+        return {n["class_type"]: n["inputs"] for n in api.values()}
+
+    wan, qwen, zimage = nodes("treegrpo_wan22_t2v_lora"), nodes("treegrpo_qwen_image_lora"), nodes("treegrpo_zimage_lora")
+    assert (wan["CLIPLoader"]["type"], qwen["CLIPLoader"]["type"], zimage["CLIPLoader"]["type"]) == \
+        ("wan", "qwen_image", "lumina2")
+    t = wan["TreeGRPOTrain"]
+    assert (t["frames"], t["reward_frames"], t["frame_stride"], t["cfg"]) == (33, 4, 8, 5.0) and t["negative"]
+    assert wan["ModelSamplingSD3"]["shift"] == 8.0
+    assert qwen["ModelSamplingAuraFlow"]["shift"] == 3.1 and qwen["TreeGRPOTrain"]["cfg"] == 2.5
+    assert (zimage["TreeGRPOTrain"]["steps"], zimage["TreeGRPOTrain"]["cfg"]) == (8, 1.0)
+    for n in (wan, qwen, zimage):
+        assert n["TreeGRPOTrain"]["lora_targets"] == "auto"
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=[p.stem for p in WORKFLOWS])

@@ -381,6 +381,22 @@ class SignalsConfig:
 
 
 @dataclass
+class VideoConfig:
+    """Video families (ComfyUI's Wan, HunyuanVideo, Mochi, LTX-Video, Cosmos): the length of the sampled videos and
+    the frames the image rewards score (``treegrpo.video``)."""
+
+    frames: int = _f(1, "frames per video (video families only; Wan and HunyuanVideo make 1 + 4n frames)")
+    reward_frames: int = _f(4, "frames of each video the rewards score (their scores are averaged)")
+    frame_stride: int = _f(4, "frames between two scored frames, from the first")
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        for name in ("frames", "reward_frames", "frame_stride"):
+            v = getattr(self, name)
+            _require(v >= 1, "VideoConfig", name, f"must be >= 1, got {v}")
+
+
+@dataclass
 class TrainConfig:
     """The whole run: model, prompts, rewards, tree, advantages, LoRA, optimiser, loop and output."""
 
@@ -410,6 +426,7 @@ class TrainConfig:
     eval_rewards: list = _f([], "held-out judges: reward models (RewardSpec) scored on the evaluation samples only, "
                                 "never trained on; their weighted mean is the log's eval_judge")
     signals: SignalsConfig = field(default_factory=SignalsConfig, metadata={"help": "reward-hacking signals"})
+    video: VideoConfig = field(default_factory=VideoConfig, metadata={"help": "video length and scored frames"})
     checkpoint_every: int = _f(50, "write a checkpoint every N iterations (0 = only at the end)")
     keep_checkpoints: int = _f(2, "checkpoints kept on disk")
     output_dir: str = _f("treegrpo_out", "folder for the LoRA, logs, plots and checkpoints")
@@ -435,6 +452,8 @@ class TrainConfig:
             self.memory = MemoryConfig(**self.memory)
         if isinstance(self.signals, dict):
             self.signals = SignalsConfig(**self.signals)
+        if isinstance(self.video, dict):
+            self.video = VideoConfig(**self.video)
         self.rewards = [_reward_spec(r, i) for i, r in enumerate(self.rewards)]
         self.eval_rewards = [_reward_spec(r, i, "eval_rewards") for i, r in enumerate(self.eval_rewards)]
         judges = [r.name for r in self.eval_rewards]
@@ -499,7 +518,7 @@ class TrainConfig:
             raise ConfigError(f"TrainConfig: unknown field(s) {unknown}; known: {sorted(known)}")
         for sub, klass in (("tree", TreeConfig), ("advantage", AdvantageConfig), ("lora", LoraConfig),
                            ("optim", OptimConfig), ("pipeline", PipelineConfig),
-                           ("memory", MemoryConfig), ("signals", SignalsConfig)):
+                           ("memory", MemoryConfig), ("signals", SignalsConfig), ("video", VideoConfig)):
             if isinstance(d.get(sub), dict):
                 kn = {f.name for f in dataclasses.fields(klass)}
                 bad = sorted(set(d[sub]) - kn)
@@ -521,7 +540,7 @@ class TrainConfig:
         d["lora"].pop("targets")         # checked by the checkpoint's parameter names (they differ per frontend)
         d["rewards"] = [{"name": r["name"], "weight": r["weight"]} for r in d["rewards"]]
         keep = ("prompts", "prompts_file", "negative_prompt", "cfg", "rewards", "tree", "advantage", "lora", "optim",
-                "prompts_per_iter", "trees_per_prompt", "seed")
+                "prompts_per_iter", "trees_per_prompt", "seed", "video")
         return {k: d[k] for k in keep}
 
 

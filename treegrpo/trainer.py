@@ -35,6 +35,7 @@ from .policy import Policy
 from .signals import best_index, hacking_warnings, image_signals
 from .tree import TreeBatch, sample_ode, sample_ode_window_kl, sample_trees, window_start_at
 from .update import grpo_update, lr_factor
+from .video import first_frames, score_over_frames
 
 
 def _numpy_state() -> list:
@@ -186,11 +187,11 @@ class Trainer:
 
     # ------------------------------------------------------------------ phase 2: score
     def score_images(self, images: torch.Tensor, prompts: list[str]) -> dict[str, torch.Tensor]:
-        """Raw reward per model, (B,) float32 each; bad values raise naming the model."""
+        """Raw reward per model, (B,) float32 each, for images (B, 3, H, W) or videos (B, F, 3, H, W) (the mean over
+        each video's frames); bad values raise naming the model."""
         out = {}
         for name in self.weights:
-            r = self.rewards[name](images, prompts)
-            out[name] = torch.as_tensor(r, dtype=torch.float32).reshape(-1).cpu()
+            out[name] = score_over_frames(self.rewards[name], images, prompts)
         check_rewards(out, len(prompts), where=f" at iteration {self.iteration}")
         return out
 
@@ -320,18 +321,17 @@ class Trainer:
         total = weighted_raw(raw, self.weights)
         self.policy.model.train(was_training)
         out = {"iteration": self.iteration, "train_time": self.train_time, "total_nfe": self.total_nfe,
-               "eval_reward": float(total.mean()), **image_signals(images, seeds),
+               "eval_reward": float(total.mean()), **image_signals(first_frames(images), seeds),
                **{f"eval/{k}": float(v.mean()) for k, v in raw.items()}}
         if self.judge_weights:
-            judged = {n: torch.as_tensor(self.judges[n](images, all_p), dtype=torch.float32).reshape(-1).cpu()
-                      for n in self.judge_weights}
+            judged = {n: score_over_frames(self.judges[n], images, all_p) for n in self.judge_weights}
             check_rewards(judged, len(all_p), where=" (held-out judge)")
             out["eval_judge"] = float(weighted_raw(judged, self.judge_weights).mean())
             out.update({f"judge/{k}": float(v.mean()) for k, v in judged.items()})
         if kl is not None:
             out["eval_kl"] = float(kl.mean())
         if return_images:
-            out["images"] = images.cpu()
+            out["images"] = first_frames(images).cpu()
         return out
 
     def record_evaluation(self) -> dict:

@@ -40,16 +40,17 @@ def train_node(key, model, clip, vae, reward, judge=None, **w):
     return (key, "TreeGRPOTrain", widgets, links)
 
 
-def real_model_workflow(loader_nodes, model, clip, vae, size, reward_note, steps=20, cfg=4.5, extra_note=""):
-    prompts = "a photo of a cat wearing a red scarf\na watercolor painting of a lighthouse at dawn\n" \
-              "a close-up portrait of an old fisherman, dramatic light\na bowl of ramen, studio photo"
+def real_model_workflow(loader_nodes, model, clip, vae, size, reward_note, steps=20, cfg=4.5, extra_note="",
+                        height=None, negative="blurry, low quality", run_name="treegrpo_run", prompts=None, **train):
+    prompts = prompts or "a photo of a cat wearing a red scarf\na watercolor painting of a lighthouse at dawn\n" \
+        "a close-up portrait of an old fisherman, dramatic light\na bowl of ramen, studio photo"
     return [
         *loader_nodes,
         ("rm", "TreeGRPORewardModelLoader", {"reward": "hpsv2", "file": "HPS_v2.1_compressed.pt"}, {}),
-        train_node("train", model, clip, vae, ("rm", 0), prompts=prompts, width=size, height=size, steps=steps,
-                   cfg=cfg, window_start=1, window_width=3, iterations=200, prompts_per_iteration=2,
-                   lora_rank=32, lora_alpha=64.0, learning_rate=3e-4, run_name="treegrpo_run", eval_every=20,
-                   negative="blurry, low quality", gradient_checkpointing="auto"),  # real sizes: the memory plan decides
+        train_node("train", model, clip, vae, ("rm", 0), prompts=prompts, width=size, height=height or size,
+                   steps=steps, cfg=cfg, window_start=1, window_width=3, iterations=200, prompts_per_iteration=2,
+                   lora_rank=32, lora_alpha=64.0, learning_rate=3e-4, run_name=run_name, eval_every=20,
+                   negative=negative, gradient_checkpointing="auto", **train),  # real sizes: the memory plan decides
         ("save", "TreeGRPOSaveLoRA", {"filename_prefix": "treegrpo/treegrpo_lora"}, {"lora": ("train", 1)}),
         ("curve", "PreviewImage", {}, {"images": ("train", 2)}),
         ("grid", "PreviewImage", {}, {"images": ("train", 3)}),
@@ -153,6 +154,47 @@ WORKFLOWS = {
         steps=16, cfg=1.0,
         extra_note="\nFlux is guidance-distilled: keep cfg at 1. The weights load in fp8 (UNETLoader weight_dtype) so "
                    "that training at 1024 px fits a 24 GB card; the LoRA trains in float32."),
+    "treegrpo_qwen_image_lora": real_model_workflow(
+        [("unet", "UNETLoader", {"unet_name": "qwen_image_fp8_e4m3fn.safetensors", "weight_dtype": "default"}, {}),
+         ("shift", "ModelSamplingAuraFlow", {"shift": 3.1}, {"model": ("unet", 0)}),
+         ("clip", "CLIPLoader", {"clip_name": "qwen_2.5_vl_7b_fp8_scaled.safetensors", "type": "qwen_image",
+                                 "device": "default"}, {}),
+         ("vae", "VAELoader", {"vae_name": "qwen_image_vae.safetensors"}, {})],
+        ("shift", 0), ("clip", 0), ("vae", 0), 1024,
+        "Models: qwen_image_fp8_e4m3fn.safetensors into ComfyUI/models/diffusion_models/, "
+        "qwen_2.5_vl_7b_fp8_scaled.safetensors into ComfyUI/models/text_encoders/, qwen_image_vae.safetensors into "
+        "ComfyUI/models/vae/.", steps=20, cfg=2.5, run_name="treegrpo_qwen_image",
+        extra_note="\nQwen-Image samples with true CFG (cfg 2.5, the negative prompt) and the shift 3.1 that "
+                   "ModelSamplingAuraFlow sets; the LoRA targets (auto) are its attention (image and text streams) "
+                   "and MLP layers."),
+    "treegrpo_zimage_lora": real_model_workflow(
+        [("unet", "UNETLoader", {"unet_name": "z_image_turbo_bf16.safetensors", "weight_dtype": "default"}, {}),
+         ("shift", "ModelSamplingAuraFlow", {"shift": 3.0}, {"model": ("unet", 0)}),
+         ("clip", "CLIPLoader", {"clip_name": "qwen_3_4b.safetensors", "type": "lumina2", "device": "default"}, {}),
+         ("vae", "VAELoader", {"vae_name": "ae.safetensors"}, {})],
+        ("shift", 0), ("clip", 0), ("vae", 0), 1024,
+        "Models: z_image_turbo_bf16.safetensors into ComfyUI/models/diffusion_models/, qwen_3_4b.safetensors into "
+        "ComfyUI/models/text_encoders/, ae.safetensors (the Flux VAE) into ComfyUI/models/vae/.", steps=8, cfg=1.0,
+        negative="", run_name="treegrpo_zimage",
+        extra_note="\nZ-Image Turbo is distilled to 8 steps without CFG: keep cfg at 1 (the window is steps 1-3 of "
+                   "8). The LoRA targets (auto) are its attention qkv/out and feed-forward layers."),
+    "treegrpo_wan22_t2v_lora": real_model_workflow(
+        [("unet", "UNETLoader", {"unet_name": "wan2.2_ti2v_5B_fp16.safetensors", "weight_dtype": "default"}, {}),
+         ("shift", "ModelSamplingSD3", {"shift": 8.0}, {"model": ("unet", 0)}),
+         ("clip", "CLIPLoader", {"clip_name": "umt5_xxl_fp8_e4m3fn_scaled.safetensors", "type": "wan",
+                                 "device": "default"}, {}),
+         ("vae", "VAELoader", {"vae_name": "wan2.2_vae.safetensors"}, {})],
+        ("shift", 0), ("clip", 0), ("vae", 0), 640,
+        "Models: wan2.2_ti2v_5B_fp16.safetensors into ComfyUI/models/diffusion_models/, "
+        "umt5_xxl_fp8_e4m3fn_scaled.safetensors into ComfyUI/models/text_encoders/, wan2.2_vae.safetensors into "
+        "ComfyUI/models/vae/.", steps=20, cfg=5.0, height=352, run_name="treegrpo_wan22",
+        negative="blurry, static, low quality, distorted, watermark, subtitles",
+        prompts="a red fox running through fresh snow, slow motion\nwaves breaking on a rocky shore at sunset\n"
+                "a paper boat drifting down a rainy street\na hot air balloon rising over green hills",
+        frames=33, reward_frames=4, frame_stride=8,
+        extra_note="\nVideo: 33 frames at 640x352 (9 latent frames). The image reward scores frames 0, 8, 16 and "
+                   "24 of each leaf video and averages them; only the latent frames up to frame 24 are decoded. "
+                   "Wan samples with CFG (cfg 5, the negative prompt) and shift 8 (ModelSamplingSD3)."),
     "compare_base_vs_lora": [
         ("demo", "TreeGRPOLoadDemoModel", {}, {}),
         ("lora", "LoraLoaderModelOnly", {"lora_name": "treegrpo/treegrpo_demo_00001.safetensors", "strength_model": 1.0},

@@ -19,13 +19,14 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from ..config import LoraConfig
+from ..config import LoraConfig, VideoConfig
+from ..video import frame_indices, latent_prefix, video_length
 from ..lora import LoraWeights
 from ..policy import Policy
+from . import families
 
-#: Linear-module name suffixes that get LoRA by default, per ComfyUI architecture.
-DEFAULT_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "qkv", "proj", "img_attn.qkv", "img_attn.proj",
-                   "txt_attn.qkv", "txt_attn.proj", "linear1", "linear2"]
+#: Linear-module name suffixes that get LoRA when a model's family names none (families.py has each family's)
+DEFAULT_TARGETS = list(families.DEFAULT_TARGETS)
 
 
 def _matches(name: str, targets: list[str]) -> bool:
@@ -144,7 +145,8 @@ def make_trainable_tensors(module: nn.Module) -> int:
 
 #: ComfyUI diffusion-model modules whose blocks add residuals in place (``img += …``): autograd either
 #: refuses them or, under ComfyUI's checkpointing, gets wrong gradients (docs/design.md §3).
-INPLACE_RESIDUAL_MODULES = ("comfy.ldm.flux.", "comfy.ldm.chroma.", "comfy.ldm.hunyuan_video.", "comfy.ldm.qwen_image.")
+INPLACE_RESIDUAL_MODULES = ("comfy.ldm.flux.", "comfy.ldm.chroma.", "comfy.ldm.hunyuan_video.", "comfy.ldm.qwen_image.",
+                            "comfy.ldm.lightricks.", "comfy.ldm.chroma_radiance.")
 
 
 def has_inplace_residuals(diffusion_model: nn.Module) -> bool:
@@ -170,14 +172,14 @@ def snapshot_saved_activations(enabled: bool = True):
 def checkpoint_patches(diffusion_model: nn.Module, enabled: Callable[[], bool] = lambda: True) -> dict[str, Callable]:
     """Object patches (``diffusion_model.<block>.forward``) that recompute each transformer/UNet block in
     backward (``torch.utils.checkpoint``, non-reentrant) while gradients are on and ``enabled()``. Blocks are the items of the
-    model's top-level ModuleLists (and of ``middle_block``); Sequential containers are checkpointed per
+    model's top-level ModuleLists and ModuleDicts (Cosmos' blocks) and of ``middle_block``; Sequential containers are checkpointed per
     child because ComfyUI's UNet iterates them instead of calling them. Each block runs on clones of its
     tensor inputs, so blocks that add residuals in place (Flux) cannot change what the recomputation sees."""
     from torch.utils.checkpoint import checkpoint
 
     blocks: list[tuple[str, nn.Module]] = []
     for name, child in diffusion_model.named_children():
-        items = list(child.named_children()) if isinstance(child, nn.ModuleList) else \
+        items = list(child.named_children()) if isinstance(child, (nn.ModuleList, nn.ModuleDict)) else \
             [("", child)] if name == "middle_block" else []
         for sub, blk in items:
             path = f"{name}.{sub}" if sub else name
@@ -208,20 +210,6 @@ def checkpoint_patches(diffusion_model: nn.Module, enabled: Callable[[], bool] =
     return {f"diffusion_model.{p}.forward": make(b) for p, b in blocks}
 
 
-def _prediction(model) -> str:
-    """'flow' for ComfyUI's CONST (rectified-flow) sampling (SD3.x, Flux, …), 'epsilon' for the sigma-space
-    models (EPS, V_PREDICTION, EDM: ComfyUI converts their output to x̂0 itself)."""
-    import comfy.model_sampling as ms
-
-    sampling = model.model_sampling
-    if isinstance(sampling, ms.CONST):
-        return "flow"
-    if isinstance(sampling, (ms.EPS, ms.V_PREDICTION, ms.EDM)):
-        return "epsilon"
-    raise ValueError(f"unsupported ComfyUI model type {model.model_type.name} ({type(sampling).__name__}): TreeGRPO "
-                     "supports epsilon/v-prediction (SD1.x, SD2.x, SDXL) and flow (SD3.x, Flux) models")
-
-
 class ComfyPolicy(Policy):
     """A ComfyUI ``ModelPatcher`` (+ VAE, + per-prompt conditionings) behind the Policy protocol.
 
@@ -233,7 +221,8 @@ class ComfyPolicy(Policy):
 
     def __init__(self, model_patcher, prompts: list[str], conds: list[tuple[Any, Any]], latent_shape: tuple,
                  *, vae=None, lora_cfg: Optional[LoraConfig] = None, scheduler: str = "simple", seed: int = 0,
-                 lora: Optional[ComfyLoRA] = None, gradient_checkpointing: bool = False):
+                 lora: Optional[ComfyLoRA] = None, gradient_checkpointing: bool = False,
+                 video: Optional[VideoConfig] = None):
         import comfy.samplers
 
         if len(prompts) != len(conds):
@@ -242,11 +231,12 @@ class ComfyPolicy(Policy):
             raise ValueError(f"unknown scheduler {scheduler!r}; ComfyUI has {comfy.samplers.SCHEDULER_NAMES}")
         self.base = model_patcher
         self.patcher = model_patcher.clone()
-        self.prediction = _prediction(self.patcher.model)
+        families.check_trainable(self.patcher)
+        self.prediction = families.prediction_of(self.patcher)
         self.device = torch.device(self.patcher.load_device)
         with torch.inference_mode(False):
             self.lora = lora if lora is not None else ComfyLoRA(self.patcher.model.diffusion_model,
-                                                                 lora_cfg or LoraConfig(targets=DEFAULT_TARGETS),
+                                                                 self._lora_cfg(lora_cfg),
                                                                  device=self.device, seed=seed)
         self.lora.patch(self.patcher)
         # gradient checkpointing (−memory, +time) is switched per call: the memory plan may turn it on
@@ -263,10 +253,17 @@ class ComfyPolicy(Policy):
         self.vae = vae
         self.scheduler = scheduler
         self.seed = seed
+        self.video = video or VideoConfig()
         self._shape = tuple(int(s) for s in latent_shape)
         self._wrap = None
         self._extra: dict = {}
         self.guider = _make_guider(self.patcher, conds)
+
+    def _lora_cfg(self, cfg: Optional[LoraConfig]) -> LoraConfig:
+        """``cfg`` with ``targets: [auto]`` (or no config) resolved to the model family's defaults."""
+        import dataclasses
+        cfg = cfg or LoraConfig(targets=["auto"])
+        return dataclasses.replace(cfg, targets=families.resolve_targets(cfg.targets, self.patcher))
 
     @property
     def snapshot_activations(self) -> bool:
@@ -347,13 +344,21 @@ class ComfyPolicy(Policy):
         return out.float() if dt != torch.float32 else out
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Leaves → images (B, 3, H, W) in [0, 1]; video leaves (B, C, T, H, W) with T > 1 → the frames the rewards
+        score, (B, F, 3, H, W) (``self.video``: ``reward_frames`` frames ``frame_stride`` apart), decoding only the
+        latent frames up to the last of them (video VAEs are causal in time)."""
         if self.vae is None:
             raise ValueError("no VAE given: connect a VAE to decode the leaves")
         raw = self.patcher.model.process_latent_out(latents.float())
-        images = (self.vae.decode_tiled if self.tiled_decode else self.vae.decode)(raw)  # (B, H, W, 3) in [0, 1]
+        picks = None
+        if raw.ndim == 5 and raw.shape[2] > 1:
+            tc = self.vae.temporal_compression_decode() or 1
+            picks = frame_indices(video_length(raw.shape[2], tc), self.video.reward_frames, self.video.frame_stride)
+            raw = raw[:, :, :latent_prefix(picks, tc)]
+        images = (self.vae.decode_tiled if self.tiled_decode else self.vae.decode)(raw)  # (B, [T,] H, W, 3) in [0, 1]
         if images.ndim == 5:  # video VAEs: (B, T, H, W, C)
-            images = images[:, 0]
-        return images.movedim(-1, 1).float().clamp(0, 1)
+            images = images[:, picks] if picks is not None else images[:, 0]
+        return images.movedim(-1, -3).float().clamp(0, 1)
 
     @contextlib.contextmanager
     def lora_disabled(self):

@@ -193,7 +193,8 @@ def sample_tree(model, positive, negative, latent: dict, tree_cfg: TreeConfig, *
     with torch.inference_mode(False):
         policy = ComfyPolicy(model, [text], [(positive, negative)], latent_shape_of(latent, model),
                              lora=trainer.lora if trainer is not None else None,
-                             lora_cfg=run.lora_cfg if run is not None else tc.lora, scheduler=scheduler,
+                             lora_cfg=run.lora_cfg if run is not None else dataclasses.replace(tc.lora, targets=["auto"]),
+                             scheduler=scheduler,
                              seed=run.seed if run is not None else seed,
                              gradient_checkpointing=run is not None and run.gradient_checkpointing == "on")
         if trainer is None:
@@ -306,12 +307,24 @@ def latent_shape_of(latent: dict, model=None) -> tuple[int, ...]:
     return tuple(int(v) for v in s.shape[1:])
 
 
-def latent_shape_for(model, width: int, height: int, compression: int) -> tuple[int, ...]:
-    """The latent of one ``width``×``height`` image for ``model``: (C, H, W), or (C, 1, H, W) where the model's
-    latents have a time axis."""
+def latent_shape_for(model, width: int, height: int, compression: int, frames: int = 1,
+                     temporal_compression: int = 1) -> tuple[int, ...]:
+    """The latent of one ``width``×``height`` image for ``model``: (C, H, W), or (C, T, H, W) where the model's
+    latents have a time axis (T = 1 for images, ``(frames − 1) // temporal_compression + 1`` for a video family's
+    ``frames``-long videos, as ComfyUI's empty video latents)."""
+    from ..video import latent_frames_for
+    from .families import family_of
+
     fmt = model.model.latent_format
     c, h, w = fmt.latent_channels, height // compression, width // compression
-    return (c, 1, h, w) if getattr(fmt, "latent_dimensions", 2) == 3 else (c, h, w)
+    if frames > 1:
+        name, fam = family_of(model)
+        if getattr(fmt, "latent_dimensions", 2) != 3 or (fam is not None and fam.media != "video"):
+            raise ValueError(f"frames = {frames}: {fam.label if fam else name} makes images, not videos; set frames "
+                             "to 1 (or load a video model such as Wan or HunyuanVideo)")
+    if getattr(fmt, "latent_dimensions", 2) == 3:
+        return (c, latent_frames_for(frames, temporal_compression), h, w)
+    return (c, h, w)
 
 
 def memory_budget(device) -> float:
@@ -341,7 +354,7 @@ def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict
     ckpt.check_resume(out, dataclasses.replace(cfg, output_dir=out), required=False,
                       override_hint=f"move the folder {out} away to start the run again")
     policy = ComfyPolicy(model, prompts, conds, latent_shape, vae=vae, lora_cfg=cfg.lora, scheduler=scheduler,
-                         seed=cfg.seed, gradient_checkpointing=cfg.memory.checkpointing == "on")
+                         seed=cfg.seed, gradient_checkpointing=cfg.memory.checkpointing == "on", video=cfg.video)
     bar = comfy_progress(cfg.iterations)
     with torch.inference_mode(False):
         trainer = Trainer(dataclasses.replace(cfg, output_dir=out), policy, rewards,

@@ -6,6 +6,7 @@ from typing import Optional
 import torch
 
 from ..advantages import check_rewards
+from ..video import score_over_frames
 
 
 def expand_prompts(prompt: str | list[str], n: int) -> list[str]:
@@ -22,10 +23,11 @@ def expand_prompts(prompt: str | list[str], n: int) -> list[str]:
 
 def score_images(model, name: str, images: torch.Tensor, prompt: str | list[str], weight: float,
                  previous: Optional[dict] = None) -> dict:
-    """``{"rewards": {name: (n,)}, "weights": {name: w}}`` for images (n, 3, H, W) in [0, 1], merged with
-    ``previous`` (the same image batch scored by other models)."""
+    """``{"rewards": {name: (n,)}, "weights": {name: w}}`` for images (n, 3, H, W) in [0, 1], or videos
+    (n, F, 3, H, W) (each scored by the mean over its frames), merged with ``previous`` (the same batch scored by
+    other models)."""
     n = images.shape[0]
-    values = torch.as_tensor(model(images.float(), expand_prompts(prompt, n)), dtype=torch.float32).reshape(-1).cpu()
+    values = score_over_frames(model, images.float(), expand_prompts(prompt, n))
     check_rewards({name: values}, n)
     out = {"rewards": {}, "weights": {}}
     if previous:

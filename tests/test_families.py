@@ -1,0 +1,313 @@
+"""Every model family of ComfyUI 0.3.75's registry (``comfy.supported_models.models``): the table that says which
+TreeGRPO trains (treegrpo/comfyui/families.py, the README's copy), and for each training family a tiny random
+instance of ComfyUI's own class trained through the nodes' code path: a tree sampled and one update (the LoRA
+changes), the LoRA gradient against finite differences, the saved LoRA loaded by ``LoraLoaderModelOnly`` with no
+"lora key not loaded" and a changed output. Refused families: the Tree Sampler's and the Train node's error."""
+import logging
+import os
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from lora_gradcheck import lora_gradient_and_difference
+
+from treegrpo.comfyui import families as F
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_every_registry_class_has_a_row_and_the_table_has_no_other(comfyui_pack):
+    import comfy.supported_models as sm
+
+    names = [k.__name__ for k in sm.models]
+    assert len(names) == len(set(names)) >= 60
+    assert set(F.FAMILIES) == set(names)
+    rows = F.family_rows()
+    assert [r["class"] for r in rows] == names and not [r for r in rows if r["status"] == "untested"]
+    trains = {r["class"] for r in rows if r["status"] == "trains"}
+    must = {"SD15", "SD20", "SDXL", "SSD1B", "SD3", "Flux", "FluxSchnell", "Flux2", "Chroma", "HiDream", "QwenImage",
+            "ZImage", "Lumina2", "WAN21_T2V", "WAN22_T2V", "HunyuanVideo15", "AuraFlow", "PixArtAlpha", "PixArtSigma"}
+    assert must <= trains, must - trains
+    # a class ComfyUI adds later is listed as untested, not silently trained or refused
+    new = type("NewFamily2027", (), {})
+    assert F.family_rows([*sm.models, new])[-1]["status"] == "untested"
+
+
+def test_readme_and_docs_family_tables_are_the_generated_ones(comfyui_pack):
+    assert F.markdown_summary() in README.read_text(encoding="utf-8"), \
+        "README's family list is stale: paste `python -m treegrpo.comfyui.families` (in ComfyUI's python)"
+    assert F.markdown_table() in (README.parent / "docs" / "families.md").read_text(encoding="utf-8"), \
+        "docs/families.md is stale: paste `python -m treegrpo.comfyui.families --table`"
+
+
+def _fake_model(class_name):
+    """Something with ``model.model_config`` of a registry class (refusal happens before any model use)."""
+    import comfy.supported_models as sm
+
+    klass = getattr(sm, class_name)
+    return types.SimpleNamespace(model=types.SimpleNamespace(model_config=klass.__new__(klass)))
+
+
+REFUSED = sorted(k for k, f in F.FAMILIES.items() if not f.trains)
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_refused_families_stop_at_the_tree_sampler_with_family_and_reason(comfyui_pack, name):
+    TreeSampler = comfyui_pack.node_classes()["TreeGRPOTreeSampler"]
+    fam = F.FAMILIES[name]
+    with pytest.raises(F.FamilyError) as e:
+        TreeSampler.execute(model=_fake_model(name), positive=None, negative=None, latent=None, seed=0, cfg=1.0,
+                            scheduler="simple", steps=4, window_start=1, window_width=1, branch=2, noise_level=0.7,
+                            window_schedule="fixed", trees_per_latent=1, prompt="")
+    msg = str(e.value)
+    assert fam.label in msg and name in msg and fam.reason in msg
+
+
+def test_the_train_node_refuses_a_family_before_any_work(comfyui_pack):
+    Train = comfyui_pack.node_classes()["TreeGRPOTrain"]
+    with pytest.raises(F.FamilyError, match="Stable Video Diffusion.*input image"):
+        Train.check_inputs(_fake_model("SVD_img2vid"), "a cat", "run", "auto")
+
+
+def test_a_sampling_that_is_neither_flow_nor_sigma_space_is_refused_naming_the_family(comfyui_pack):
+    """Lotus-style x0 prediction (``X0``/``IMG_TO_IMG``) on an otherwise trainable model: the error names the
+    family and the sampling classes (ComfyUI's model_sampling can be swapped by a node, so the family alone does
+    not decide)."""
+    import comfy.model_sampling as ms
+    from comfy_test_pack import _tiny
+
+    patcher, _, _ = _tiny("sd15", 0)
+
+    class X0Sampling(ms.ModelSamplingDiscrete, ms.IMG_TO_IMG):
+        pass
+
+    patched = patcher.clone()
+    patched.add_object_patch("model_sampling", X0Sampling(patcher.model.model_config))
+    assert F.prediction_of(patcher) == "epsilon"
+    with pytest.raises(F.FamilyError, match=r"SD1\.x \(SD15\).*IMG_TO_IMG.*neither rectified flow"):
+        F.check_trainable(patched)
+
+
+def test_lora_targets_widget():
+    assert F.parse_targets("auto") == ["auto"]
+    assert F.parse_targets("to_q, to_k  ff.net.2") == ["to_q", "to_k", "ff.net.2"]
+    for bad, msg in (("", "empty"), ("auto, to_q", "mixes auto")):
+        with pytest.raises(ValueError, match=msg):
+            F.parse_targets(bad)
+    tip = F.targets_tooltip()
+    assert "Wan" in tip and "self_attn.q" in tip and "Qwen-Image" in tip
+
+
+# ---------------------------------------------------------------- every training family, on a tiny instance
+TRAINS = sorted(k for k, f in F.FAMILIES.items() if f.trains)
+
+
+def _tiny_variants():
+    from comfy_test_pack.families import VARIANTS
+    return sorted(VARIANTS)
+
+
+def _leaf_reward(leaves: torch.Tensor) -> torch.Tensor:
+    """A deterministic reward of the leaf latents: their mean (distinct leaves get distinct rewards)."""
+    return leaves.float().flatten(1).mean(1)
+
+
+def _linear_names(patcher) -> set[str]:
+    return {n for n, m in patcher.model.diffusion_model.named_modules() if isinstance(m, torch.nn.Linear)}
+
+
+def _run_iteration(name: str, run_name: str, cfg: float):
+    """One TreeGRPO iteration through what the step nodes call (Trainer State → Tree Sampler → Reward Scorer →
+    Advantage Backup → Trainer Step), with the family's default LoRA targets (``auto``)."""
+    from comfy_test_pack.families import build
+    from treegrpo.comfyui.session import RunState, backup_tree, sample_tree, train_step
+    from treegrpo.config import AdvantageConfig, LoraConfig, OptimConfig, TreeConfig
+
+    patcher, pos, neg, latent = build(name)
+    run = RunState.get(run_name, LoraConfig(rank=2, alpha=2.0, targets=["auto"]),
+                       OptimConfig(lr=5e-2, kl_beta=0.0, clip_range=1e-4), 0, "off")
+    tree_cfg = TreeConfig(steps=4, window_start=1, window_width=1, branch=2, tail_solver="euler", tail_steps=0)
+    with torch.inference_mode():   # as ComfyUI's executor runs nodes
+        tree = sample_tree(patcher, pos, neg, {"samples": torch.zeros(1, *latent)}, tree_cfg, seed=0, cfg=cfg,
+                           scheduler="simple", trees=1, prompt="x", run=run)
+        before = {k: v.clone() for k, v in run.trainer.lora_tensors("comfy").items()}
+        leaves = tree.batch.leaves
+        tree = backup_tree(tree, {"rewards": {"r": _leaf_reward(leaves)}, "weights": {"r": 1.0}}, AdvantageConfig())
+        stats = train_step(tree, run)
+    return patcher, pos, neg, latent, run, before, stats
+
+
+@pytest.mark.parametrize("name", TRAINS)
+def test_family_samples_a_tree_and_updates_its_lora(comfyui_pack, name):
+    """Its tiny instance is ComfyUI's class; every default LoRA target names Linear layers of it; a tree is sampled
+    (leaves of the latent's shape, finite), one update changes the LoRA, and the saved file's keys are the model's
+    Linear layers under ComfyUI's names."""
+    from treegrpo.lora import read_lora_file
+
+    fam = F.FAMILIES[name]
+    cfg = 1.0 if fam.sampling == "flow" else 2.0
+    patcher, _, _, latent, run, before, stats = _run_iteration(name, f"family_{name}", cfg)
+    assert F.family_of(patcher) == (name, fam)
+    assert F.sampling_kind(patcher) in fam.sampling.split(" / "), (F.sampling_kind(patcher), fam.sampling)
+    linear = _linear_names(patcher)
+    for t in fam.targets:
+        assert any(n == t or n.endswith("." + t) for n in linear), f"{name}: LoRA target {t!r} matches no Linear"
+    assert stats["edges"] > 0
+    after = run.trainer.lora_tensors("comfy")
+    assert any(not torch.equal(before[k], after[k]) for k in before), f"{name}: the update left the LoRA as it was"
+    saved, _ = read_lora_file(run.trainer.lora_path)
+    mods = {k.rsplit(".lora_", 1)[0].rsplit(".alpha", 1)[0] for k in saved}
+    assert mods and {m[len("diffusion_model."):] for m in mods} <= linear
+
+
+@pytest.mark.parametrize("name", TRAINS)
+def test_family_lora_loads_in_loraloadermodelonly_with_every_key(comfyui_pack, name):
+    """The LoRA the update wrote, copied into models/loras: ComfyUI's own LoraLoaderModelOnly loads it with no
+    "lora key not loaded", and the patched model's denoiser output differs from the base model's."""
+    import shutil
+
+    import folder_paths
+    import nodes as comfy_nodes
+
+    fam = F.FAMILIES[name]
+    patcher, pos, _, latent, run, _, _ = _run_iteration(name, f"family_load_{name}", 1.0 if fam.sampling == "flow"
+                                                        else 2.0)
+    loras = folder_paths.get_folder_paths("loras")[0]
+    os.makedirs(os.path.join(loras, "families"), exist_ok=True)
+    shutil.copy(run.trainer.lora_path, os.path.join(loras, "families", f"{name}.safetensors"))
+    lines = []
+
+    class Grab(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    h = Grab(logging.DEBUG)
+    logging.getLogger().addHandler(h)
+    try:
+        (patched,) = comfy_nodes.LoraLoaderModelOnly().load_lora_model_only(patcher, f"families/{name}.safetensors",
+                                                                            1.0)
+    finally:
+        logging.getLogger().removeHandler(h)
+    assert not [ln for ln in lines if "lora key not loaded" in ln], lines
+
+    from treegrpo.comfyui.policy import ComfyPolicy
+    from treegrpo.config import LoraConfig
+
+    def denoised(model):
+        with torch.inference_mode(False):
+            pol = ComfyPolicy(model, ["p"], [(pos, None)], latent, lora_cfg=LoraConfig(rank=1, alpha=1.0,
+                                                                                       targets=["auto"]))
+            g = torch.Generator().manual_seed(3)
+            x = torch.randn((1, *latent), generator=g)
+            sigma = pol.sigmas(4)[[1]]
+            return pol.run(lambda: pol.denoise(x, sigma, pol.encode_prompts(["p"]), 1.0).detach().clone())
+
+    base, lora = denoised(patcher), denoised(patched)
+    assert torch.isfinite(lora).all()
+    assert (base - lora).abs().max() > 1e-6, f"{name}: the loaded LoRA changed nothing"
+
+
+@pytest.mark.parametrize("name", TRAINS)
+@pytest.mark.parametrize("guidance,checkpointing", [(1.0, False), (2.5, True)])
+def test_family_lora_gradient_matches_finite_differences(comfyui_pack, name, guidance, checkpointing):
+    """The LoRA gradient through ComfyUI's denoiser path (CFG, the family's default targets, with and without
+    gradient checkpointing) against central finite differences in float64 of the loss."""
+    from comfy_test_pack.families import build
+    from treegrpo.comfyui.policy import ComfyPolicy
+    from treegrpo.config import LoraConfig
+
+    patcher, pos, neg, shape = build(name)
+    with torch.inference_mode(False):
+        pol = ComfyPolicy(patcher, ["p"], [(pos, neg)], shape, gradient_checkpointing=checkpointing,
+                          lora_cfg=LoraConfig(rank=2, alpha=2.0, targets=["auto"]))
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in pol.lora.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    # Richardson: Mochi's 8192-wide MLP leaves a few percent of curvature in a plain 1e-2 difference; along the
+    # gradient: a random direction's per-module derivatives can cancel (HunyuanVideo 1.5) below float32 round-off
+    analytic, numeric = lora_gradient_and_difference(pol, shape, guidance, rows=2, richardson=True,
+                                                     along_gradient=True)
+    assert abs(analytic) > 1e-6
+    assert analytic == pytest.approx(numeric, rel=2e-2, abs=1e-4)
+
+
+@pytest.mark.parametrize("variant,kind", [("sd20_v", "v"), ("sdxl_edm", "v")])
+def test_other_prediction_types_of_a_family_train_too(comfyui_pack, variant, kind):
+    """SD2.x 768-v (v-prediction) and an SDXL v-prediction checkpoint on an EDM schedule: the same class as their
+    family's eps instance, another sampling; one update through the step nodes' path changes the LoRA."""
+    from comfy_test_pack.families import VARIANTS, build
+    from treegrpo.comfyui.session import RunState, backup_tree, sample_tree, train_step
+    from treegrpo.config import AdvantageConfig, LoraConfig, OptimConfig, TreeConfig
+
+    patcher, pos, neg, latent = build(variant)
+    name, fam = F.family_of(patcher)
+    assert F.sampling_kind(patcher) == kind and kind in fam.sampling.split(" / ")
+    run = RunState.get(f"variant_{variant}", LoraConfig(rank=2, alpha=2.0, targets=["auto"]),
+                       OptimConfig(lr=5e-2, kl_beta=0.0), 0, "off")
+    with torch.inference_mode():
+        tree = sample_tree(patcher, pos, neg, {"samples": torch.zeros(1, *latent)},
+                           TreeConfig(steps=4, window_start=1, window_width=1, branch=2), seed=0, cfg=2.0,
+                           scheduler="simple", trees=1, prompt="x", run=run)
+        before = {k: v.clone() for k, v in run.trainer.lora_tensors("comfy").items()}
+        tree = backup_tree(tree, {"rewards": {"r": _leaf_reward(tree.batch.leaves)}, "weights": {"r": 1.0}},
+                           AdvantageConfig())
+        train_step(tree, run)
+    after = run.trainer.lora_tensors("comfy")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert variant in VARIANTS
+
+
+# ---------------------------------------------------------------- video: a leaf's frames decoded and scored
+def test_video_leaves_decode_a_few_frames_and_rewards_average_them(comfyui_pack):
+    """Wan 2.1 text-to-video (tiny) with ComfyUI's real Wan VAE, through the Train node's code path
+    (``train_full``): 9-frame videos (3 latent frames); the reward scores frames 0 and 4 of each leaf, so only the
+    first two latent frames are decoded; each leaf's reward is the mean over those frames; the LoRA trains."""
+    from comfy_test_pack.families import build, vae_for
+    from treegrpo.comfyui.session import latent_shape_for, train_full
+    from treegrpo.config import TrainConfig
+
+    patcher, pos, neg, _ = build("WAN21_T2V")
+    vae = vae_for("WAN21_T2V")
+    shape = latent_shape_for(patcher, 32, 32, vae.spacial_compression_decode(), 9, vae.temporal_compression_decode())
+    assert shape == (16, 3, 4, 4)
+    decoded, scored = [], []
+    real_decode = vae.decode
+
+    def spy_decode(latents, *a, **k):
+        decoded.append(tuple(latents.shape))
+        return real_decode(latents, *a, **k)
+
+    vae.decode = spy_decode
+
+    def reward(images, prompts):
+        scored.append((images.detach().clone(), list(prompts)))
+        return images.mean(dim=(1, 2, 3))
+
+    cfg = TrainConfig(backend="comfy", prompts=["a fox"], cfg=2.0, rewards=[{"name": "r", "weight": 1.0}],
+                      tree={"steps": 4, "window_start": 1, "window_width": 1, "branch": 2},
+                      lora={"rank": 2, "alpha": 2.0, "targets": ["auto"]}, optim={"lr": 5e-2, "kl_beta": 0.0},
+                      iterations=1, prompts_per_iter=1, eval_every=0, checkpoint_every=0, run_name="video_wan21",
+                      video={"frames": 9, "reward_frames": 2, "frame_stride": 4}, signals={"keep_best": False})
+    with torch.inference_mode():
+        trainer = train_full(patcher, vae, ["a fox"], [(pos, neg)], {"r": reward}, cfg, shape)
+    assert decoded and all(s[2] == 2 for s in decoded if len(s) == 5), decoded   # latent frames 0-1 of 0-2
+    images, prompts = scored[0]
+    assert images.shape == (2 * 2, 3, 32, 32) and prompts == ["a fox"] * 4       # 2 leaves x 2 frames
+    leaf_rewards = images.mean(dim=(1, 2, 3)).reshape(2, 2).mean(1)
+    assert torch.allclose(torch.tensor(trainer.history[0]["reward"]), leaf_rewards.mean(), atol=1e-5)
+    assert any(p.abs().sum() > 0 for n, p in trainer.lora.named_lora_parameters() if n.endswith(".up"))
+
+
+def test_reward_scorer_averages_each_videos_frames(comfyui_pack):
+    """The step graph's Reward Scorer on a VAEDecode batch of two 9-frame videos: frames 0, 4, 8 of each scored,
+    one reward per video (their mean)."""
+    Scorer = comfyui_pack.node_classes()["TreeGRPORewardScorer"]
+    frames = torch.rand(18, 8, 8, 3, generator=torch.Generator().manual_seed(0))
+    model = {"name": "mean", "model": lambda images, prompts: images.mean(dim=(1, 2, 3))}
+    out = Scorer.execute(frames, model, "a fox", 1.0, frames_per_video=9, reward_frames=3, frame_stride=4)
+    out = out.result[0] if hasattr(out, "result") else out[0]
+    per_frame = frames.mean(dim=(1, 2, 3)).reshape(2, 9)[:, [0, 4, 8]]
+    assert torch.allclose(out["rewards"]["mean"], per_frame.mean(1), atol=1e-6)
