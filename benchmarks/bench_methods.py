@@ -49,7 +49,17 @@ METHODS = {
     "traj_window_mirrored": {"tree": {"method": "trajectory", "group_size": 8, "antithetic": True}},
     "traj_all": {"tree": {"method": "trajectory", "group_size": 8, "window_start": 0, "window_width": 10,
                           "tail_steps": 0}},
+    # the flow-matching peers (treegrpo/matching.py): 8 ODE samples per prompt from independent noises (DiffusionNFT
+    # and AWM sample with any ODE solver), and the same objectives on a tree's 8 correlated leaves; each with its
+    # own lr (PEER_LR, from --lr-sweep-method)
+    "nft": {"tree": {"method": "ode", "group_size": 8}, "optim": {"loss": "nft"}},
+    "awm": {"tree": {"method": "ode", "group_size": 8}, "optim": {"loss": "awm"}},
+    "tree_nft": {"advantage": {"edge_baseline": "siblings"}, "tree": {"antithetic": True}, "optim": {"loss": "nft"}},
+    "tree_awm": {"advantage": {"edge_baseline": "siblings"}, "tree": {"antithetic": True}, "optim": {"loss": "awm"}},
 }
+#: each peer's learning rate (its own sweep, benchmarks/README.md) and the ODE steps of its independent samples
+PEER_LR = {"nft": 3e-3, "awm": 3e-3, "tree_nft": 3e-3, "tree_awm": 3e-3}
+PEER_ODE_STEPS = 6   # DPM++(2M) calls per independent sample: as many as a tree leaf's path (1 + 3 + 2)
 ABLATIONS = {  # each is "tree" with these changes, reported against it
     "tree_k8_w1": {"tree": {"branch": 8, "window_width": 1, "window_start": 1}},
     "tree_mean_backup": {"advantage": {"backup": "mean"}},
@@ -69,6 +79,18 @@ def all_step_width(steps: int, family: str) -> int:
     return steps - (family in ("sd", "sdxl"))
 
 
+def peer_overrides() -> None:
+    """The peers' own learning rates and their ODE sampler: DPM++(2M) over the whole schedule in PEER_ODE_STEPS
+    steps, the calls along one tree leaf's path (1 prefix + 3 window + 2 tail)."""
+    for name, lr in PEER_LR.items():
+        METHODS[name].setdefault("optim", {})["lr"] = lr
+    for name in ("nft", "awm"):
+        METHODS[name]["tree"].update(tail_solver="dpmpp_2m", tail_steps=PEER_ODE_STEPS)
+
+
+peer_overrides()
+
+
 def merge(a: dict, b: dict) -> dict:
     out = json.loads(json.dumps(a))
     for k, v in b.items():
@@ -83,7 +105,7 @@ LEAVES_PER_ITER = 192  # demo: 24 prompts × 8 leaves at w = 3; kept when --wind
 def set_group_size(leaves: int) -> None:
     """Every trajectory baseline samples as many trajectories per prompt as the tree has leaves."""
     for ov in METHODS.values():
-        if ov.get("tree", {}).get("method") == "trajectory":
+        if ov.get("tree", {}).get("method") in ("trajectory", "ode"):
             ov["tree"]["group_size"] = leaves
 
 
@@ -282,6 +304,8 @@ def main() -> None:
                     "(e.g. seeds 0-3 and 4-7) into one report, PNGs and methods.json in --out; runs nothing")
     ap.add_argument("--lr-sweep", metavar="LR,LR,...", help="run traj_window at these learning rates instead "
                     "(the baseline the shared lr is tuned on); writes lr_sweep.json")
+    ap.add_argument("--lr-sweep-method", default="traj_window", help="the method --lr-sweep tunes (the peers: "
+                    "nft, awm, tree_nft, tree_awm; writes lr_sweep_<method>.json)")
     ap.add_argument("--lr", type=float, default=LR, help="the shared learning rate (tune it on the window "
                     "baseline with --lr-sweep)")
     ap.add_argument("--window-width", type=int, default=BASE["tree"]["window_width"], help="demo: the tree's window w (k=2, 2**w leaves and "
@@ -327,12 +351,14 @@ def main() -> None:
             name, _, js = item.partition("=")
             chosen[name] = json.loads(js) if js else {**METHODS, **{k: merge(METHODS["tree"], v)
                                                                     for k, v in ABLATIONS.items()}}[name]
+        sweep = ns.lr_sweep_method
         for lr in (ns.lr_sweep.split(",") if ns.lr_sweep else []):
-            chosen[f"traj_window_lr{lr}"] = merge(METHODS["traj_window"], {"optim": {"lr": float(lr)}})
+            chosen[f"{sweep}_lr{lr}"] = merge(METHODS[sweep], {"optim": {"lr": float(lr)}})
         recs = run_all(interleaved(chosen, ns.seeds), ns.budget, ns.out, n_par, t0)
         res = report(recs, baseline=next(iter(chosen)))
-        atomic_write_json(os.path.join(ns.out, "lr_sweep.json" if ns.lr_sweep else "explore.json"),
-                          {"result": res, "records": recs, "budget_s": ns.budget})
+        name = ("lr_sweep.json" if sweep == "traj_window" else f"lr_sweep_{sweep}.json") if ns.lr_sweep else \
+            "explore.json"
+        atomic_write_json(os.path.join(ns.out, name), {"result": res, "records": recs, "budget_s": ns.budget})
         return
     if ns.merge:
         parts = [json.load(open(p, encoding="utf-8")) for p in ns.merge]

@@ -83,6 +83,24 @@ def test_one_tiny_comparison_end_to_end(tmp_path):
     assert "tree" in r.stdout and "traj_window" in r.stdout
 
 
+def test_the_flow_matching_peers_run_in_the_same_protocol(tmp_path):
+    """NFT on 8 independent DPM++(2M) samples per prompt (6 calls each, a tree leaf's path) and AWM on the tree's
+    leaves, side by side with the same budget, prompts and evaluation; a per-method lr sweep writes its own file."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_methods.py"), "--seeds", "1",
+                        "--budget", "1.5", "--only", "nft", "--only", "tree_awm", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    by = {x["method"]: x for x in json.load(open(tmp_path / "explore.json"))["records"]}
+    assert by["nft"]["nfe_per_iter"] == 24 * 8 * bm.PEER_ODE_STEPS
+    assert by["tree_awm"]["nfe_per_iter"] == 24 * (1 + 7 + 8 * 2)
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_methods.py"), "--seeds", "1",
+                        "--budget", "1", "--lr-sweep", "1e-3,4e-3", "--lr-sweep-method", "awm", "--out",
+                        str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    sweep = json.load(open(tmp_path / "lr_sweep_awm.json"))
+    assert {x["method"] for x in sweep["records"]} == {"awm_lr1e-3", "awm_lr4e-3"}
+
+
 def test_base_config_runs_the_baselines_on_a_diffusers_model(tmp_path):
     """--base-config (the GPU path) on a tiny SD1.x folder: the all-step baseline stops before the noiseless
     last DDIM step, and every method trains through the diffusers backend."""

@@ -311,3 +311,31 @@ def test_reward_scorer_averages_each_videos_frames(comfyui_pack):
     out = out.result[0] if hasattr(out, "result") else out[0]
     per_frame = frames.mean(dim=(1, 2, 3)).reshape(2, 9)[:, [0, 4, 8]]
     assert torch.allclose(out["rewards"]["mean"], per_frame.mean(1), atol=1e-6)
+
+
+def test_train_node_sets_flux_guidance_and_flux_reads_it(comfyui_pack):
+    """The Train node's ``guidance`` writes the embedded guidance into every conditioning (what FluxGuidance does;
+    0 leaves the model's default), and a Flux model's output depends on it."""
+    import sys
+
+    from comfy_test_pack.families import build
+    from treegrpo.comfyui.demo import load_demo_comfy
+    from treegrpo.comfyui.policy import ComfyPolicy
+    from treegrpo.config import LoraConfig
+
+    encode = sys.modules[comfyui_pack.node_classes()["TreeGRPOTrain"].__module__].encode
+    _, clip, _ = load_demo_comfy()
+    assert encode(clip, "a red circle", 4.0)[0][1]["guidance"] == 4.0
+    assert "guidance" not in encode(clip, "a red circle", 0.0)[0][1]
+
+    patcher, pos, _, shape = build("Flux")
+
+    def denoised(g):
+        cond = [[pos[0][0], dict(pos[0][1], guidance=g)]]
+        with torch.inference_mode(False):
+            pol = ComfyPolicy(patcher, ["p"], [(cond, None)], shape, lora_cfg=LoraConfig(rank=1, alpha=1.0,
+                                                                                        targets=["auto"]))
+            x = torch.randn((1, *shape), generator=torch.Generator().manual_seed(0))
+            return pol.run(lambda: pol.denoise(x, pol.sigmas(4)[[1]], pol.encode_prompts(["p"]), 1.0).clone())
+
+    assert (denoised(1.0) - denoised(6.0)).abs().max() > 1e-5

@@ -85,6 +85,8 @@ def backup(parents: list[torch.Tensor], logp_old: list[torch.Tensor], leaf_adv: 
     if mode not in ("softmax", "mean"):
         raise ValueError(f"backup must be 'softmax' or 'mean', got {mode!r}")
     w = len(parents)
+    if w == 0:   # no window (independent ODE samples): no edges
+        return []
     out: list[torch.Tensor] = [None] * w  # type: ignore[list-item]
     out[w - 1] = leaf_adv
     for j in range(w - 1, 0, -1):
@@ -168,6 +170,7 @@ def assign_advantages(batch, raw: dict[str, torch.Tensor], weights: dict[str, fl
         edge_adv = sibling_baseline(batch.parents, edge_adv)
     from .loss import clip_advantages
     batch.advantages = [clip_advantages(a, cfg.adv_clip) for a in edge_adv]
+    batch.leaf_advantages = clip_advantages(a_leaf, cfg.adv_clip)
     batch.trainable = trainable
     batch.rewards = raw
     return {"reward": float(total.mean()), "reward_std": float(total.std(correction=0)),

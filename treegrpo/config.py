@@ -90,8 +90,9 @@ class TreeConfig:
     window_start: int = _f(2, "first SDE (branching) step s; steps < s are shared ODE steps")
     window_width: int = _f(3, "number of SDE steps w in the window")
     branch: int = _f(2, "children per node at every window step k (tree method)")
-    method: str = _f("tree", "tree | trajectory (the GRPO baseline run by the same code)")
-    group_size: int = _f(0, "trajectory method: trajectories per group G (0 = branch**window_width)")
+    method: str = _f("tree", "tree | trajectory (the GRPO baseline run by the same code) | ode (G deterministic "
+                             "samples per prompt from independent noises, for optim.loss nft / awm)")
+    group_size: int = _f(0, "trajectory / ode methods: samples per group G (0 = branch**window_width)")
     window_schedule: str = _f("fixed", "fixed | sliding | random: where the window sits at each iteration")
     window_shift: int = _f(1, "sliding schedule: steps the window moves each time")
     window_every: int = _f(1, "sliding schedule: iterations between moves")
@@ -119,13 +120,13 @@ class TreeConfig:
                  f"{self.window_start} + {self.window_width}; allowed window_start: 0..{self.steps - self.window_width}"
                  if self.window_width <= self.steps else
                  f"window_width {self.window_width} exceeds steps {self.steps}")
-        _choice(self, "method", ("tree", "trajectory"))
+        _choice(self, "method", ("tree", "trajectory", "ode"))
         _choice(self, "window_schedule", ("fixed", "sliding", "random"))
         _choice(self, "logprob_reduction", ("mean", "sum"))
         _choice(self, "tail_solver", ("euler", "heun", "dpmpp_2m"))
         _require(self.group_size >= 0, c, "group_size", f"must be >= 0, got {self.group_size}")
-        _require(self.method == "trajectory" or self.group_size == 0, c, "group_size",
-                 f"only used by method='trajectory' (got {self.group_size} with method='tree'); set it to 0")
+        _require(self.method != "tree" or self.group_size == 0, c, "group_size",
+                 f"only used by method='trajectory' or 'ode' (got {self.group_size} with method='tree'); set it to 0")
         _require(self.window_shift >= 1, c, "window_shift", f"must be >= 1, got {self.window_shift}")
         _require(self.window_every >= 1, c, "window_every", f"must be >= 1, got {self.window_every}")
         mx = self.max_start
@@ -172,6 +173,8 @@ class TreeConfig:
 
     @property
     def leaves(self) -> int:
+        if self.method == "ode":
+            return self.group_size or self.leaves_full
         n = math.prod(self.branching)
         return min(n, self.leaf_cap) if self.leaf_cap else n
 
@@ -270,10 +273,22 @@ class OptimConfig:
     lr_schedule: str = _f("constant", "learning-rate schedule over the run: constant | linear | cosine (to 0 "
                                      "at `iterations`, or at `time_budget_s` of training if that comes first)")
     warmup: int = _f(0, "iterations of linear learning-rate warm-up from 0")
+    loss: str = _f("grpo", "grpo (the policy gradient on the SDE window's edges) | nft (DiffusionNFT-style) | awm "
+                           "(advantage-weighted matching): nft and awm train the flow-matching loss on the leaves "
+                           "re-noised (treegrpo.matching) and need no SDE window likelihoods")
+    nft_beta: float = _f(1.0, "nft: the implicit policies' step beta: v+ = (1-beta) v_old + beta v, "
+                              "v- = (1+beta) v_old - beta v")
+    nft_adv_scale: float = _f(2.0, "nft: optimality r = 1/2 + 1/2 clip(A / scale, -1, 1) of the leaf advantage A")
+    matching_timesteps: int = _f(2, "nft/awm: noise levels per leaf per update, drawn uniformly from the sampling "
+                                    "schedule")
 
     def __post_init__(self) -> None:
         check_types(self)
         c = "OptimConfig"
+        _choice(self, "loss", ("grpo", "nft", "awm"))
+        _require(self.nft_beta > 0, c, "nft_beta", f"must be > 0, got {self.nft_beta}")
+        _require(self.nft_adv_scale > 0, c, "nft_adv_scale", f"must be > 0, got {self.nft_adv_scale}")
+        _require(self.matching_timesteps >= 1, c, "matching_timesteps", f"must be >= 1, got {self.matching_timesteps}")
         _require(self.lr > 0 and math.isfinite(self.lr), c, "lr", f"must be > 0, got {self.lr}")
         _require(self.weight_decay >= 0, c, "weight_decay", f"must be >= 0, got {self.weight_decay}")
         _require(self.clip_range > 0, c, "clip_range", f"must be > 0, got {self.clip_range}")
@@ -461,6 +476,12 @@ class TrainConfig:
         _choice(self, "backend", ("demo", "diffusers", "comfy"))
         _require(self.backend != "diffusers" or bool(self.model), c, "model",
                  "the diffusers backend needs a model path: a local diffusers folder or a .safetensors checkpoint")
+        _require(self.tree.method != "ode" or self.optim.loss != "grpo", c, "tree",
+                 "method 'ode' samples no SDE edges for GRPO to train: use optim.loss nft or awm with it, or "
+                 "method tree / trajectory")
+        _require(self.optim.loss == "grpo" or self.tree.method != "trajectory", c, "optim",
+                 f"loss {self.optim.loss!r} trains on leaves: sample them with tree.method ode (independent samples) "
+                 "or tree (a tree's leaves)")
         _require(len(self.rewards) > 0, c, "rewards", "name at least one reward model")
         _require(sum(r.weight for r in self.rewards) > 0, c, "rewards",
                  "the reward weights are all zero; give at least one a weight > 0")

@@ -34,7 +34,7 @@ from .lora import PeftLoRA, check_base_model, from_state_dict, read_lora_file, s
 from .policy import Policy
 from .signals import best_index, hacking_warnings, image_signals
 from .tree import TreeBatch, sample_ode, sample_ode_window_kl, sample_trees, window_start_at
-from .update import grpo_update, lr_factor
+from .update import grpo_update, lr_factor, matching_update
 from .video import first_frames, score_over_frames
 
 
@@ -230,11 +230,14 @@ class Trainer:
         t0 = time.perf_counter()
         lr = self._set_lr()
         self.policy.model.train()
+        kw = dict(guidance=self.cfg.cfg, params=self.params, callback=self._cb,
+                  all_reduce=getattr(self.dist, "all_reduce_grads", None))
+        if self.cfg.optim.loss != "grpo":   # NFT / AWM: re-noised leaves, levels and noise from (seed, iteration)
+            kw["generator"] = iteration_generator(self.cfg.seed, self.iteration, salt=1 + 10 ** 6 + self.rank)
+        update = grpo_update if self.cfg.optim.loss == "grpo" else matching_update
         try:
-            upd = self.policy.run(lambda: grpo_update(
-                self.policy, batch, self.optimizer, self.cfg.optim, guidance=self.cfg.cfg, params=self.params,
-                callback=self._cb, all_reduce=getattr(self.dist, "all_reduce_grads", None)),
-                max_batch=self.cfg.optim.microbatch)
+            upd = self.policy.run(lambda: update(self.policy, batch, self.optimizer, self.cfg.optim, **kw),
+                                  max_batch=self.cfg.optim.microbatch)
         finally:
             self.policy.model.eval()
         batch.stats["t_update"] = batch.stats.get("t_assign", 0.0) + time.perf_counter() - t0

@@ -53,6 +53,7 @@ class TreeBatch:
     nfe: int = 0
     calls: int = 0
     advantages: Optional[list[torch.Tensor]] = None   # w: (n_{j+1},) edge advantages (after backup)
+    leaf_advantages: Optional[torch.Tensor] = None    # (n_w,) z-scored leaf advantages (the matching losses')
     trainable: Optional[torch.Tensor] = None          # (n_trees,) bool, False for flat trees
     rewards: Optional[dict] = None                    # name -> (n_leaves,) raw rewards
     stats: dict = field(default_factory=dict)
@@ -101,6 +102,8 @@ def expected_nfe(cfg: TreeConfig, window_start: Optional[int] = None, guidance: 
 
     Without a leaf cap and with the default tail this is ``s + Σ_{j<w} k^j + k^w·(T−s−w)``."""
     s = cfg.window_start if window_start is None else window_start
+    if cfg.method == "ode":   # G independent deterministic samples
+        return cfg.leaves * tail_nfe(cfg, 0) * (2 if guidance != 1.0 else 1)
     n = level_sizes(cfg.branching, cfg.leaf_cap)
     tail = tail_nfe(cfg, s)
     per = s + sum(n[:-1]) + n[-1] * tail
@@ -120,7 +123,7 @@ def tail_sigmas(sigmas: torch.Tensor, start: int, tail_steps: int) -> torch.Tens
 
 
 def tail_nfe(cfg: TreeConfig, window_start: int) -> int:
-    n_steps = cfg.tail_steps or (cfg.steps - window_start - cfg.window_width)
+    n_steps = cfg.tail_steps or (cfg.steps - window_start - (0 if cfg.method == "ode" else cfg.window_width))
     if cfg.tail_solver == "heun":
         return max(0, 2 * n_steps - 1)  # the last step (to σ = 0) is Euler
     return n_steps
@@ -262,6 +265,9 @@ def sample_trees(policy: Policy, prompts: list[str], cfg: TreeConfig, *, cond: A
     counter = NFECounter()
     den = Denoiser(policy, cond, guidance, counter, max_batch)
     trees = torch.arange(n_trees, device=dev)
+    if cfg.method == "ode":
+        return _sample_ode_groups(policy, cfg, den, counter, sigmas, noise, cond, prompts, prompt_ids, generator,
+                                  callback)
 
     # shared ODE prefix, once per tree
     x = policy.noise_scaling(sigmas[0], noise.float())
@@ -312,7 +318,29 @@ def sample_trees(policy: Policy, prompts: list[str], cfg: TreeConfig, *, cond: A
     )
 
 
-@torch.no_grad()
+def _sample_ode_groups(policy: Policy, cfg: TreeConfig, den, counter, sigmas, noise, cond, prompts, prompt_ids,
+                       generator, callback) -> TreeBatch:
+    """``method='ode'``: G deterministic samples per "tree" (a group of one prompt) from G independent initial noises
+    (``noise`` gives each group's first; the others come from ``generator``), solved by the tail solver over the
+    whole schedule (``tail_steps`` re-spaced). A TreeBatch without a window: the leaves, no edges (for the
+    matching losses). NFE: ``G·T`` per group (``tail_steps`` for T when set)."""
+    n_trees, g = len(prompts), cfg.leaves
+    shape = tuple(noise.shape[1:])
+    gens = generator if isinstance(generator, (list, tuple)) else [generator] * n_trees
+    extra = [torch.randn((g - 1, *shape), generator=gen, device="cpu") for gen in gens]
+    init = torch.cat([torch.cat([noise[i:i + 1].cpu().float(), extra[i]]) for i in range(n_trees)]).to(noise.device)
+    x = policy.noise_scaling(sigmas[0], init)
+    group = torch.arange(n_trees, device=x.device).repeat_interleave(g)
+    leaves = ODE_SOLVERS[cfg.tail_solver](den, x, tail_sigmas(sigmas, 0, cfg.tail_steps), group, callback,
+                                          policy.prediction)
+    kernel = SDEKernel(policy.prediction, cfg.noise_level, cfg.eta, cfg.logprob_reduction,
+                       float(sigmas[1]) if sigmas.numel() > 1 else None)
+    return TreeBatch(sigmas=sigmas, window_start=0, branching=[], cond=cond, prompts=list(prompts),
+                     prompt_ids=prompt_ids if prompt_ids is not None else torch.arange(n_trees),
+                     latents=[leaves], parents=[], logp_old=[], std=[], leaves=leaves, kernel=kernel,
+                     nfe=counter.nfe, calls=counter.calls)
+
+
 @torch.no_grad()
 def sample_ode_window_kl(policy: Policy, prompts: list[str], noise: torch.Tensor, cfg: TreeConfig,
                          guidance: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:

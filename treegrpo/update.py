@@ -197,3 +197,84 @@ def grpo_update(policy: Policy, batch: TreeBatch, optimizer: torch.optim.Optimiz
         stats["grad_norm"] = float(gn)
     optimizer.zero_grad(set_to_none=True)
     return stats
+
+
+def matching_update(policy: Policy, batch: TreeBatch, optimizer: torch.optim.Optimizer, cfg: OptimConfig, *,
+                    guidance: float = 1.0, params: Optional[list[torch.nn.Parameter]] = None,
+                    callback: Optional[Callable[[], None]] = None, all_reduce: Optional[Callable] = None,
+                    generator: Optional[torch.Generator] = None) -> dict:
+    """``cfg.updates_per_batch`` optimiser steps of the NFT or AWM loss (``cfg.loss``, :mod:`treegrpo.matching`) on
+    the batch's leaves: every leaf re-noised at ``cfg.matching_timesteps`` noise levels drawn uniformly from the
+    sampling schedule (σ_0 … σ_{T−1}), one forward per (leaf, level) row, microbatched; the loss is the mean over
+    rows, plus ``kl_beta`` × the velocity matching error to the reference (LoRA off). NFT's old policy is the one
+    that sampled the batch: its x̂0 are taken (without gradient) before the first step. Statistics as GRPO's,
+    with ``edges`` = rows."""
+    from .matching import awm_loss, matching_error, nft_loss, optimality, renoise
+
+    if batch.leaf_advantages is None:
+        raise ValueError("the leaves have no advantages yet: run assign() (the Advantage Backup node) first")
+    params = params if params is not None else [p for p in policy.model.parameters() if p.requires_grad]
+    leaves, adv = batch.leaves, batch.leaf_advantages.to(batch.leaves.device)
+    leaf_tree = batch.leaf_tree
+    k = cfg.matching_timesteps
+    rows = torch.arange(leaves.shape[0], device=leaves.device).repeat_interleave(k)
+    if cfg.kl_beta == 0:   # a zero advantage contributes no gradient to either loss at the sampling policy
+        rows = rows[adv[rows] != 0]
+    n = rows.numel()
+    levels = batch.sigmas[:-1]
+    idx = torch.randint(0, levels.numel(), (n,), generator=generator).to(leaves.device)
+    sigma = levels[idx].float()
+    noise = torch.randn((n, *leaves.shape[1:]), generator=generator).to(leaves.device)
+    x0 = leaves[rows].float()
+    x_t = renoise(x0, noise, sigma, batch.prediction)
+    a = adv[rows].float()
+    r = optimality(a, cfg.nft_adv_scale)
+    stats = {"edges": n, "parents": n, "grad_norm": 0.0, "loss": 0.0, "kl": 0.0, "ratio_mean": 1.0,
+             "clip_frac": 0.0, "forwards": 0, "ref_forwards": 0}
+    old: list[torch.Tensor] = []
+    for step in range(cfg.updates_per_batch):
+        optimizer.zero_grad(set_to_none=False)
+        tot_loss = tot_kl = 0.0
+        for b, r0 in enumerate(range(0, n, cfg.microbatch)):
+            sl = slice(r0, min(r0 + cfg.microbatch, n))
+            cond = select_cond(batch.cond, leaf_tree[rows[sl]])
+            x0_theta = policy.denoise(x_t[sl], sigma[sl], cond, guidance)
+            stats["forwards"] += x0_theta.shape[0]
+            if step == 0:
+                old.append(x0_theta.detach())
+            if cfg.loss == "nft":
+                per = nft_loss(x0_theta, old[b], x0[sl], sigma[sl], r[sl], cfg.nft_beta)
+            else:
+                per = awm_loss(x0_theta, x0[sl], sigma[sl], a[sl])
+            loss = per.sum() / n
+            if cfg.kl_beta > 0:
+                with torch.no_grad(), policy.lora_disabled():
+                    x0_ref = policy.denoise(x_t[sl], sigma[sl], cond, guidance)
+                stats["ref_forwards"] += x0_ref.shape[0]
+                kl = matching_error(x0_theta, x0_ref, sigma[sl])
+                loss = loss + cfg.kl_beta * kl.sum() / n
+                tot_kl += float(kl.detach().sum())
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"non-finite {cfg.loss} loss ({float(loss.detach())}); lower the learning "
+                                         "rate or check the rewards")
+            loss.backward()
+            tot_loss += float(loss.detach())
+            del x0_theta, per, loss
+            if callback:
+                callback()
+        if all_reduce is not None:
+            all_reduce(params, n)
+        if n == 0 and all_reduce is None:
+            break
+        grads = [p.grad for p in params if p.grad is not None]
+        gn = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])) if grads \
+            else torch.zeros(())
+        if not torch.isfinite(gn):
+            raise FloatingPointError(f"non-finite gradient norm ({float(gn)}) in the {cfg.loss} update; lower the "
+                                     "learning rate or check the rewards")
+        if cfg.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        optimizer.step()
+        stats.update(grad_norm=float(gn), loss=tot_loss, kl=tot_kl / max(n, 1))
+    optimizer.zero_grad(set_to_none=True)
+    return stats
