@@ -6,8 +6,10 @@ Trains, from the same base model, prompts, reward, seed schedule and optimiser:
   traj_window   trajectory GRPO, 8 trajectories per prompt, SDE on the same 3-step window (MixGRPO-style)
   traj_window_mirrored  the same with mirrored pairs at its branching step (the tree's noise, offered to it)
   traj_all      trajectory GRPO, 8 trajectories per prompt, SDE on every step (DanceGRPO/Flow-GRPO-style)
-with the same learning rate (tuned on traj_window: ``--lr-sweep``) and the same tail solver after the
-window. The paper's edge advantages (no sibling baseline) are an ablation: on mirrored k=2 siblings they
+  nft, awm      DiffusionNFT- and AWM-style flow matching on 8 independent DPM++(2M) samples per prompt
+  tree_nft, tree_awm   the same objectives on the tree's 8 leaves (tree sampling for any objective)
+the GRPO methods with the same learning rate (tuned on traj_window: ``--lr-sweep``) and the same tail solver after the
+window; the matching peers with their own (``--lr-sweep ... --lr-sweep-method nft``). The paper's edge advantages (no sibling baseline) are an ablation: on mirrored k=2 siblings they
 give the same gradient as the tree's default. Each (method, seed) run is a separate process (peak RSS per
 run) on one thread; the runs are interleaved seed by seed so machine noise hits all methods alike,
 ``--jobs`` of them at a time (one per core); every run trains for the same wall-clock budget. Evaluation
@@ -57,8 +59,10 @@ METHODS = {
     "tree_nft": {"advantage": {"edge_baseline": "siblings"}, "tree": {"antithetic": True}, "optim": {"loss": "nft"}},
     "tree_awm": {"advantage": {"edge_baseline": "siblings"}, "tree": {"antithetic": True}, "optim": {"loss": "awm"}},
 }
-#: each peer's learning rate (its own sweep, benchmarks/README.md) and the ODE steps of its independent samples
-PEER_LR = {"nft": 3e-3, "awm": 3e-3, "tree_nft": 3e-3, "tree_awm": 3e-3}
+#: each peer's learning rate: nft's and awm's own sweeps (3e-3 … 4.8e-2, 2 seeds, 40 s: 1.2e-2 best for both,
+#: 2.4e-2 worse, 4.8e-2 diverged; benchmarks/README.md); the tree variants train the same objective on as many
+#: leaves per iteration and take the same lr
+PEER_LR = {"nft": 1.2e-2, "awm": 1.2e-2, "tree_nft": 1.2e-2, "tree_awm": 1.2e-2}
 PEER_ODE_STEPS = 6   # DPM++(2M) calls per independent sample: as many as a tree leaf's path (1 + 3 + 2)
 ABLATIONS = {  # each is "tree" with these changes, reported against it
     "tree_k8_w1": {"tree": {"branch": 8, "window_width": 1, "window_start": 1}},
