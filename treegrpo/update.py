@@ -165,6 +165,22 @@ def lr_factor(iteration: int, total: int, warmup: int = 0, schedule: str = "cons
     raise ValueError(f"unknown lr schedule {schedule!r}; use constant, linear or cosine")
 
 
+def optimizer_step(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], max_grad_norm: float,
+                   what: str) -> float:
+    """Clip the accumulated gradient to ``max_grad_norm`` (0 = off) and step; returns its norm before clipping.
+    A non-finite norm raises (naming the ``what`` update) before any parameter changes."""
+    grads = [p.grad for p in params if p.grad is not None]
+    gn = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])) if grads \
+        else torch.zeros(())
+    if not torch.isfinite(gn):
+        raise FloatingPointError(f"non-finite gradient norm ({float(gn)}) in the {what} update; "
+                                 "lower the learning rate or check the rewards")
+    if max_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    optimizer.step()
+    return float(gn)
+
+
 def grpo_update(policy: Policy, batch: TreeBatch, optimizer: torch.optim.Optimizer, cfg: OptimConfig, *,
                 guidance: float = 1.0,
                 params: Optional[list[torch.nn.Parameter]] = None,
@@ -185,16 +201,7 @@ def grpo_update(policy: Policy, batch: TreeBatch, optimizer: torch.optim.Optimiz
             all_reduce(params, edges.n_edges)
         if edges.n_edges == 0 and all_reduce is None:
             break
-        grads = [p.grad for p in params if p.grad is not None]
-        gn = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])) if grads \
-            else torch.zeros(())
-        if not torch.isfinite(gn):
-            raise FloatingPointError(f"non-finite gradient norm ({float(gn)}) in the GRPO update; "
-                                     "lower the learning rate or check the rewards")
-        if cfg.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-        optimizer.step()
-        stats["grad_norm"] = float(gn)
+        stats["grad_norm"] = optimizer_step(optimizer, params, cfg.max_grad_norm, "GRPO")
     optimizer.zero_grad(set_to_none=True)
     return stats
 
@@ -266,15 +273,7 @@ def matching_update(policy: Policy, batch: TreeBatch, optimizer: torch.optim.Opt
             all_reduce(params, n)
         if n == 0 and all_reduce is None:
             break
-        grads = [p.grad for p in params if p.grad is not None]
-        gn = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])) if grads \
-            else torch.zeros(())
-        if not torch.isfinite(gn):
-            raise FloatingPointError(f"non-finite gradient norm ({float(gn)}) in the {cfg.loss} update; lower the "
-                                     "learning rate or check the rewards")
-        if cfg.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-        optimizer.step()
-        stats.update(grad_norm=float(gn), loss=tot_loss, kl=tot_kl / max(n, 1))
+        stats.update(grad_norm=optimizer_step(optimizer, params, cfg.max_grad_norm, cfg.loss), loss=tot_loss,
+                     kl=tot_kl / max(n, 1))
     optimizer.zero_grad(set_to_none=True)
     return stats
