@@ -65,10 +65,8 @@ class ProjectionVAE:
 
 
 def vae_for(name: str):
-    """The tiny real Wan 2.1 VAE for 16-channel video latents (Wan 2.1, Cosmos Predict2 share its latent format),
-    else :class:`ProjectionVAE`."""
-    _, _, latent = TINY[name] if name in TINY else VARIANTS[name]
-    if name in ("WAN21_T2V",):
+    """The tiny real Wan 2.1 VAE for Wan 2.1 text-to-video, else :class:`ProjectionVAE`."""
+    if name == "WAN21_T2V":
         from .tiny_video import tiny_vae
         return tiny_vae("wan21", 0)
     return ProjectionVAE()

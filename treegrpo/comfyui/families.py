@@ -150,12 +150,6 @@ FAMILIES: dict[str, Family] = {
     "Hunyuan3Dv2mini": _refused("Hunyuan3D 2 mini", "3d", "it generates 3D shapes from an image"),
 }
 
-#: σ-space sampling classes (x = x0 + σ·n) and rectified flow, by ``comfy.model_sampling`` class name
-SIGMA_SPACE = ("EPS", "V_PREDICTION", "EDM", "COSMOS_RFLOW")
-FLOW = ("CONST",)
-NOT_FROM_NOISE = ("X0", "IMG_TO_IMG")
-
-
 class FamilyError(ValueError):
     """A model TreeGRPO cannot train, with the family and the reason."""
 
@@ -187,16 +181,13 @@ def sampling_kind(model) -> str:
 def prediction_of(model) -> str:
     """'flow' or 'epsilon' (σ-space DDIM) for a ComfyUI model's ``model_sampling``; :class:`FamilyError` naming the
     family when its sampling is neither."""
-    import comfy.model_sampling as ms
-
+    kind = sampling_kind(model)
+    if kind == "flow":
+        return "flow"
+    if kind in ("eps", "v", "edm", "rflow"):   # x = x0 + σ·n: ComfyUI turns each into x̂0 itself
+        return "epsilon"
     base = getattr(model, "model", model)
     sampling = getattr(model, "get_model_object", lambda name: base.model_sampling)("model_sampling")
-    if isinstance(sampling, ms.CONST):
-        return "flow"
-    if isinstance(sampling, (ms.X0, ms.IMG_TO_IMG)):
-        pass
-    elif isinstance(sampling, (ms.EPS, ms.COSMOS_RFLOW)):
-        return "epsilon"
     name, fam = family_of(model)
     kinds = [k.__name__ for k in type(sampling).__mro__ if k.__module__ == "comfy.model_sampling"]
     raise FamilyError(f"TreeGRPO cannot train {fam.label if fam else name} ({name}): its sampling ({', '.join(kinds)}) "
