@@ -1,5 +1,7 @@
 """One checkpoint format: a run started by ComfyUI's Train node resumes from the CLI and the other way round (the
-demo model exists on both sides: PEFT layers on the CLI, ComfyUI's activation-space LoRA in the node)."""
+demo model exists on both sides: PEFT layers on the CLI, ComfyUI's activation-space LoRA in the node), and the run
+moved between them ends with the same LoRA bytes as the run left where it started: the checkpoint carries the noise
+levels the run was trained with (ComfyUI's scheduler and the CLI's backend space them differently)."""
 import json
 from pathlib import Path
 
@@ -9,6 +11,7 @@ import behaviour_fixture as bf
 from treegrpo import checkpoint as ckpt
 from treegrpo import cli
 from treegrpo.config import TrainConfig
+from treegrpo.demo.model import flow_sigmas
 from treegrpo.lora import from_state_dict, read_lora_file
 
 PROMPTS = ["a red circle", "a blue square", "a green triangle"]
@@ -70,6 +73,42 @@ def test_a_train_node_run_resumes_from_the_cli_and_back(comfyui_pack):
     assert final["iteration"] == 3 and adam_steps(final) == {3}
     saved = lora_of(r.outputs["save"]["text"][0].split("saved ", 1)[1])
     assert set(saved) == set(final["lora"]) and all(torch.equal(saved[k], final["lora"][k]) for k in saved)
+
+
+def equal_loras(a: dict, b: dict) -> bool:
+    return set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_run_moved_node_cli_node_equals_the_node_run_uninterrupted(comfyui_pack, capsys):
+    """ComfyUI (iteration 0) → CLI (iteration 1) → ComfyUI (iteration 2): every LoRA byte and the AdamW state equal
+    those of the same three iterations run in the Train node alone."""
+    out = Path(comfyui_pack.base_dir) / "output" / "treegrpo"
+    comfyui_pack.execute(node_graph("node_alone", 3))
+    alone = last_checkpoint(out / "node_alone", "node_alone")
+    run = "node_cli_node"
+    comfyui_pack.execute(node_graph(run, 1))
+    cli.run_training(cli_config(out / run, run, 2), resume=True, progress=False)
+    assert "continues on the noise levels it was trained with" in capsys.readouterr().out
+    comfyui_pack.execute(node_graph(run, 3))
+    moved = last_checkpoint(out / run, run)
+    assert equal_loras(moved["lora"], alone["lora"])
+    assert torch.equal(moved["sigmas"], alone["sigmas"])
+    for a, b in zip(moved["optimizer"]["state"].values(), alone["optimizer"]["state"].values()):
+        assert all(torch.equal(a[k], b[k]) for k in ("exp_avg", "exp_avg_sq", "step"))
+    assert [h["reward"] for h in json.loads(moved["history"])] == [h["reward"] for h in json.loads(alone["history"])]
+
+
+def test_a_run_moved_cli_node_equals_the_cli_run_uninterrupted(comfyui_pack):
+    """CLI (iteration 0) → ComfyUI (iteration 1): the LoRA equals two iterations on the CLI, byte for byte; the
+    node trains on the CLI's noise levels, not its scheduler's."""
+    out = Path(comfyui_pack.base_dir) / "output" / "treegrpo"
+    _, alone = cli.run_training(cli_config(out / "cli_alone", "cli_alone", 2), progress=False)
+    run = "cli_node"
+    cli.run_training(cli_config(out / run, run, 1), progress=False)
+    r = comfyui_pack.execute(node_graph(run, 2))
+    from_node = lora_of(r.outputs["save"]["text"][0].split("saved ", 1)[1])
+    assert equal_loras(from_node, lora_of(alone["lora"]))
+    assert torch.equal(last_checkpoint(out / run, run)["sigmas"], flow_sigmas(6))   # the CLI's, not ComfyUI's
 
 
 def test_the_node_resumes_the_clis_lora_bit_for_bit(comfyui_pack):

@@ -81,6 +81,39 @@ def test_resume_gives_the_same_lora_bytes(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_resumed_run_keeps_the_noise_levels_it_was_trained_with(tmp_path):
+    """A checkpoint carries the run's schedule; resuming on a policy whose own schedule differs (another front-end:
+    ComfyUI's scheduler) samples on the checkpoint's. Another step count, or an older checkpoint without one, keeps
+    the policy's. The kept schedule reaches the trees and the evaluation."""
+    from treegrpo.demo.model import flow_sigmas
+    from treegrpo.trainer import Trainer
+    from treegrpo.backends.demo import DemoPolicy
+
+    cfg = _cfg(tmp_path, iterations=1, prompts_per_iter=2, run_name="s", checkpoint_every=1, eval_seeds=1)
+    tr, _ = cli.run_training(cfg, progress=False)
+    state = torch.load(tr.latest_checkpoint(), weights_only=True)
+    assert torch.equal(state["sigmas"], flow_sigmas(cfg.tree.steps))
+    other = torch.linspace(1.0, 0.0, cfg.tree.steps + 1) ** 2
+    logged = []
+    fresh = Trainer(cfg, DemoPolicy.load(), rewards={"demo_adherence": lambda im, p: torch.zeros(len(p))})
+    fresh.log = logged.append
+    fresh.load_checkpoint(tr.latest_checkpoint(), dict(state, sigmas=other))
+    assert torch.equal(fresh.sigmas(), other) and "continues on the noise levels" in logged[0]
+    assert torch.equal(fresh.sample().sigmas.cpu(), other)
+    seen = []
+    orig = fresh.policy.denoise
+    fresh.policy.denoise = lambda x, sig, c, g: seen.append(float(sig.reshape(-1)[0])) or orig(x, sig, c, g)
+    fresh.evaluate(seeds=1)
+    assert seen[:2] == [float(other[0]), float(other[1])]
+    fresh.load_checkpoint(tr.latest_checkpoint(), dict(state, sigmas=torch.linspace(1, 0, 4)))   # 3 steps
+    assert fresh.kept_sigmas is None and torch.equal(fresh.sigmas(), flow_sigmas(cfg.tree.steps))
+    fresh.load_checkpoint(tr.latest_checkpoint(), {k: v for k, v in state.items() if k != "sigmas"})
+    assert fresh.kept_sigmas is None
+    with pytest.raises(ValueError, match="does not fit"):
+        from treegrpo.tree import schedule
+        schedule(fresh.policy, 5, other)
+
+
 def test_demo_cli_writes_all_outputs(tmp_path, capsys):
     out = tmp_path / "demo"
     rc = cli.main(["demo", "--quiet", "--output-dir", str(out), "--iterations", "2", "--prompts-per-iter", "2",

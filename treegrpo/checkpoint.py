@@ -9,7 +9,9 @@ JSON strings (``torch.load(weights_only=True)`` reads it):
   order under the same names. The names do not depend on the backend (PEFT layers or ComfyUI's activation-space
   LoRA), so a run started in ComfyUI resumes from the CLI on the same model and the other way round;
 - ``optimizer`` (AdamW state dict), ``history`` / ``evals`` / ``config`` (JSON), ``torch_rng``, ``python_rng``,
-  ``numpy_rng``.
+  ``numpy_rng``;
+- ``sigmas``: the (T+1,) noise levels the run samples with. A run resumed on another front-end keeps them
+  (``Trainer.kept_sigmas``), so it computes what it would have computed where it started.
 """
 from __future__ import annotations
 

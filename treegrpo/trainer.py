@@ -127,6 +127,9 @@ class Trainer:
         self.total_nfe = 0
         self.out = cfg.output_dir
         self._next_eval_t = math.inf
+        #: the noise levels a resumed run was trained with, when they differ from this policy's own (a run moved
+        #: between ComfyUI, whose scheduler sets them, and the CLI, whose backend does)
+        self.kept_sigmas: Optional[torch.Tensor] = None
 
     def rebind(self, cfg: TrainConfig, policy: Policy) -> None:
         """Continue this run with new settings and a new policy over the same LoRA (ComfyUI's step nodes build a
@@ -148,6 +151,14 @@ class Trainer:
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         return lr
+
+    def sigmas(self) -> torch.Tensor:
+        """The run's noise levels at ``tree.steps``, (T+1,) float32 on the CPU: the schedule it was trained with
+        (:attr:`kept_sigmas`, from its checkpoint) or, for a new run or another step count, the policy's."""
+        kept = self.kept_sigmas
+        if kept is not None and kept.numel() == self.cfg.tree.steps + 1:
+            return kept
+        return self.policy.sigmas(self.cfg.tree.steps).float().cpu()
 
     def _check_stop(self) -> None:
         if self.stop is not None and self.stop():
@@ -180,7 +191,8 @@ class Trainer:
         rows = cfg.memory.sample_batch or len(tree_prompts) * cfg.tree.leaves
         batch = self.policy.run(lambda: sample_trees(
             self.policy, tree_prompts, cfg.tree, prompt_ids=tree_pids, window_start=s, guidance=cfg.cfg,
-            generator=sde_gen, noise=noise.to(self.policy.device), callback=self._cb, max_batch=rows),
+            generator=sde_gen, noise=noise.to(self.policy.device), callback=self._cb, max_batch=rows,
+            sigmas=self.sigmas()),
             max_batch=rows)
         batch.stats["t_sample"] = time.perf_counter() - t0
         return batch
@@ -315,10 +327,10 @@ class Trainer:
         kl = None
         if self.cfg.signals.kl_estimate:
             x, kl = self.policy.run(lambda: sample_ode_window_kl(self.policy, all_p, noise, self.cfg.tree,
-                                                                 self.cfg.cfg), max_batch=len(all_p))
+                                                                 self.cfg.cfg, self.sigmas()), max_batch=len(all_p))
         else:
-            x = self.policy.run(lambda: sample_ode(self.policy, all_p, noise, self.cfg.tree.steps, self.cfg.cfg),
-                                max_batch=len(all_p))
+            x = self.policy.run(lambda: sample_ode(self.policy, all_p, noise, self.cfg.tree.steps, self.cfg.cfg,
+                                                   sigmas=self.sigmas()), max_batch=len(all_p))
         images = self.policy.decode(x)
         raw = self.score_images(images, all_p)
         total = weighted_raw(raw, self.weights)
@@ -400,7 +412,7 @@ class Trainer:
                 "lora": {n: p.detach().cpu().clone() for n, p in named}, "param_names": [n for n, _ in named],
                 "optimizer": self.optimizer.state_dict(), "history": json.dumps(self.history),
                 "evals": json.dumps(self.evals), "train_time": self.train_time, "total_nfe": self.total_nfe,
-                "config": json.dumps(self.cfg.to_dict(), default=str),
+                "config": json.dumps(self.cfg.to_dict(), default=str), "sigmas": self.sigmas(),
                 "torch_rng": torch.get_rng_state(), "python_rng": json.dumps(random.getstate()),
                 "numpy_rng": json.dumps(_numpy_state())}
 
@@ -439,10 +451,24 @@ class Trainer:
         self.evals = json.loads(state["evals"])
         self.train_time = float(state["train_time"])
         self.total_nfe = int(state["total_nfe"])
+        self._keep_schedule(state.get("sigmas"))
         torch.set_rng_state(state["torch_rng"])
         st = json.loads(state["python_rng"])
         random.setstate((st[0], tuple(st[1]), st[2]))
         _set_numpy_state(json.loads(state["numpy_rng"]))
+
+    def _keep_schedule(self, saved: Optional[torch.Tensor]) -> None:
+        """Continue on the noise levels the run was trained with (its checkpoint's) when this policy's own differ at
+        the same step count: ComfyUI's schedulers and the CLI's backends space them differently, and a resumed run
+        must compute what it would have computed uninterrupted. Another step count (a deliberate change) or a
+        checkpoint without a schedule (older versions) keeps the policy's."""
+        self.kept_sigmas = None
+        own = self.policy.sigmas(self.cfg.tree.steps).float().cpu()
+        if saved is None or saved.numel() != own.numel() or torch.equal(saved.float(), own):
+            return
+        self.kept_sigmas = saved.float().cpu()
+        self.log(f"run {self.cfg.run_name!r} continues on the noise levels it was trained with (from its checkpoint; "
+                 f"this model's own schedule differs by up to {float((own - self.kept_sigmas).abs().max()):.4g})")
 
     def begin(self, resume: bool) -> None:
         """Claim the output folder; resume the run's latest checkpoint (``resume``) or move an earlier run's files

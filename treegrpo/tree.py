@@ -229,12 +229,22 @@ def mirror_siblings(eps: torch.Tensor, branch: int, per_tree: int) -> torch.Tens
     return out
 
 
+def schedule(policy: Policy, steps: int, sigmas: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The noise levels to sample with, (steps + 1,) float32 on the policy's device: ``sigmas`` when given (a run
+    keeps the schedule it was trained with when it moves between front-ends), else ``policy.sigmas(steps)``."""
+    if sigmas is None:
+        sigmas = policy.sigmas(steps)
+    elif sigmas.numel() != steps + 1:
+        raise ValueError(f"a schedule of {sigmas.numel()} noise levels does not fit {steps} steps (needs {steps + 1})")
+    return sigmas.to(policy.device, torch.float32)
+
+
 @torch.no_grad()
 def sample_trees(policy: Policy, prompts: list[str], cfg: TreeConfig, *, cond: Any = None,
                  prompt_ids: Optional[torch.Tensor] = None, window_start: Optional[int] = None,
                  guidance: float = 1.0, generator: Optional[torch.Generator] = None,
                  noise: Optional[torch.Tensor] = None, max_batch: int = 0,
-                 callback: Optional[Callable[[], None]] = None) -> TreeBatch:
+                 callback: Optional[Callable[[], None]] = None, sigmas: Optional[torch.Tensor] = None) -> TreeBatch:
     """Sample one tree per entry of ``prompts`` (repeat a prompt for several trees).
 
     ``cond``: conditioning per tree (default: ``policy.encode_prompts(prompts)``).
@@ -243,7 +253,8 @@ def sample_trees(policy: Policy, prompts: list[str], cfg: TreeConfig, *, cond: A
     same whichever other trees share the batch: data-parallel ranks sample exactly what one process would).
     Siblings are mirrored in pairs (noise ε, −ε) when ``cfg.mirrored`` (the default for trees; docs/design.md §1's
     independent children with ``antithetic=False``): same marginals and log-probs, less noisy comparisons.
-    ``callback`` is called after every step (progress bars, interrupt checks)."""
+    ``callback`` is called after every step (progress bars, interrupt checks).
+    ``sigmas``: the (T+1,) noise levels (default: the policy's schedule; see :func:`schedule`)."""
     n_trees = len(prompts)
     if n_trees == 0:
         raise ValueError("sample_trees: empty prompt list")
@@ -252,7 +263,7 @@ def sample_trees(policy: Policy, prompts: list[str], cfg: TreeConfig, *, cond: A
     if s + w > cfg.steps:
         raise ValueError(f"window_start {s} + window_width {w} exceeds steps {cfg.steps}")
     dev = policy.device
-    sigmas = policy.sigmas(cfg.steps).to(dev, torch.float32)
+    sigmas = schedule(policy, cfg.steps, sigmas)
     if cond is None:
         cond = policy.encode_prompts(prompts)
     shape = policy.latent_shape()
@@ -343,12 +354,13 @@ def _sample_ode_groups(policy: Policy, cfg: TreeConfig, den, counter, sigmas, no
 
 @torch.no_grad()
 def sample_ode_window_kl(policy: Policy, prompts: list[str], noise: torch.Tensor, cfg: TreeConfig,
-                         guidance: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+                         guidance: float = 1.0, sigmas: Optional[torch.Tensor] = None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
     """The Euler samples of :func:`sample_ode` (same floats) and, along the way, an estimate of the KL from the
     trained policy to the reference (LoRA off): at each SDE-window step ``s .. s+w−1`` the KL between the two SDE
     transitions out of the current state, ``‖μ_θ − μ_ref‖²/(2·std²)`` reduced like the log-probs, summed over the
     window. Returns (latents (B, ...), kl (B,)); ``w`` extra denoiser calls with the LoRA disabled."""
-    sig = policy.sigmas(cfg.steps).to(policy.device)
+    sig = schedule(policy, cfg.steps, sigmas)
     den = Denoiser(policy, policy.encode_prompts(prompts), guidance, NFECounter())
     kernel = SDEKernel(policy.prediction, cfg.noise_level, cfg.eta, cfg.logprob_reduction,
                        float(sig[1]) if sig.numel() > 1 else None)
@@ -369,10 +381,10 @@ def sample_ode_window_kl(policy: Policy, prompts: list[str], noise: torch.Tensor
 
 
 def sample_ode(policy: Policy, prompts: list[str], noise: torch.Tensor, steps: int, guidance: float = 1.0,
-               callback: Optional[Callable[[], None]] = None) -> torch.Tensor:
+               callback: Optional[Callable[[], None]] = None, sigmas: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Deterministic Euler samples (clean latents, (B, C, H, W)) from initial ``noise`` (B, C, H, W), one per
     prompt: what evaluation and ``treegrpo sample`` draw. Call inside ``policy.run`` for backends that need it."""
-    sig = policy.sigmas(steps).to(policy.device)
+    sig = schedule(policy, steps, sigmas)
     den = Denoiser(policy, policy.encode_prompts(prompts), guidance, NFECounter())
     x = policy.noise_scaling(sig[0], noise.to(policy.device).float())
     return euler_solve(den, x, sig, torch.arange(len(prompts)), callback, policy.prediction)
