@@ -18,6 +18,7 @@ on fixed (prompt, noise) pairs, every budget/8 seconds of training, is not count
     python benchmarks/bench_methods.py [--seeds 4] [--budget 60] [--ablations] [--out benchmarks/results]
     python benchmarks/bench_methods.py --lr-sweep 1.5e-3,3e-3,6e-3,1.2e-2 --seeds 2   # tune lr on traj_window
     python benchmarks/bench_methods.py --window-width 4 --lr 6e-3   # k=2, w=4: 16 leaves, 12 prompts/iteration
+    python benchmarks/bench_methods.py --steps 40 --only tree --only traj_window   # T = 40 (bench_steps.py)
     python benchmarks/bench_methods.py --first-seed 4 --out more      # seeds 4-7, then pool both runs:
     python benchmarks/bench_methods.py --merge benchmarks/results/methods.json more/methods.json --out pooled
     python benchmarks/bench_methods.py --base-config sd35.json --budget 120 --seeds 2   # a diffusers model on a GPU
@@ -37,9 +38,10 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 THREADS = 1  # torch threads per run: one core, so a second process on a 2-core machine does not skew it
 
-# tuned on traj_window (--lr-sweep 1.5e-3,3e-3,6e-3,1.2e-2): 6e-3 is its best at 40 s, 1.2e-2 diverges; at
-# 100 s 6e-3 destabilised both methods (the tree collapsed), so 3e-3, the largest lr stable for both (README)
-LR = 3e-3
+# each GRPO method's own sweep under the KL default (optim.kl_beta 0.1), 3e-3 / 6e-3 / 1.2e-2, 2 seeds, 60 s
+# (benchmarks/results/lr_kl): 6e-3 is the best of both the tree (0.751 / 0.788 / 0.747) and the window baseline
+# (0.657 / 0.685 / 0.665). Without KL, 6e-3 destabilised both over 100 s, and 3e-3 was used (README)
+LR = 6e-3
 # the tail after the window: 2 DPM++(2M) steps for every method (3 gave the same rewards, slower; 1 let the
 # tree's policy exploit the blurry one-step leaves and collapse)
 BASE = {"tree": {"steps": 10, "window_start": 1, "window_width": 3, "branch": 2, "tail_solver": "dpmpp_2m",
@@ -126,6 +128,36 @@ def set_window_width(width: int) -> None:
     set_group_size(leaves)
     ABLATIONS.pop("tree_k8_w1")  # branch factor vs width at equal leaves: all of them at the first step
     ABLATIONS[f"tree_k{leaves}_w1"] = {"tree": {"branch": leaves, "window_width": 1, "window_start": 1}}
+
+
+#: --tail: what follows the window at any step count T
+TAILS = {"fixed": "2 DPM++(2M) steps, as at T = 10 (the protocol's tail)",
+         "schedule": "the schedule's own remaining T - s - w steps, DPM++(2M) (what a real model's sampler runs)"}
+
+
+def window_start_for(steps: int) -> int:
+    """The window starts at the same noise level at every T: σ = 1 - s/T = 0.9, as s = 1 at T = 10."""
+    return max(1, round(steps / 10))
+
+
+def set_steps(steps: int, tail: str = "fixed") -> None:
+    """Demo settings at ``steps`` denoising steps: the window at the same noise level (:func:`window_start_for`)
+    with the same width (w = 3: the same 8 leaves and 8 trajectories per prompt, so every T trains on the same
+    groups); the tail as ``TAILS[tail]``; the all-step baseline SDE on all T steps; the ODE peers' samples as many
+    DPM++(2M) steps as a tree leaf's path (s + w + tail)."""
+    if tail not in TAILS:
+        raise SystemExit(f"--tail {tail!r}: one of {sorted(TAILS)}")
+    s, w = window_start_for(steps), BASE["tree"]["window_width"]
+    if s + w > steps:
+        raise SystemExit(f"--steps {steps}: the window (start {s}, width {w}) does not fit")
+    tail_steps = BASE["tree"]["tail_steps"] if tail == "fixed" else 0
+    BASE["tree"].update(steps=steps, window_start=s, tail_steps=tail_steps)
+    METHODS["traj_all"]["tree"].update(window_width=steps)
+    path = s + w + (tail_steps or steps - s - w)
+    for name in ("nft", "awm"):
+        METHODS[name]["tree"].update(tail_steps=path)
+    ABLATIONS["tree_k8_w1"]["tree"]["window_start"] = s
+    ABLATIONS["tree_sliding"]["tree"]["window_max_start"] = s + 2
 
 
 def run_one(name: str, overrides: dict, seed: int, budget: float, out_dir: str) -> dict:
@@ -242,6 +274,15 @@ def plot(records: list[dict], key: str, path: str, xlabel: str) -> None:
     plt.close(fig)
 
 
+def paired_time_ratios(runs: list[dict], base_runs: list[dict]) -> dict:
+    """Per seed: the time a run needs to reach the final reward of the baseline's run with the same seed, over that
+    baseline run's training time ({seed: ratio}, NaN where it never gets there; seeds the baseline lacks are left
+    out)."""
+    base = {r["seed"]: r for r in base_runs}
+    return {r["seed"]: time_to_reach(r["evals"], base[r["seed"]]["evals"][-1]["eval_reward"])
+            / base[r["seed"]]["evals"][-1]["train_time"] for r in runs if r["seed"] in base}
+
+
 def report(records: list[dict], baseline: str = "traj_window") -> dict:
     out = {}
     methods = list(dict.fromkeys(r["method"] for r in records))
@@ -260,6 +301,7 @@ def report(records: list[dict], baseline: str = "traj_window") -> dict:
         fin = mean_std([r["evals"][-1]["eval_reward"] for r in runs])
         div = mean_std([r["evals"][-1]["eval_diversity"] for r in runs])
         t_base = mean_std([time_to_reach(r["evals"], target) / base_t for r in runs])
+        paired = paired_time_ratios(runs, base_runs)
         t50 = mean_std([time_to_reach(r["evals"], base0 + 0.5 * (target - base0)) for r in runs])
         t90 = mean_std([time_to_reach(r["evals"], base0 + 0.9 * (target - base0)) for r in runs])
         n_base = mean_std([time_to_reach(r["evals"], target, "total_nfe") / base_n for r in runs])
@@ -278,10 +320,15 @@ def report(records: list[dict], baseline: str = "traj_window") -> dict:
                      "t90_s": t90, "it50": i50, "it90": i90, "nfe_to_baseline_ratio": n_base,
                      "reward_at_baseline_time": r_eq,
                      "split_s": split, "peak_rss_mb": rss, "iterations": its,
-                     "reached_baseline": f"{t_base[2]}/{len(runs)}"}
+                     "reached_baseline": f"{t_base[2]}/{len(runs)}",
+                     "time_to_baseline_paired": mean_std(list(paired.values())),
+                     "reached_baseline_paired": f"{sum(not math.isnan(v) for v in paired.values())}/{len(paired)}",
+                     "time_to_baseline_paired_by_seed": paired}
         print(f"{name:<18}{fin[0]:>7.3f}{div[0]:>6.3f}{its:>5.0f}{split['t_iter']:>6.2f}{s_it:>6.2f}{split['t_sample']:>7.2f}"
               f"{split['t_update']:>7.2f}{rss:>7.0f}{t_base[0]:>8.2f}{t50[0]:>7.1f}{t90[0]:>7.1f}{i50[0]:>7.1f}"
-              f"{i90[0]:>7.1f}{n_base[0]:>10.2f}{r_eq[0]:>9.3f}{div_eq[0]:>9.3f}  (t→base ±{t_base[1]:.2f}, reached {t_base[2]}/{len(runs)})")
+              f"{i90[0]:>7.1f}{n_base[0]:>10.2f}{r_eq[0]:>9.3f}{div_eq[0]:>9.3f}  (t→base ±{t_base[1]:.2f}, reached {t_base[2]}/{len(runs)}; "
+              f"paired per seed {out[name]['time_to_baseline_paired'][0]:.2f} ± {out[name]['time_to_baseline_paired'][1]:.2f}, "
+              f"reached {out[name]['reached_baseline_paired']})")
     return {"target_reward": target, "baseline": baseline, "methods": out}
 
 
@@ -314,6 +361,10 @@ def main() -> None:
                     "baseline with --lr-sweep)")
     ap.add_argument("--window-width", type=int, default=BASE["tree"]["window_width"], help="demo: the tree's window w (k=2, 2**w leaves and "
                     "trajectories per prompt, the same leaves per iteration for every w)")
+    ap.add_argument("--steps", type=int, default=BASE["tree"]["steps"], help="demo: denoising steps T; the window "
+                    "starts at the same noise level with the same width (bench_steps.py runs T = 10, 20, 40)")
+    ap.add_argument("--tail", default="fixed", choices=sorted(TAILS), help="demo, with --steps: the ODE tail after "
+                    "the window: " + "; ".join(f"{k}: {v}" for k, v in TAILS.items()))
     ap.add_argument("--jobs", type=int, default=0, help="runs at a time (default: 2 on a CPU with 2+ cores, 1 with "
                     "--base-config); each run uses --threads threads")
     ns = ap.parse_args()
@@ -324,6 +375,10 @@ def main() -> None:
         if ns.base_config:
             raise SystemExit("--window-width applies to the demo; with --base-config set tree.window_width there")
         set_window_width(ns.window_width)
+    if (ns.steps != BASE["tree"]["steps"] or ns.tail != "fixed") and not ns.child:
+        if ns.base_config:
+            raise SystemExit("--steps/--tail apply to the demo; with --base-config set tree.steps there")
+        set_steps(ns.steps, ns.tail)
     if ns.base_config:
         BASE_CONFIG = json.load(open(ns.base_config, encoding="utf-8"))
         from treegrpo.config import TreeConfig
@@ -362,7 +417,8 @@ def main() -> None:
         res = report(recs, baseline=next(iter(chosen)))
         name = ("lr_sweep.json" if sweep == "traj_window" else f"lr_sweep_{sweep}.json") if ns.lr_sweep else \
             "explore.json"
-        atomic_write_json(os.path.join(ns.out, name), {"result": res, "records": recs, "budget_s": ns.budget})
+        atomic_write_json(os.path.join(ns.out, name), {"result": res, "records": recs, "budget_s": ns.budget,
+                                                       "steps": ns.steps, "tail": ns.tail})
         return
     if ns.merge:
         parts = [json.load(open(p, encoding="utf-8")) for p in ns.merge]
@@ -374,7 +430,8 @@ def main() -> None:
     result = {"main": report(records), "vs_all_step": report(records, baseline="traj_all"),
               "vs_window_mirrored": report(records, baseline="traj_window_mirrored"), "records": records,
               "budget_s": ns.budget, "lr": ns.lr if not BASE_CONFIG else None, "parallel_runs": n_par,
-              "window_width": ns.window_width if not BASE_CONFIG else None}
+              "window_width": ns.window_width if not BASE_CONFIG else None,
+              "steps": ns.steps if not BASE_CONFIG else None, "tail": ns.tail}
     plot(records, "train_time", os.path.join(ns.out, "reward_vs_time.png"), "training wall-clock (s)")
     plot(records, "total_nfe", os.path.join(ns.out, "reward_vs_nfe.png"), "denoiser evaluations (NFE)")
     if ns.merge and abl:

@@ -188,3 +188,37 @@ def test_bench_hacking_sweeps_kl_and_reports_the_held_out_judge(tmp_path):
                                  "--out", str(out), "--merge"])
     assert set(merged["by_kl"]) == {"0.0", "0.1", "1.0"} and len(merged["runs"]) == 3
     assert "| 1.0 |" in bench_hacking.markdown(merged)
+
+
+def test_paired_ratios_take_each_seeds_target_from_the_same_seeds_baseline():
+    """Per seed: the time to that seed's baseline final reward over that baseline run's time; a seed that never
+    gets there is NaN and not counted as reached."""
+    recs = [_rec("base", 0, [(0, 0.5), (40, 0.6)], 2.0), _rec("base", 1, [(0, 0.5), (40, 0.8)], 2.0),
+            _rec("fast", 0, [(0, 0.5), (10, 0.7)], 1.0), _rec("fast", 1, [(0, 0.5), (10, 0.7)], 1.0)]
+    by_seed = bm.paired_time_ratios([r for r in recs if r["method"] == "fast"], [r for r in recs if r["method"] == "base"])
+    assert by_seed[0] == pytest.approx(5 / 40) and math.isnan(by_seed[1])   # 0.6 at 5 s; 0.8 never
+    out = bm.report(recs, baseline="base")["methods"]["fast"]
+    assert out["time_to_baseline_paired"][0] == pytest.approx(0.125) and out["reached_baseline_paired"] == "1/2"
+
+
+def test_steps_keep_the_window_at_the_same_noise_level_and_the_nfe_matches_the_closed_form(tmp_path):
+    """bench_steps / bench_methods --steps: at T = 40 the window starts at step 4 (σ = 0.9, as step 1 at T = 10),
+    w = 3 (8 leaves, 8 trajectories); the closed form gives the NFE per prompt for both tails; a short run of each
+    T counts exactly that many calls."""
+    import bench_steps
+
+    tree = bench_steps.method_config("tree", 40, "schedule", 24)
+    assert tree.tree.window_start == 4 and tree.tree.window_width == 3 and tree.tree.tail_steps == 0
+    assert bench_steps.predicted_nfe(tree) == 24 * (4 + 7 + 8 * 33)
+    assert bench_steps.predicted_nfe(bench_steps.method_config("traj_window", 40, "schedule", 24)) == 24 * (4 + 17 + 8 * 33)
+    assert bench_steps.predicted_nfe(bench_steps.method_config("tree", 20, "fixed", 24)) == 24 * (2 + 7 + 8 * 2)
+    allstep = bench_steps.method_config("traj_all", 20, "fixed", 24)
+    assert allstep.tree.window_width == 20 and bench_steps.trained_parents(allstep) == 1 + 8 * 19
+    awm = bench_steps.method_config("awm", 40, "fixed", 24)
+    assert awm.tree.tail_steps == 4 + 3 + 2 and bench_steps.predicted_nfe(awm) == 24 * 8 * 9
+    assert bench_steps.trained_parents(bench_steps.method_config("tree", 10, "fixed", 24)) == 7
+    for steps, tail, name in ((20, "fixed", "tree"), (20, "schedule", "traj_window")):
+        r = bench_steps.measure_cost(name, steps, tail, iterations=2, prompts=2, out=str(tmp_path / name))
+        assert r["nfe"] == r["nfe_predicted"] and r["t_iter"] > 0
+    with pytest.raises(SystemExit, match="--tail"):
+        bench_steps.method_config("tree", 10, "long", 24)
