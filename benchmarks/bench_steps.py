@@ -88,20 +88,22 @@ def cost_table(recs: list[dict]) -> str:
     return "\n".join(rows)
 
 
-def fmt(ms) -> str:
+def fmt(ms, digits: int = 2) -> str:
     m, s, n = ms
-    return "–" if n == 0 or math.isnan(m) else f"{m:.2f} ± {s:.2f}"
+    return "–" if n == 0 or math.isnan(m) else f"{m:.{digits}f} ± {s:.{digits}f}"
 
 
-def collect(dirs: list[str], cost: dict | None) -> dict:
-    """One row per (T, method) from each folder's explore.json: final reward, s/iteration and its ratio to the window
-    baseline, the time to the baseline's final reward paired per seed, and the closed-form NFE ratio."""
+def collect(dirs: list[str], cost: dict | None, methods: tuple = ()) -> dict:
+    """One row per (T, method) from each folder's explore.json (a ``--only`` run) or methods.json (a full run):
+    final reward, s/iteration and its ratio to the window baseline, the time to the baseline's final reward paired
+    per seed, and the closed-form NFE ratio. ``methods``: only these (default: all)."""
     import bench_methods as bm
 
     rows = []
     for d in dirs:
-        data = json.load(open(os.path.join(d, "explore.json"), encoding="utf-8"))
-        recs = data["records"]
+        path = os.path.join(d, "explore.json")
+        data = json.load(open(path if os.path.exists(path) else os.path.join(d, "methods.json"), encoding="utf-8"))
+        recs = [r for r in data["records"] if not methods or r["method"] in methods]
         res = bm.report(recs, baseline="traj_window")["methods"]
         steps, tail = data.get("steps", 10), data.get("tail", "fixed")
         for name, m in res.items():
@@ -124,8 +126,8 @@ def steps_table(rows: list[dict]) -> str:
            "|---|---|---|---|---|---|---|"]
     for r in rows:
         nfe = f" ({r['nfe_ratio_closed_form']:.2f})" if r["nfe_ratio_closed_form"] else ""
-        out.append(f"| {r['steps']} | {r['method']} | {fmt(r['final_reward'])} | {r['iteration_time_ratio']:.2f}{nfe} | "
-                   f"{fmt(r['time_to_baseline_paired'])} | {r['reached']} | {fmt(r['it90'])} |")
+        out.append(f"| {r['steps']} | {r['method']} | {fmt(r['final_reward'], 3)} | {r['iteration_time_ratio']:.2f}{nfe} | "
+                   f"{fmt(r['time_to_baseline_paired'])} | {r['reached']} | {fmt(r['it90'], 1)} |")
     return "\n".join(out)
 
 
@@ -134,7 +136,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--cost", action="store_true", help="time a few iterations of each method at each T and tail")
     ap.add_argument("--steps", default="10,20,40")
     ap.add_argument("--tails", default="fixed,schedule")
-    ap.add_argument("--methods", default=",".join(COST_METHODS))
+    ap.add_argument("--methods", help=f"comma-separated (--cost: default {','.join(COST_METHODS)}; --collect: "
+                    "default all)")
     ap.add_argument("--iterations", type=int, default=3, help="--cost: iterations per run (the first is not timed)")
     ap.add_argument("--prompts", type=int, default=24, help="--cost: prompts per iteration (the protocol's 24)")
     ap.add_argument("--collect", nargs="+", metavar="DIR", help="bench_methods.py --steps output folders")
@@ -150,7 +153,7 @@ def main(argv=None) -> dict:
         recs, t0 = [], time.time()
         for steps in (int(x) for x in ns.steps.split(",")):
             for tail in ns.tails.split(","):
-                for name in ns.methods.split(","):
+                for name in (ns.methods or ",".join(COST_METHODS)).split(","):
                     with tempfile.TemporaryDirectory() as tmp:
                         r = measure_cost(name, steps, tail, ns.iterations, ns.prompts, tmp)
                     recs.append(r)
@@ -161,7 +164,7 @@ def main(argv=None) -> dict:
         print(cost_table(recs))
     if ns.collect:
         cost = json.load(open(cost_path, encoding="utf-8")) if os.path.exists(cost_path) else None
-        res = collect(ns.collect, cost)
+        res = collect(ns.collect, cost, tuple(ns.methods.split(",")) if ns.methods else ())
         atomic_write_json(os.path.join(ns.out, "steps.json"), res)
         print(steps_table(res["rows"]))
         result["collected"] = res

@@ -222,3 +222,25 @@ def test_steps_keep_the_window_at_the_same_noise_level_and_the_nfe_matches_the_c
         assert r["nfe"] == r["nfe_predicted"] and r["t_iter"] > 0
     with pytest.raises(SystemExit, match="--tail"):
         bench_steps.method_config("tree", 10, "long", 24)
+
+
+def test_collect_puts_each_steps_run_in_one_table(tmp_path):
+    """bench_steps --collect: one row per (T, method) from each folder's explore.json or methods.json, the paired
+    ratio against the same T's window baseline, and the closed-form NFE ratio from cost.json."""
+    import bench_steps
+
+    for steps, t_tree in ((10, 10), (40, 30)):
+        recs = [_rec(m, s, [(0, 0.5), (t_tree if m == "tree" else 40, 0.7)], 1.0 if m == "tree" else 2.0)
+                for s in (0, 1) for m in ("traj_window", "tree")]
+        d = tmp_path / f"T{steps}"
+        d.mkdir()
+        (d / ("explore.json" if steps == 40 else "methods.json")).write_text(
+            json.dumps({"records": recs, "steps": steps, "tail": "fixed"}))
+    cost = {"records": [{"steps": t, "tail": "fixed", "method": m, "nfe_predicted": n}
+                        for t in (10, 40) for m, n in (("tree", 24), ("traj_window", 34))]}
+    rows = bench_steps.collect([str(tmp_path / "T10"), str(tmp_path / "T40")], cost, ("tree", "traj_window"))["rows"]
+    tree = {r["steps"]: r for r in rows if r["method"] == "tree"}
+    assert tree[10]["time_to_baseline_paired"][0] == pytest.approx(0.25) and tree[40]["reached"] == "2/2"
+    assert tree[40]["time_to_baseline_paired"][0] == pytest.approx(0.75)
+    assert tree[10]["nfe_ratio_closed_form"] == pytest.approx(24 / 34) and tree[10]["iteration_time_ratio"] == 0.5
+    assert "| 40 | tree |" in bench_steps.steps_table(rows)
