@@ -66,10 +66,14 @@ def measure_cost(name: str, steps: int, tail: str, iterations: int, prompts: int
 
     from treegrpo import cli
 
-    torch.set_num_threads(1)
-    cfg = method_config(name, steps, tail, prompts)
-    cfg = type(cfg).from_dict(dict(cfg.to_dict(), iterations=iterations, output_dir=out, run_name=name))
-    tr, _ = cli.run_training(cfg, progress=False, write_lora=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # one core per run, as bench_methods' runs (restored: callers may share the process)
+    try:
+        cfg = method_config(name, steps, tail, prompts)
+        cfg = type(cfg).from_dict(dict(cfg.to_dict(), iterations=iterations, output_dir=out, run_name=name))
+        tr, _ = cli.run_training(cfg, progress=False, write_lora=False)
+    finally:
+        torch.set_num_threads(threads)
     timed = tr.history[1:] or tr.history
     mean = {k: sum(h[k] for h in timed) / len(timed) for k in ("t_iter", "t_sample", "t_update")}
     return {"method": name, "steps": steps, "tail": tail, "window_start": cfg.tree.window_start,
