@@ -88,7 +88,7 @@ def test_a_run_moved_node_cli_node_equals_the_node_run_uninterrupted(comfyui_pac
     run = "node_cli_node"
     comfyui_pack.execute(node_graph(run, 1))
     cli.run_training(cli_config(out / run, run, 2), resume=True, progress=False)
-    assert "continues on the noise levels it was trained with" in capsys.readouterr().out
+    assert "'comfy' backend and continues on its noise levels" in capsys.readouterr().out
     comfyui_pack.execute(node_graph(run, 3))
     moved = last_checkpoint(out / run, run)
     assert equal_loras(moved["lora"], alone["lora"])

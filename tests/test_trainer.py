@@ -81,10 +81,10 @@ def test_resume_gives_the_same_lora_bytes(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_a_resumed_run_keeps_the_noise_levels_it_was_trained_with(tmp_path):
-    """A checkpoint carries the run's schedule; resuming on a policy whose own schedule differs (another front-end:
-    ComfyUI's scheduler) samples on the checkpoint's. Another step count, or an older checkpoint without one, keeps
-    the policy's. The kept schedule reaches the trees and the evaluation."""
+def test_a_run_moved_to_another_front_end_keeps_the_noise_levels_it_was_trained_with(tmp_path):
+    """A checkpoint carries the run's schedule. Resuming it on another backend (a run from ComfyUI's Train node)
+    whose policy spaces the levels differently samples on the checkpoint's, in the trees and the evaluation. On the
+    same backend, for another step count, or from an older checkpoint without a schedule, the policy's apply."""
     from treegrpo.demo.model import flow_sigmas
     from treegrpo.trainer import Trainer
     from treegrpo.backends.demo import DemoPolicy
@@ -94,21 +94,24 @@ def test_a_resumed_run_keeps_the_noise_levels_it_was_trained_with(tmp_path):
     state = torch.load(tr.latest_checkpoint(), weights_only=True)
     assert torch.equal(state["sigmas"], flow_sigmas(cfg.tree.steps))
     other = torch.linspace(1.0, 0.0, cfg.tree.steps + 1) ** 2
+    from_node = dict(state, sigmas=other, config=json.dumps(dict(json.loads(state["config"]), backend="comfy")))
     logged = []
     fresh = Trainer(cfg, DemoPolicy.load(), rewards={"demo_adherence": lambda im, p: torch.zeros(len(p))})
     fresh.log = logged.append
-    fresh.load_checkpoint(tr.latest_checkpoint(), dict(state, sigmas=other))
-    assert torch.equal(fresh.sigmas(), other) and "continues on the noise levels" in logged[0]
+    fresh.load_checkpoint(tr.latest_checkpoint(), from_node)
+    assert torch.equal(fresh.sigmas(), other) and "'comfy' backend and continues on its noise levels" in logged[0]
     assert torch.equal(fresh.sample().sigmas.cpu(), other)
     seen = []
     orig = fresh.policy.denoise
     fresh.policy.denoise = lambda x, sig, c, g: seen.append(float(sig.reshape(-1)[0])) or orig(x, sig, c, g)
     fresh.evaluate(seeds=1)
     assert seen[:2] == [float(other[0]), float(other[1])]
-    fresh.load_checkpoint(tr.latest_checkpoint(), dict(state, sigmas=torch.linspace(1, 0, 4)))   # 3 steps
-    assert fresh.kept_sigmas is None and torch.equal(fresh.sigmas(), flow_sigmas(cfg.tree.steps))
-    fresh.load_checkpoint(tr.latest_checkpoint(), {k: v for k, v in state.items() if k != "sigmas"})
-    assert fresh.kept_sigmas is None
+    own = flow_sigmas(cfg.tree.steps)
+    for st in (dict(state, sigmas=other),                                   # same backend: e.g. a new shift applies
+               dict(from_node, sigmas=torch.linspace(1, 0, 4)),             # another step count
+               {k: v for k, v in from_node.items() if k != "sigmas"}):      # an older checkpoint
+        fresh.load_checkpoint(tr.latest_checkpoint(), st)
+        assert fresh.kept_sigmas is None and torch.equal(fresh.sigmas(), own)
     with pytest.raises(ValueError, match="does not fit"):
         from treegrpo.tree import schedule
         schedule(fresh.policy, 5, other)

@@ -451,24 +451,28 @@ class Trainer:
         self.evals = json.loads(state["evals"])
         self.train_time = float(state["train_time"])
         self.total_nfe = int(state["total_nfe"])
-        self._keep_schedule(state.get("sigmas"))
+        self._keep_schedule(state.get("sigmas"), json.loads(state.get("config", "{}")).get("backend", self.cfg.backend))
         torch.set_rng_state(state["torch_rng"])
         st = json.loads(state["python_rng"])
         random.setstate((st[0], tuple(st[1]), st[2]))
         _set_numpy_state(json.loads(state["numpy_rng"]))
 
-    def _keep_schedule(self, saved: Optional[torch.Tensor]) -> None:
-        """Continue on the noise levels the run was trained with (its checkpoint's) when this policy's own differ at
-        the same step count: ComfyUI's schedulers and the CLI's backends space them differently, and a resumed run
-        must compute what it would have computed uninterrupted. Another step count (a deliberate change) or a
-        checkpoint without a schedule (older versions) keeps the policy's."""
+    def _keep_schedule(self, saved: Optional[torch.Tensor], saved_backend: str) -> None:
+        """A run moved to another front-end (the checkpoint's backend is not this one's) continues on the noise levels
+        it was trained with, when this policy's own differ at the same step count: ComfyUI's schedulers and the CLI's
+        backends space them differently, and the moved run must compute what it would have computed where it
+        started. On the same front-end the policy's own apply (a new scheduler or shift is the user's choice), as
+        they do for another step count or a checkpoint without a schedule (older versions)."""
         self.kept_sigmas = None
+        if saved is None or saved_backend == self.cfg.backend:
+            return
         own = self.policy.sigmas(self.cfg.tree.steps).float().cpu()
-        if saved is None or saved.numel() != own.numel() or torch.equal(saved.float(), own):
+        if saved.numel() != own.numel() or torch.equal(saved.float(), own):
             return
         self.kept_sigmas = saved.float().cpu()
-        self.log(f"run {self.cfg.run_name!r} continues on the noise levels it was trained with (from its checkpoint; "
-                 f"this model's own schedule differs by up to {float((own - self.kept_sigmas).abs().max()):.4g})")
+        self.log(f"run {self.cfg.run_name!r} was trained on the {saved_backend!r} backend and continues on its noise "
+                 f"levels (from its checkpoint; this model's own schedule differs by up to "
+                 f"{float((own - self.kept_sigmas).abs().max()):.4g})")
 
     def begin(self, resume: bool) -> None:
         """Claim the output folder; resume the run's latest checkpoint (``resume``) or move an earlier run's files
