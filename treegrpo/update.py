@@ -128,11 +128,7 @@ def backward_edges(policy: Policy, batch: TreeBatch, edges: EdgeSet, cfg: OptimC
             kl = kl_to_reference(mean, mean_ref, std, batch.reduction)[local]
             loss = loss + cfg.kl_beta * (wt * kl).sum() / edges.n_edges
             tot_kl += float(kl.detach().sum())
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"non-finite GRPO loss ({float(loss.detach())}) on parents {p0}..{p1 - 1}; "
-                                     "lower the learning rate or check the rewards")
-        loss.backward()
-        tot_loss += float(loss.detach())
+        tot_loss += backward_finite(loss, "GRPO", f" on parents {p0}..{p1 - 1}")
         tot_ratio += float(ratio.detach().sum())
         tot_clip += float(((ratio.detach() - 1).abs() > cfg.clip_range).float().sum())
         # free this microbatch's graph before the next forward: nodes the backward did not reach (e.g. std's)
@@ -163,6 +159,17 @@ def lr_factor(iteration: int, total: int, warmup: int = 0, schedule: str = "cons
     if schedule == "cosine":
         return 0.5 * (1.0 + math.cos(math.pi * p))
     raise ValueError(f"unknown lr schedule {schedule!r}; use constant, linear or cosine")
+
+
+def backward_finite(loss: torch.Tensor, what: str, where: str = "") -> float:
+    """Backpropagate a microbatch's scalar ``loss`` and return its value; a non-finite loss raises first (naming the
+    ``what`` objective and ``where``), before any gradient is accumulated."""
+    value = float(loss.detach())
+    if not math.isfinite(value):
+        raise FloatingPointError(f"non-finite {what} loss ({value}){where}; lower the learning rate or check the "
+                                 "rewards")
+    loss.backward()
+    return value
 
 
 def optimizer_step(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], max_grad_norm: float,
@@ -261,11 +268,7 @@ def matching_update(policy: Policy, batch: TreeBatch, optimizer: torch.optim.Opt
                 kl = matching_error(x0_theta, x0_ref, sigma[sl])
                 loss = loss + cfg.kl_beta * kl.sum() / n
                 tot_kl += float(kl.detach().sum())
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"non-finite {cfg.loss} loss ({float(loss.detach())}); lower the learning "
-                                         "rate or check the rewards")
-            loss.backward()
-            tot_loss += float(loss.detach())
+            tot_loss += backward_finite(loss, cfg.loss)
             del x0_theta, per, loss
             if callback:
                 callback()
