@@ -13,7 +13,9 @@ window; the matching peers with their own (``--lr-sweep ... --lr-sweep-method nf
 give the same gradient as the tree's default. Each (method, seed) run is a separate process (peak RSS per
 run) on one thread; the runs are interleaved seed by seed so machine noise hits all methods alike,
 ``--jobs`` of them at a time (one per core); every run trains for the same wall-clock budget. Evaluation
-on fixed (prompt, noise) pairs, every budget/8 seconds of training, is not counted as training time.
+on fixed (prompt, noise) pairs, every budget/32 seconds of training (``--evals``), is not counted as training time;
+the ratios are read off each run's curve averaged over 3 consecutive evaluations (``--smooth``; the raw reading is
+reported beside it as ``main_raw``).
 
     python benchmarks/bench_methods.py [--seeds 4] [--budget 60] [--ablations] [--out benchmarks/results]
     python benchmarks/bench_methods.py --lr-sweep 1.5e-3,3e-3,6e-3,1.2e-2 --seeds 2   # tune lr on traj_window
@@ -37,6 +39,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 THREADS = 1  # torch threads per run: one core, so a second process on a 2-core machine does not skew it
+EVALS = 32   # evaluations per run, one every budget/EVALS seconds of training (1.9 s of a 60 s run: the tree
+#              makes 2-3 iterations in between, the window baseline 1-2)
+SMOOTH = 3   # the ratios are read off each run's curve averaged over this many consecutive evaluations (one
+#              noisy evaluation then neither sets a baseline's final reward nor crosses it; 1 = the raw curve)
 
 # each GRPO method's own sweep under the KL default (optim.kl_beta 0.1), 3e-3 / 6e-3 / 1.2e-2, 2 seeds, 60 s
 # (benchmarks/results/lr_kl): 6e-3 is the best of both the tree (0.751 / 0.788 / 0.747) and the window baseline
@@ -163,7 +169,8 @@ def set_steps(steps: int, tail: str = "fixed") -> None:
 def run_one(name: str, overrides: dict, seed: int, budget: float, out_dir: str) -> dict:
     """One training run in a child process; returns its record (with the child's own peak RSS)."""
     spec = json.dumps({"overrides": overrides if BASE_CONFIG else merge(BASE, overrides), "seed": seed,
-                       "budget": budget, "out": out_dir, "threads": THREADS, "base": BASE_CONFIG})
+                       "budget": budget, "out": out_dir, "threads": THREADS, "base": BASE_CONFIG,
+                       "evals": EVALS})
     p = subprocess.Popen([sys.executable, __file__, "--child", spec], stdout=subprocess.PIPE, text=True)
     _, status, usage = os.wait4(p.pid, 0)
     out = p.stdout.read()
@@ -200,8 +207,9 @@ def child(spec: dict) -> None:
     base = spec.get("base")
     d = merge(base, spec["overrides"]) if base else merge(cli.demo_config_dict(), spec["overrides"])
     d.update(seed=spec["seed"], iterations=100000, time_budget_s=spec["budget"], eval_every=0,
-             eval_every_s=spec["budget"] / 8, eval_seeds=4, checkpoint_every=0, output_dir=spec["out"],
+             eval_every_s=spec["budget"] / spec.get("evals", 8), eval_seeds=4, checkpoint_every=0, output_dir=spec["out"],
              run_name="bench")
+    d["signals"] = {**d.get("signals", {}), "kl_estimate": False}   # the tables do not use it; 20 % of an evaluation
     cfg = TrainConfig.from_dict(d)
     tr, summary = cli.run_training(cfg, progress=False, write_lora=False)
     hist = tr.history
@@ -222,6 +230,18 @@ def time_to_reach(evals: list[dict], target: float, key: str = "train_time") -> 
             return prev[key] + f * (e[key] - prev[key])
         prev = e
     return math.nan
+
+
+def smooth_evals(evals: list[dict], width: int) -> list[dict]:
+    """The evaluation curve as a moving average over ``width`` consecutive evaluations: every numeric field is
+    averaged, the training time and NFE included, so each point sits at the mean time of the evaluations behind it.
+    The first evaluation (the base model, the same for every method) stays as the curve's start. ``width`` 1, or a
+    curve shorter than ``width``, is returned as it is."""
+    if width <= 1 or len(evals) <= width:
+        return evals
+    keys = [k for k, v in evals[0].items() if isinstance(v, (int, float)) and all(k in e for e in evals)]
+    return [evals[0]] + [{k: sum(e[k] for e in evals[i:i + width]) / width for k in keys}
+                         for i in range(len(evals) - width + 1)]
 
 
 def diversity_at_reward(evals: list[dict], target: float) -> float:
@@ -283,8 +303,11 @@ def paired_time_ratios(runs: list[dict], base_runs: list[dict]) -> dict:
             / base[r["seed"]]["evals"][-1]["train_time"] for r in runs if r["seed"] in base}
 
 
-def report(records: list[dict], baseline: str = "traj_window") -> dict:
+def report(records: list[dict], baseline: str = "traj_window", smooth: int = 1) -> dict:
+    """The table against ``baseline``; with ``smooth`` > 1 every run's curve is first a moving average over that many
+    evaluations (:func:`smooth_evals`), so one noisy evaluation neither sets a target nor crosses it."""
     out = {}
+    records = [dict(r, evals=smooth_evals(r["evals"], smooth)) for r in records]
     methods = list(dict.fromkeys(r["method"] for r in records))
     base_runs = [r for r in records if r["method"] == baseline]
     base0 = base_runs[0]["evals"][0]["eval_reward"]
@@ -292,7 +315,7 @@ def report(records: list[dict], baseline: str = "traj_window") -> dict:
     base_t = sum(r["evals"][-1]["train_time"] for r in base_runs) / len(base_runs)
     base_n = sum(r["evals"][-1]["total_nfe"] for r in base_runs) / len(base_runs)
     print(f"\nbaseline {baseline}: final eval reward {target:.3f} (from {base0:.3f}) after {base_t:.1f} s, "
-          f"{base_n:.0f} NFE")
+          f"{base_n:.0f} NFE" + (f" (each curve averaged over {smooth} evaluations)" if smooth > 1 else ""))
     print(f"{'method':<18}{'final':>7}{'div':>6}{'it':>5}{'s/it':>6}{'ratio':>6}{'sample':>7}{'update':>7}{'RSS MB':>7}"
           f"{'t→base':>8}{'t→50%':>7}{'t→90%':>7}{'i→50%':>7}{'i→90%':>7}{'NFE→base':>10}{'r@t_base':>9}"
           f"{'div@base':>9}")
@@ -329,10 +352,11 @@ def report(records: list[dict], baseline: str = "traj_window") -> dict:
               f"{i90[0]:>7.1f}{n_base[0]:>10.2f}{r_eq[0]:>9.3f}{div_eq[0]:>9.3f}  (t→base ±{t_base[1]:.2f}, reached {t_base[2]}/{len(runs)}; "
               f"paired per seed {out[name]['time_to_baseline_paired'][0]:.2f} ± {out[name]['time_to_baseline_paired'][1]:.2f}, "
               f"reached {out[name]['reached_baseline_paired']})")
-    return {"target_reward": target, "baseline": baseline, "methods": out}
+    return {"target_reward": target, "baseline": baseline, "smooth": smooth, "methods": out}
 
 
 def main() -> None:
+    global THREADS, BASE_CONFIG, EVALS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--seeds", type=int, default=4)
@@ -346,6 +370,11 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--threads", type=int, default=1, help="torch threads per run (1 keeps runs comparable on a "
                     "shared machine)")
+    ap.add_argument("--evals", type=int, default=EVALS, help="evaluations per run (one every budget/EVALS s of "
+                    "training, not counted as training time)")
+    ap.add_argument("--smooth", type=int, help=f"read the ratios off each run's curve averaged over this many "
+                    f"consecutive evaluations (default {SMOOTH}; with --merge, the pooled runs' own; 1: the raw curve, "
+                    "also reported as main_raw)")
     ap.add_argument("--base-config", help="JSON TrainConfig to start every method from instead of the demo "
                     "(e.g. backend diffusers, a local model folder, device cuda); its tree sets the window")
     ap.add_argument("--only", action="append", default=[], metavar="NAME[=JSON]",
@@ -368,8 +397,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=0, help="runs at a time (default: 2 on a CPU with 2+ cores, 1 with "
                     "--base-config); each run uses --threads threads")
     ns = ap.parse_args()
-    global THREADS, BASE_CONFIG
-    THREADS = ns.threads
+    THREADS, EVALS = ns.threads, ns.evals
     BASE["optim"]["lr"] = ns.lr
     if ns.window_width != BASE["tree"]["window_width"] and not ns.child:
         if ns.base_config:
@@ -405,6 +433,7 @@ def main() -> None:
                 for name, ov in items[seed % len(items):] + items[:seed % len(items)]]
 
     if ns.only or ns.lr_sweep:
+        ns.smooth = SMOOTH if ns.smooth is None else ns.smooth
         chosen = {}
         for item in ns.only:
             name, _, js = item.partition("=")
@@ -414,35 +443,46 @@ def main() -> None:
         for lr in (ns.lr_sweep.split(",") if ns.lr_sweep else []):
             chosen[f"{sweep}_lr{lr}"] = merge(METHODS[sweep], {"optim": {"lr": float(lr)}})
         recs = run_all(interleaved(chosen, ns.seeds), ns.budget, ns.out, n_par, t0)
-        res = report(recs, baseline=next(iter(chosen)))
+        res = report(recs, baseline=next(iter(chosen)), smooth=ns.smooth)
         name = ("lr_sweep.json" if sweep == "traj_window" else f"lr_sweep_{sweep}.json") if ns.lr_sweep else \
             "explore.json"
         atomic_write_json(os.path.join(ns.out, name), {"result": res, "records": recs, "budget_s": ns.budget,
-                                                       "steps": ns.steps, "tail": ns.tail})
+                                                       "steps": ns.steps, "tail": ns.tail, "evals": ns.evals,
+                                                       "smooth": ns.smooth})
         return
     if ns.merge:
         parts = [json.load(open(p, encoding="utf-8")) for p in ns.merge]
         records = [r for d in parts for r in d["records"]]
         abl = [r for d in parts for r in d.get("ablation_records", [])]
         ns.budget, ns.lr, n_par, ns.window_width = (parts[0][k] for k in ("budget_s", "lr", "parallel_runs", "window_width"))
+        cadence = {p.get("evals", 8) for p in parts}
+        if len(cadence) > 1:
+            raise SystemExit(f"--merge: the runs were evaluated at different cadences ({sorted(cadence)} evaluations "
+                             "per run); pool runs of one protocol")
+        ns.evals = cadence.pop()
+        if ns.smooth is None:
+            ns.smooth = parts[0].get("smooth", 1)   # runs from before the smoothing keep their raw reading
     else:
         records = run_all(interleaved(METHODS, ns.seeds), ns.budget, ns.out, n_par, t0)
-    result = {"main": report(records), "vs_all_step": report(records, baseline="traj_all"),
-              "vs_window_mirrored": report(records, baseline="traj_window_mirrored"), "records": records,
+    sm = SMOOTH if ns.smooth is None else ns.smooth
+    result = {"main": report(records, smooth=sm), "main_raw": report(records),
+              "vs_all_step": report(records, baseline="traj_all", smooth=sm),
+              "vs_window_mirrored": report(records, baseline="traj_window_mirrored", smooth=sm), "records": records,
+              "evals": ns.evals, "smooth": sm,
               "budget_s": ns.budget, "lr": ns.lr if not BASE_CONFIG else None, "parallel_runs": n_par,
               "window_width": ns.window_width if not BASE_CONFIG else None,
               "steps": ns.steps if not BASE_CONFIG else None, "tail": ns.tail}
     plot(records, "train_time", os.path.join(ns.out, "reward_vs_time.png"), "training wall-clock (s)")
     plot(records, "total_nfe", os.path.join(ns.out, "reward_vs_nfe.png"), "denoiser evaluations (NFE)")
     if ns.merge and abl:
-        result.update(ablations=report(abl, baseline="tree"), ablation_records=abl,
+        result.update(ablations=report(abl, baseline="tree", smooth=sm), ablation_records=abl,
                       ablation_budget_s=parts[0]["ablation_budget_s"])
     elif ns.ablations:
         # the reference runs again beside its variants, so that all of them share the same machine conditions
         variants = {"tree": METHODS["tree"], **{k: merge(METHODS["tree"], v) for k, v in ABLATIONS.items()}}
         abl = run_all(interleaved(variants, ns.ablation_seeds), ns.ablation_budget, ns.out, n_par, t0,
                       prefix="ablation_")
-        result["ablations"] = report(abl, baseline="tree")
+        result["ablations"] = report(abl, baseline="tree", smooth=sm)
         result["ablation_records"] = abl
         result["ablation_budget_s"] = ns.ablation_budget
     atomic_write_json(os.path.join(ns.out, "methods.json"), result)

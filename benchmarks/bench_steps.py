@@ -108,7 +108,7 @@ def collect(dirs: list[str], cost: dict | None, methods: tuple = ()) -> dict:
         path = os.path.join(d, "explore.json")
         data = json.load(open(path if os.path.exists(path) else os.path.join(d, "methods.json"), encoding="utf-8"))
         recs = [r for r in data["records"] if not methods or r["method"] in methods]
-        res = bm.report(recs, baseline="traj_window")["methods"]
+        res = bm.report(recs, baseline="traj_window", smooth=data.get("smooth", 1))["methods"]
         steps, tail = data.get("steps", 10), data.get("tail", "fixed")
         for name, m in res.items():
             c = next((r for r in (cost or {}).get("records", []) if (r["steps"], r["tail"], r["method"])

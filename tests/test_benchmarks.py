@@ -244,3 +244,44 @@ def test_collect_puts_each_steps_run_in_one_table(tmp_path):
     assert tree[40]["time_to_baseline_paired"][0] == pytest.approx(0.75)
     assert tree[10]["nfe_ratio_closed_form"] == pytest.approx(24 / 34) and tree[10]["iteration_time_ratio"] == 0.5
     assert "| 40 | tree |" in bench_steps.steps_table(rows)
+
+
+def test_smoothed_curves_average_consecutive_evaluations_and_keep_the_start():
+    """A moving average over 3 evaluations, time included (each point at the mean time of its evaluations); the base
+    model's evaluation stays the start; width 1 is the raw curve."""
+    ev = _evals([(0, 0.5), (2, 0.8), (4, 0.5), (6, 0.8), (8, 0.5)])
+    sm = bm.smooth_evals(ev, 3)
+    assert [e["train_time"] for e in sm] == [0, 2, 4, 6]
+    assert [e["eval_reward"] for e in sm] == [0.5, pytest.approx(0.6), pytest.approx(0.7), pytest.approx(0.6)]
+    assert sm[1]["total_nfe"] == pytest.approx(200) and sm[0] is ev[0]
+    short = ev[:3]
+    assert bm.smooth_evals(ev, 1) is ev and bm.smooth_evals(short, 3) is short
+
+
+def test_one_noisy_evaluation_neither_sets_the_target_nor_crosses_it():
+    """Raw, a baseline whose last evaluation spikes sets a target no other run reaches, and a run whose one
+    evaluation spikes early 'reaches' it there; averaged over 3 evaluations both read the trend."""
+    base = [(t, 0.5 + 0.002 * t) for t in range(0, 41, 2)]
+    base[-1] = (40, 0.65)                                     # trend 0.58 at 40 s, one evaluation at 0.65
+    fast = [(t, 0.5 + 0.004 * t) for t in range(0, 41, 2)]   # the trend reaches 0.58 at 20 s
+    fast[3] = (6, 0.66)                                       # one spike at 6 s
+    recs = [_rec("base", 0, base, 2.0), _rec("fast", 0, fast, 1.0)]
+    raw = bm.report(recs, baseline="base")["methods"]["fast"]["time_to_baseline_paired_by_seed"][0]
+    smooth = bm.report(recs, baseline="base", smooth=3)["methods"]["fast"]["time_to_baseline_paired_by_seed"][0]
+    assert raw == pytest.approx((4 + 2 * (0.65 - 0.516) / (0.66 - 0.516)) / 40)      # crossed at the spike
+    # smoothed: the baseline ends at mean(0.576, 0.578, 0.65) = 0.6013 at 38 s; fast's trend gets there at 25.3 s
+    target = (0.576 + 0.576 + 0.65) / 3
+    assert smooth == pytest.approx((target - 0.5) / 0.004 / 38, rel=0.02)
+    assert smooth > 0.6
+
+
+def test_merge_refuses_runs_evaluated_at_different_cadences(tmp_path):
+    parts = []
+    for i, evals in enumerate((8, 32)):
+        path = tmp_path / f"p{i}.json"
+        path.write_text(json.dumps({"records": [_rec("traj_window", i, [(0, 0.5), (40, 0.7)], 2.0)], "budget_s": 40.0,
+                                    "lr": 3e-3, "parallel_runs": 2, "window_width": 3, "evals": evals}))
+        parts.append(str(path))
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_methods.py"), "--merge", *parts,
+                        "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode != 0 and "different cadences" in r.stderr
