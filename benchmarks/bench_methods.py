@@ -303,6 +303,23 @@ def paired_time_ratios(runs: list[dict], base_runs: list[dict]) -> dict:
             / base[r["seed"]]["evals"][-1]["train_time"] for r in runs if r["seed"] in base}
 
 
+def paired_best_ratios(runs: list[dict], base_runs: list[dict]) -> dict:
+    """Per seed: the time a run needs to reach the *best* reward of the baseline's run with the same seed (the maximum
+    of its curve), over the time that baseline run first got there ({seed: ratio}; NaN where the run never gets
+    there or the baseline never rose above its start). Stricter than :func:`paired_time_ratios` when the baseline
+    peaks and falls back before its budget ends."""
+    base = {r["seed"]: r for r in base_runs}
+    out = {}
+    for r in runs:
+        if r["seed"] not in base:
+            continue
+        b = base[r["seed"]]["evals"]
+        best = max(e["eval_reward"] for e in b)
+        t_b = time_to_reach(b, best)
+        out[r["seed"]] = time_to_reach(r["evals"], best) / t_b if t_b > 0 else math.nan
+    return out
+
+
 def report(records: list[dict], baseline: str = "traj_window", smooth: int = 1) -> dict:
     """The table against ``baseline``; with ``smooth`` > 1 every run's curve is first a moving average over that many
     evaluations (:func:`smooth_evals`), so one noisy evaluation neither sets a target nor crosses it."""
@@ -325,6 +342,7 @@ def report(records: list[dict], baseline: str = "traj_window", smooth: int = 1) 
         div = mean_std([r["evals"][-1]["eval_diversity"] for r in runs])
         t_base = mean_std([time_to_reach(r["evals"], target) / base_t for r in runs])
         paired = paired_time_ratios(runs, base_runs)
+        best = paired_best_ratios(runs, base_runs)
         t50 = mean_std([time_to_reach(r["evals"], base0 + 0.5 * (target - base0)) for r in runs])
         t90 = mean_std([time_to_reach(r["evals"], base0 + 0.9 * (target - base0)) for r in runs])
         n_base = mean_std([time_to_reach(r["evals"], target, "total_nfe") / base_n for r in runs])
@@ -346,12 +364,17 @@ def report(records: list[dict], baseline: str = "traj_window", smooth: int = 1) 
                      "reached_baseline": f"{t_base[2]}/{len(runs)}",
                      "time_to_baseline_paired": mean_std(list(paired.values())),
                      "reached_baseline_paired": f"{sum(not math.isnan(v) for v in paired.values())}/{len(paired)}",
-                     "time_to_baseline_paired_by_seed": paired}
+                     "time_to_baseline_paired_by_seed": paired,
+                     "time_to_baseline_best_paired": mean_std(list(best.values())),
+                     "reached_baseline_best_paired": f"{sum(not math.isnan(v) for v in best.values())}/{len(best)}",
+                     "time_to_baseline_best_paired_by_seed": best}
         print(f"{name:<18}{fin[0]:>7.3f}{div[0]:>6.3f}{its:>5.0f}{split['t_iter']:>6.2f}{s_it:>6.2f}{split['t_sample']:>7.2f}"
               f"{split['t_update']:>7.2f}{rss:>7.0f}{t_base[0]:>8.2f}{t50[0]:>7.1f}{t90[0]:>7.1f}{i50[0]:>7.1f}"
               f"{i90[0]:>7.1f}{n_base[0]:>10.2f}{r_eq[0]:>9.3f}{div_eq[0]:>9.3f}  (t→base ±{t_base[1]:.2f}, reached {t_base[2]}/{len(runs)}; "
               f"paired per seed {out[name]['time_to_baseline_paired'][0]:.2f} ± {out[name]['time_to_baseline_paired'][1]:.2f}, "
-              f"reached {out[name]['reached_baseline_paired']})")
+              f"reached {out[name]['reached_baseline_paired']}; to its best reward "
+              f"{out[name]['time_to_baseline_best_paired'][0]:.2f} ± {out[name]['time_to_baseline_best_paired'][1]:.2f}, "
+              f"reached {out[name]['reached_baseline_best_paired']})")
     return {"target_reward": target, "baseline": baseline, "smooth": smooth, "methods": out}
 
 

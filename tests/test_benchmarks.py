@@ -285,3 +285,15 @@ def test_merge_refuses_runs_evaluated_at_different_cadences(tmp_path):
     r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_methods.py"), "--merge", *parts,
                         "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode != 0 and "different cadences" in r.stderr
+
+
+def test_the_ratio_to_the_baselines_best_reward_uses_its_peak_time():
+    """A baseline that peaks at 20 s and falls back: the run's time to that peak over 20 s, not over its budget."""
+    recs = [_rec("base", 0, [(0, 0.5), (20, 0.7), (40, 0.6)], 2.0), _rec("fast", 0, [(0, 0.5), (10, 0.7)], 1.0),
+            _rec("slow", 0, [(0, 0.5), (40, 0.65)], 1.0), _rec("base", 1, [(0, 0.5), (40, 0.5)], 2.0),
+            _rec("fast", 1, [(0, 0.5), (10, 0.7)], 1.0)]
+    best = bm.paired_best_ratios([r for r in recs if r["method"] == "fast"], [r for r in recs if r["method"] == "base"])
+    assert best[0] == pytest.approx(10 / 20) and math.isnan(best[1])     # seed 1's baseline never rose
+    out = bm.report(recs, baseline="base")["methods"]
+    assert out["fast"]["time_to_baseline_paired_by_seed"][0] == pytest.approx(5 / 40)   # its final 0.6 at 5 s
+    assert out["slow"]["reached_baseline_best_paired"] == "0/1"
