@@ -320,6 +320,20 @@ def paired_best_ratios(runs: list[dict], base_runs: list[dict]) -> dict:
     return out
 
 
+def paired_first_passage_ratios(runs: list[dict], base_runs: list[dict]) -> dict:
+    """Per seed: the time a run needs to reach the final reward of the baseline's run with the same seed, over the time
+    that baseline run *first* got there ({seed: ratio}). Symmetric: both sides are first passages, so a baseline
+    that reached its final reward early and stayed on a plateau is credited with the early time."""
+    base = {r["seed"]: r for r in base_runs}
+    out = {}
+    for r in runs:
+        if r["seed"] in base:
+            b = base[r["seed"]]["evals"]
+            t_b = time_to_reach(b, b[-1]["eval_reward"])
+            out[r["seed"]] = time_to_reach(r["evals"], b[-1]["eval_reward"]) / t_b if t_b > 0 else math.nan
+    return out
+
+
 def report(records: list[dict], baseline: str = "traj_window", smooth: int = 1) -> dict:
     """The table against ``baseline``; with ``smooth`` > 1 every run's curve is first a moving average over that many
     evaluations (:func:`smooth_evals`), so one noisy evaluation neither sets a target nor crosses it."""
@@ -343,6 +357,7 @@ def report(records: list[dict], baseline: str = "traj_window", smooth: int = 1) 
         t_base = mean_std([time_to_reach(r["evals"], target) / base_t for r in runs])
         paired = paired_time_ratios(runs, base_runs)
         best = paired_best_ratios(runs, base_runs)
+        first = paired_first_passage_ratios(runs, base_runs)
         t50 = mean_std([time_to_reach(r["evals"], base0 + 0.5 * (target - base0)) for r in runs])
         t90 = mean_std([time_to_reach(r["evals"], base0 + 0.9 * (target - base0)) for r in runs])
         n_base = mean_std([time_to_reach(r["evals"], target, "total_nfe") / base_n for r in runs])
@@ -367,7 +382,9 @@ def report(records: list[dict], baseline: str = "traj_window", smooth: int = 1) 
                      "time_to_baseline_paired_by_seed": paired,
                      "time_to_baseline_best_paired": mean_std(list(best.values())),
                      "reached_baseline_best_paired": f"{sum(not math.isnan(v) for v in best.values())}/{len(best)}",
-                     "time_to_baseline_best_paired_by_seed": best}
+                     "time_to_baseline_best_paired_by_seed": best,
+                     "time_to_baseline_first_passage_paired": mean_std(list(first.values())),
+                     "time_to_baseline_first_passage_paired_by_seed": first}
         print(f"{name:<18}{fin[0]:>7.3f}{div[0]:>6.3f}{its:>5.0f}{split['t_iter']:>6.2f}{s_it:>6.2f}{split['t_sample']:>7.2f}"
               f"{split['t_update']:>7.2f}{rss:>7.0f}{t_base[0]:>8.2f}{t50[0]:>7.1f}{t90[0]:>7.1f}{i50[0]:>7.1f}"
               f"{i90[0]:>7.1f}{n_base[0]:>10.2f}{r_eq[0]:>9.3f}{div_eq[0]:>9.3f}  (t→base ±{t_base[1]:.2f}, reached {t_base[2]}/{len(runs)}; "
@@ -495,6 +512,9 @@ def main() -> None:
               "budget_s": ns.budget, "lr": ns.lr if not BASE_CONFIG else None, "parallel_runs": n_par,
               "window_width": ns.window_width if not BASE_CONFIG else None,
               "steps": ns.steps if not BASE_CONFIG else None, "tail": ns.tail}
+    for peer in ("awm", "nft"):   # the flow-matching peers' final rewards as targets too (best non-tree method)
+        if any(r["method"] == peer for r in records):
+            result[f"vs_{peer}"] = report(records, baseline=peer, smooth=sm)
     plot(records, "train_time", os.path.join(ns.out, "reward_vs_time.png"), "training wall-clock (s)")
     plot(records, "total_nfe", os.path.join(ns.out, "reward_vs_nfe.png"), "denoiser evaluations (NFE)")
     if ns.merge and abl:

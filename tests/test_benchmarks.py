@@ -64,6 +64,7 @@ def test_merge_pools_the_seeds_of_two_runs(tmp_path):
     # seeds 0-1 reach the baseline's 0.7 at 10 s, seeds 2-3 at 30 s, of the baseline's 40 s
     assert tree["time_to_baseline_ratio"][0] == pytest.approx(0.5) and tree["time_to_baseline_ratio"][2] == 4
     assert res["vs_window_mirrored"]["baseline"] == "traj_window_mirrored" and res["budget_s"] == 40.0
+    assert "vs_awm" not in res     # only the peers that ran are targets
     assert (tmp_path / "out" / "reward_vs_time.png").exists()
 
 
@@ -294,6 +295,9 @@ def test_the_ratio_to_the_baselines_best_reward_uses_its_peak_time():
             _rec("fast", 1, [(0, 0.5), (10, 0.7)], 1.0)]
     best = bm.paired_best_ratios([r for r in recs if r["method"] == "fast"], [r for r in recs if r["method"] == "base"])
     assert best[0] == pytest.approx(10 / 20) and math.isnan(best[1])     # seed 1's baseline never rose
+    # first passage: the baseline first reached its final 0.6 at 10 s (on the way up), fast at 5 s
+    first = bm.paired_first_passage_ratios([recs[1]], [recs[0]])
+    assert first[0] == pytest.approx(5 / 10)
     out = bm.report(recs, baseline="base")["methods"]
     assert out["fast"]["time_to_baseline_paired_by_seed"][0] == pytest.approx(5 / 40)   # its final 0.6 at 5 s
     assert out["slow"]["reached_baseline_best_paired"] == "0/1"
