@@ -294,44 +294,46 @@ def plot(records: list[dict], key: str, path: str, xlabel: str) -> None:
     plt.close(fig)
 
 
+def _paired(runs: list[dict], base_runs: list[dict], target, base_time) -> dict:
+    """{seed: the time a run needs to reach ``target(baseline evals)`` over ``base_time(baseline evals)``} for the
+    seeds the baseline has; NaN where the run never gets there or the baseline's time is 0."""
+    base = {r["seed"]: r["evals"] for r in base_runs}
+    out = {}
+    for r in runs:
+        if r["seed"] in base:
+            b = base[r["seed"]]
+            t_b = base_time(b)
+            out[r["seed"]] = time_to_reach(r["evals"], target(b)) / t_b if t_b > 0 else math.nan
+    return out
+
+
+def _final(evals: list[dict]) -> float:
+    return evals[-1]["eval_reward"]
+
+
+def _best(evals: list[dict]) -> float:
+    return max(e["eval_reward"] for e in evals)
+
+
 def paired_time_ratios(runs: list[dict], base_runs: list[dict]) -> dict:
     """Per seed: the time a run needs to reach the final reward of the baseline's run with the same seed, over that
     baseline run's training time ({seed: ratio}, NaN where it never gets there; seeds the baseline lacks are left
     out)."""
-    base = {r["seed"]: r for r in base_runs}
-    return {r["seed"]: time_to_reach(r["evals"], base[r["seed"]]["evals"][-1]["eval_reward"])
-            / base[r["seed"]]["evals"][-1]["train_time"] for r in runs if r["seed"] in base}
+    return _paired(runs, base_runs, _final, lambda b: b[-1]["train_time"])
 
 
 def paired_best_ratios(runs: list[dict], base_runs: list[dict]) -> dict:
     """Per seed: the time a run needs to reach the *best* reward of the baseline's run with the same seed (the maximum
-    of its curve), over the time that baseline run first got there ({seed: ratio}; NaN where the run never gets
-    there or the baseline never rose above its start). Stricter than :func:`paired_time_ratios` when the baseline
-    peaks and falls back before its budget ends."""
-    base = {r["seed"]: r for r in base_runs}
-    out = {}
-    for r in runs:
-        if r["seed"] not in base:
-            continue
-        b = base[r["seed"]]["evals"]
-        best = max(e["eval_reward"] for e in b)
-        t_b = time_to_reach(b, best)
-        out[r["seed"]] = time_to_reach(r["evals"], best) / t_b if t_b > 0 else math.nan
-    return out
+    of its curve), over the time that baseline run first got there (NaN where the baseline never rose above its
+    start). Stricter than :func:`paired_time_ratios` when the baseline peaks and falls back before its budget ends."""
+    return _paired(runs, base_runs, _best, lambda b: time_to_reach(b, _best(b)))
 
 
 def paired_first_passage_ratios(runs: list[dict], base_runs: list[dict]) -> dict:
     """Per seed: the time a run needs to reach the final reward of the baseline's run with the same seed, over the time
-    that baseline run *first* got there ({seed: ratio}). Symmetric: both sides are first passages, so a baseline
-    that reached its final reward early and stayed on a plateau is credited with the early time."""
-    base = {r["seed"]: r for r in base_runs}
-    out = {}
-    for r in runs:
-        if r["seed"] in base:
-            b = base[r["seed"]]["evals"]
-            t_b = time_to_reach(b, b[-1]["eval_reward"])
-            out[r["seed"]] = time_to_reach(r["evals"], b[-1]["eval_reward"]) / t_b if t_b > 0 else math.nan
-    return out
+    that baseline run *first* got there. Symmetric: both sides are first passages, so a baseline that reached its
+    final reward early and stayed on a plateau is credited with the early time."""
+    return _paired(runs, base_runs, _final, lambda b: time_to_reach(b, _final(b)))
 
 
 def report(records: list[dict], baseline: str = "traj_window", smooth: int = 1) -> dict:
