@@ -440,6 +440,8 @@ def main() -> None:
                     "--base-config); each run uses --threads threads")
     ns = ap.parse_args()
     THREADS, EVALS = ns.threads, ns.evals
+    if ns.smooth is None and not ns.merge:   # --merge keeps the pooled runs' own reading (below)
+        ns.smooth = SMOOTH
     BASE["optim"]["lr"] = ns.lr
     if ns.window_width != BASE["tree"]["window_width"] and not ns.child:
         if ns.base_config:
@@ -475,7 +477,6 @@ def main() -> None:
                 for name, ov in items[seed % len(items):] + items[:seed % len(items)]]
 
     if ns.only or ns.lr_sweep:
-        ns.smooth = SMOOTH if ns.smooth is None else ns.smooth
         chosen = {}
         for item in ns.only:
             name, _, js = item.partition("=")
@@ -506,7 +507,7 @@ def main() -> None:
             ns.smooth = parts[0].get("smooth", 1)   # runs from before the smoothing keep their raw reading
     else:
         records = run_all(interleaved(METHODS, ns.seeds), ns.budget, ns.out, n_par, t0)
-    sm = SMOOTH if ns.smooth is None else ns.smooth
+    sm = ns.smooth
     result = {"main": report(records, smooth=sm), "main_raw": report(records),
               "vs_all_step": report(records, baseline="traj_all", smooth=sm),
               "vs_window_mirrored": report(records, baseline="traj_window_mirrored", smooth=sm), "records": records,
