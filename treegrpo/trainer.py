@@ -570,6 +570,8 @@ class Trainer:
                         **fixed)
         self.apply_plan(p)
         self.log("TreeGRPO memory: " + p.line())
+        if getattr(self.policy, "checkpointing_refusal", ""):
+            self.log("TreeGRPO memory: " + self.policy.checkpointing_refusal)
         return p
 
     def apply_plan(self, p: memory.Plan) -> None:

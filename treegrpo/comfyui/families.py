@@ -214,6 +214,18 @@ def check_trainable(model) -> Optional[Family]:
 _WARNED: set = set()
 
 
+def checkpointing_refusal(model) -> str:
+    """Why gradient checkpointing must stay off for this model ("" when it may be on). Checkpointing is exact only
+    where it was checked: every training family of :data:`FAMILIES` has its checkpointed LoRA gradient compared with
+    the plain one module by module (tests/test_checkpoint_gradients.py). A class outside the registry was not."""
+    name, fam = family_of(model)
+    if (fam is not None and fam.trains) or _is_own(model):
+        return ""
+    return (f"{name} is not a family whose checkpointed gradient TreeGRPO has checked (tests/test_checkpoint_gradients"
+            ".py), and a block that updates activations in place could make it wrong: gradient checkpointing stays "
+            "off for it (set it to auto or off; lower the batch or the resolution if memory is short)")
+
+
 def _is_own(model) -> bool:
     """The embedded demo model (its config class is TreeGRPO's own)."""
     return type(getattr(model, "model", model).model_config).__module__.startswith("treegrpo.")

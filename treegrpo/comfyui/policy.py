@@ -23,6 +23,7 @@ from ..config import LoraConfig, VideoConfig
 from ..video import frame_indices, latent_prefix, video_length
 from ..lora import LoraWeights
 from ..policy import Policy
+from ..saved_tensors import copy_on_write_saved
 from . import families
 
 #: Linear-module name suffixes that get LoRA when a model's family names none (families.py has each family's)
@@ -143,8 +144,8 @@ def make_trainable_tensors(module: nn.Module) -> int:
     return n
 
 
-#: ComfyUI diffusion-model modules whose blocks add residuals in place (``img += …``): autograd either
-#: refuses them or, under ComfyUI's checkpointing, gets wrong gradients (docs/design.md §3).
+#: ComfyUI diffusion-model modules whose blocks add residuals in place (``img += …``) after saving them: plain
+#: autograd refuses them, so their training forward runs copy-on-write (docs/design.md §3).
 INPLACE_RESIDUAL_MODULES = ("comfy.ldm.flux.", "comfy.ldm.chroma.", "comfy.ldm.hunyuan_video.", "comfy.ldm.qwen_image.",
                             "comfy.ldm.lightricks.", "comfy.ldm.chroma_radiance.")
 
@@ -153,20 +154,9 @@ def has_inplace_residuals(diffusion_model: nn.Module) -> bool:
     return type(diffusion_model).__module__.startswith(INPLACE_RESIDUAL_MODULES)
 
 
-@contextlib.contextmanager
-def snapshot_saved_activations(enabled: bool = True):
-    """Store a copy of every activation autograd saves for backward, so later in-place updates of that
-    tensor (Flux's ``img += …``) cannot corrupt or block the backward pass. Costs one extra copy of the
-    saved activations; weights and inputs that need no gradient are stored as they are."""
-    if not enabled:
-        yield
-        return
-
-    def pack(t):
-        return t.clone() if t.requires_grad and t.grad_fn is not None else t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        yield
+def _recompute_copy_on_write():
+    """``torch.utils.checkpoint``'s ``context_fn``: the forward as it is, the recomputation copy-on-write."""
+    return contextlib.nullcontext(), copy_on_write_saved()
 
 
 def checkpoint_patches(diffusion_model: nn.Module, enabled: Callable[[], bool] = lambda: True) -> dict[str, Callable]:
@@ -174,7 +164,10 @@ def checkpoint_patches(diffusion_model: nn.Module, enabled: Callable[[], bool] =
     backward (``torch.utils.checkpoint``, non-reentrant) while gradients are on and ``enabled()``. Blocks are the items of the
     model's top-level ModuleLists and ModuleDicts (Cosmos' blocks) and of ``middle_block``; Sequential containers are checkpointed per
     child because ComfyUI's UNet iterates them instead of calling them. Each block runs on clones of its
-    tensor inputs, so blocks that add residuals in place (Flux) cannot change what the recomputation sees."""
+    tensor inputs, so blocks that add residuals in place (Flux) cannot change what the recomputation starts from,
+    and the recomputation runs under :func:`~treegrpo.saved_tensors.copy_on_write_saved`, so an in-place update
+    inside the block (Flux/Chroma's ``img += …`` after ``img_norm2(img)`` saved ``img``) cannot change what it
+    saved: without it checkpointing would read the updated tensor in backward, silently (issue 30)."""
     from torch.utils.checkpoint import checkpoint
 
     blocks: list[tuple[str, nn.Module]] = []
@@ -203,7 +196,7 @@ def checkpoint_patches(diffusion_model: nn.Module, enabled: Callable[[], bool] =
             # callers mutate shared option dicts (ComfyUI's transformer_options: block index/type) after the
             # block returns: the recomputation must see them as they were
             kwargs = {k: dict(v) if isinstance(v, dict) else v for k, v in kwargs.items()}
-            return checkpoint(run, *args, use_reentrant=False, **kwargs)
+            return checkpoint(run, *args, use_reentrant=False, context_fn=_recompute_copy_on_write, **kwargs)
 
         return forward
 
@@ -244,7 +237,10 @@ class ComfyPolicy(Policy):
         ckpt = checkpoint_patches(self.patcher.model.diffusion_model, lambda: self.gradient_checkpointing)
         for key, fn in ckpt.items():
             self.patcher.add_object_patch(key, fn)
-        self._can_checkpoint = bool(ckpt)
+        self.checkpointing_refusal = families.checkpointing_refusal(self.patcher)
+        if gradient_checkpointing and self.checkpointing_refusal:
+            raise families.FamilyError(self.checkpointing_refusal)
+        self._can_checkpoint = bool(ckpt) and not self.checkpointing_refusal
         self._inplace = has_inplace_residuals(self.patcher.model.diffusion_model)
         self.model = self.lora  # trainable parameters live here
         self.prompts = list(prompts)
@@ -267,8 +263,8 @@ class ComfyPolicy(Policy):
 
     @property
     def snapshot_activations(self) -> bool:
-        """Blocks that add residuals in place need their saved activations copied, unless checkpointing
-        recomputes each block from copies of its inputs (then nothing autograd keeps can change afterwards)."""
+        """Blocks that add residuals in place need their saved activations protected (copy-on-write) in a plain
+        training forward; with checkpointing the recomputation of every block is copy-on-write already."""
         return self._inplace and not self.gradient_checkpointing
 
     def set_gradient_checkpointing(self, on: bool) -> bool:
@@ -339,9 +335,8 @@ class ComfyPolicy(Policy):
                 a = b
         self.guider.groups = groups
         self.guider.cfg = cfg
-        dt = self.patcher.model_dtype()
         out = self._wrap(x.to(self.device), sigma.to(self.device), **self._extra)
-        return out.float() if dt != torch.float32 else out
+        return out if out.dtype in (torch.float32, torch.float64) else out.float()   # fp16/bf16 models: float32
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Leaves → images (B, 3, H, W) in [0, 1]; video leaves (B, C, T, H, W) with T > 1 → the frames the rewards
@@ -382,7 +377,7 @@ class ComfyPolicy(Policy):
                 policy.guider.merged = {}  # conds were just processed for this phase: merge them afresh
                 policy._wrap, policy._extra = model_wrap, extra_args
                 try:
-                    with snapshot_saved_activations(policy.snapshot_activations and torch.is_grad_enabled()):
+                    with copy_on_write_saved(policy.snapshot_activations and torch.is_grad_enabled()):
                         result["value"] = fn()
                 finally:
                     policy._wrap, policy._extra = None, {}
