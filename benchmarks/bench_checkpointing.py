@@ -29,18 +29,19 @@ def build(arch: str, hidden: int = 512):
     import comfy.model_management as mm
     import comfy.model_patcher
     import comfy.supported_models as sm
+    from comfy_test_pack.compat import newer_fields
 
     torch.manual_seed(0)
     common = {"in_channels": 16, "out_channels": 16, "context_in_dim": 64, "hidden_size": hidden, "mlp_ratio": 4.0,
               "num_heads": hidden // 64, "depth": 2, "depth_single_blocks": 2, "axes_dim": [16, 24, 24],
               "theta": 10000, "patch_size": 2, "qkv_bias": True}
     if arch == "flux":
-        cfg = sm.Flux({"image_model": "flux", "guidance_embed": True, "vec_in_dim": 64, **common})
+        cfg = sm.Flux(newer_fields({"image_model": "flux", "guidance_embed": True, "vec_in_dim": 64, **common}))
         extra = {"pooled_output": torch.randn(1, 64), "guidance": 3.5}
     else:
         common.update(in_channels=64, out_channels=64)
-        cfg = sm.Chroma({"image_model": "chroma", "in_dim": 64, "out_dim": hidden, "hidden_dim": 64, "n_layers": 2,
-                         **common})
+        cfg = sm.Chroma(newer_fields({"image_model": "chroma", "in_dim": 64, "out_dim": hidden, "hidden_dim": 64,
+                                      "n_layers": 2, **common}))
         extra = {"pooled_output": None, "guidance": 3.5}
     model = cfg.get_model({})
     with torch.no_grad():

@@ -81,7 +81,8 @@ def build_denoiser(name: str):
     import comfy.supported_models as sm
 
     cls_name, unet, dtype, compute, px, ctx, pooled, cfg_scale, vae, _ = MODELS[name]
-    cfg = getattr(sm, cls_name)(dict(unet))
+    from comfy_test_pack.compat import newer_fields
+    cfg = getattr(sm, cls_name)(newer_fields(unet))
     cfg.set_inference_dtype(dtype, compute)
     model = cfg.get_model({})
     # the sampling schedule must be real: the sigma table is read as Python floats
@@ -236,8 +237,9 @@ def checkpointing_time_ratio(reps: int = 3) -> dict:
     from treegrpo.comfyui.policy import DEFAULT_TARGETS, ComfyPolicy
     from treegrpo.config import LoraConfig
 
+    from comfy_test_pack.compat import newer_fields
     unet = dict(FLUX_DEV, depth=2, depth_single_blocks=2)
-    cfg = sm.Flux(unet)
+    cfg = sm.Flux(newer_fields(unet))
     cfg.set_inference_dtype(torch.float32, None)
     model = cfg.get_model({})
     with torch.no_grad():

@@ -49,7 +49,8 @@ def build(name: str, device, layers: int, px: int):
     cls_name, _, dtype, compute, _, ctx, pooled, cfg_scale, vae_kind, _ = bm.MODELS[name]
     if device.type == "cpu":
         dtype, compute = (torch.float32, None) if dtype != torch.float8_e4m3fn else (dtype, torch.float32)
-    mc = getattr(sm, cls_name)(reduced(name, layers))
+    from comfy_test_pack.compat import newer_fields
+    mc = getattr(sm, cls_name)(newer_fields(reduced(name, layers)))
     mc.set_inference_dtype(dtype, compute)
     model = mc.get_model({})
     with torch.no_grad():

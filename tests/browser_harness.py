@@ -95,37 +95,10 @@ def frontend_static_dir() -> Path:
 
 
 def start_ui_server(base_dir: Path, comfy_dir: Path, timeout: float = 180.0) -> ch.ComfyServer:
-    """ComfyUI's main.py with the real web UI: like ``comfy_harness.start_server`` but without
-    ``--front-end-root``, so ComfyUI picks its frontend itself (the installed package, after checking its version
-    against requirements.txt).  The pack is symlinked as custom_nodes/comfyui-treegrpo."""
-    base = ch.prepare_base_dir(base_dir, ch.REPO_ROOT)
-    port = ch.free_port()
-    cmd = [sys.executable, str(Path(comfy_dir) / "main.py"), "--cpu", "--listen", "127.0.0.1", "--port", str(port),
-           "--disable-api-nodes", "--base-directory", str(base), "--database-url", "sqlite:///:memory:",
-           "--disable-auto-launch"]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", DO_NOT_TRACK="1")
-    log_path = base / "comfyui.log"
-    fh = open(log_path, "ab")
-    proc = subprocess.Popen(cmd, cwd=str(base), stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
-                            env=env, start_new_session=True)
-    srv = ch.ComfyServer(proc, port, base, log_path)
-    srv._log_fh = fh
-    atexit.register(srv.stop)
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            srv.stop()
-            raise ch.ComfyHarnessError(f"ComfyUI exited with {proc.returncode} during start-up:\n{srv.log_text()[-6000:]}")
-        try:
-            with urllib.request.urlopen(f"{srv.url}/system_stats", timeout=2) as r:
-                if r.status == 200:
-                    return srv
-        except (urllib.error.URLError, ConnectionError, OSError):
-            pass
-        if time.monotonic() > deadline:
-            srv.stop()
-            raise ch.ComfyHarnessError(f"ComfyUI not ready after {timeout}s:\n{srv.log_text()[-6000:]}")
-        time.sleep(0.25)
+    """ComfyUI's main.py with the real web UI: ``comfy_harness.start_server`` without ``--front-end-root``, so
+    ComfyUI picks its frontend itself (the installed package, after checking its version against
+    requirements.txt).  The pack is symlinked as custom_nodes/comfyui-treegrpo."""
+    return ch.start_server(base_dir, comfy_dir=comfy_dir, timeout=timeout, web_ui=True)
 
 
 # ----------------------------------------------------------------------------------------------------------------

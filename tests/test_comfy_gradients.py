@@ -138,6 +138,46 @@ def test_checkpointing_keeps_far_fewer_activations_and_no_copies(comfyui_pack, a
     assert 0 < kept[True] < kept[False] / 2, kept
 
 
+def _stored_dtype(w):
+    """The dtype a weight is stored in (ComfyUI 0.33's quantized layers hold a QuantizedTensor of float32 view)."""
+    inner = getattr(w, "_qdata", None)
+    return inner.dtype if inner is not None else w.dtype
+
+
+def _scaled_fp8_as_newer_comfyui_loads_it(ref, fp8):
+    """ComfyUI 0.33+ reads an old scaled-fp8 checkpoint (``scaled_fp8`` marker, fp8 ``weight`` and float32
+    ``scale_weight`` per Linear) as quantized layers (``comfy.utils.convert_old_quants`` → ``comfy_quant`` metadata →
+    mixed-precision ops): the same steps as ``comfy.sd.load_diffusion_model_state_dict``, on the tiny Flux. The
+    reference ``ref`` gets the dequantised weights (what the quantized forward computes)."""
+    import comfy.supported_models as sm
+    import comfy.utils
+
+    dm = ref.model.diffusion_model
+    linear = {n for n, m in dm.named_modules() if isinstance(m, torch.nn.Linear)}
+    old = {"scaled_fp8": torch.empty(0, dtype=fp8)}
+    with torch.no_grad():
+        for k, t in dm.state_dict().items():
+            layer = k.rsplit(".", 1)[0]
+            if k.endswith(".weight") and layer in linear:
+                scale = t.abs().max().clamp_min(1e-12) / torch.finfo(fp8).max
+                old[k], old[f"{layer}.scale_weight"] = (t / scale).to(fp8), scale.reshape(())
+                t.copy_(old[k].float() * scale)
+            else:
+                old[k] = t.clone()
+    sd, _ = comfy.utils.convert_old_quants(old, "")
+    cfg = sm.Flux(dict(ref.model.model_config.unet_config))
+    cfg.quant_config = comfy.utils.detect_layer_quantization(sd, "")
+    assert cfg.quant_config, "convert_old_quants made no quantized layer"
+    import comfy.model_management as mm
+    dev = mm.get_torch_device()   # dtypes as load_diffusion_model_state_dict picks them (float32 compute where it picks none)
+    cfg.set_inference_dtype(mm.unet_dtype(supported_dtypes=list(cfg.supported_inference_dtypes), weight_dtype=None),
+                            mm.unet_manual_cast(None, dev, cfg.supported_inference_dtypes) or torch.float32,
+                            device=dev)
+    model = cfg.get_model(sd)
+    model.load_model_weights(sd, "")
+    return model
+
+
 @pytest.mark.parametrize("weight_dtype,scaled", [(torch.float8_e4m3fn, False), (torch.float8_e5m2, False),
                                                  (torch.float8_e4m3fn, True)])
 def test_fp8_base_weights_train_a_float32_lora(comfyui_pack, weight_dtype, scaled):
@@ -154,30 +194,37 @@ def test_fp8_base_weights_train_a_float32_lora(comfyui_pack, weight_dtype, scale
 
     from treegrpo.comfyui.policy import DEFAULT_TARGETS, ComfyPolicy
 
+    import comfy.utils
+
     ref, pos, neg = _tiny("flux", 0)
-    cfg = sm.Flux(dict(ref.model.model_config.unet_config))
-    if scaled:
-        cfg.scaled_fp8 = weight_dtype
-    cfg.set_inference_dtype(weight_dtype, torch.float32)
-    m8 = cfg.get_model({})
-    sd = ref.model.diffusion_model.state_dict()
+    if scaled and hasattr(comfy.utils, "convert_old_quants"):
+        m8 = _scaled_fp8_as_newer_comfyui_loads_it(ref, weight_dtype)
+        sd = None
+    else:
+        cfg = sm.Flux(dict(ref.model.model_config.unet_config))
+        if scaled:
+            cfg.scaled_fp8 = weight_dtype
+        cfg.set_inference_dtype(weight_dtype, torch.float32)
+        m8 = cfg.get_model({})
+        sd = ref.model.diffusion_model.state_dict()
     with torch.no_grad():
-        scaled_weights = set()
-        for name, mod in m8.diffusion_model.named_modules():
-            if hasattr(mod, "scale_weight"):        # a checkpoint's scaled fp8 Linear: w ≈ fp8(w / s) · s
-                w = sd[f"{name}.weight"]
-                scale = w.abs().max().clamp_min(1e-12) / torch.finfo(weight_dtype).max
-                mod.weight.copy_((w / scale).to(weight_dtype))
-                mod.scale_weight.copy_(scale)
-                sd[f"{name}.weight"].copy_(mod.weight.float() * mod.scale_weight)   # what its forward computes
-                scaled_weights.add(f"{name}.weight")
-        assert scaled_weights if scaled else not scaled_weights
-        for k, t in m8.diffusion_model.state_dict().items():
-            if k in scaled_weights or k.endswith(("scale_weight", "scale_input")):
-                continue
-            t.copy_(sd[k].to(t.dtype))
-            sd[k].copy_(t.float())                   # the reference holds exactly the fp8 values, in float32
-    assert m8.diffusion_model.double_blocks[0].img_attn.qkv.weight.dtype == weight_dtype
+        if sd is not None:
+            scaled_weights = set()
+            for name, mod in m8.diffusion_model.named_modules():
+                if hasattr(mod, "scale_weight"):        # a checkpoint's scaled fp8 Linear: w ≈ fp8(w / s) · s
+                    w = sd[f"{name}.weight"]
+                    scale = w.abs().max().clamp_min(1e-12) / torch.finfo(weight_dtype).max
+                    mod.weight.copy_((w / scale).to(weight_dtype))
+                    mod.scale_weight.copy_(scale)
+                    sd[f"{name}.weight"].copy_(mod.weight.float() * mod.scale_weight)   # what its forward computes
+                    scaled_weights.add(f"{name}.weight")
+            assert scaled_weights if scaled else not scaled_weights
+            for k, t in m8.diffusion_model.state_dict().items():
+                if k in scaled_weights or k.endswith(("scale_weight", "scale_input")):
+                    continue
+                t.copy_(sd[k].to(t.dtype))
+                sd[k].copy_(t.float())                   # the reference holds exactly the fp8 values, in float32
+    assert _stored_dtype(m8.diffusion_model.double_blocks[0].img_attn.qkv.weight) == weight_dtype
     p8 = comfy.model_patcher.ModelPatcher(m8, load_device=mm.get_torch_device(), offload_device=mm.unet_offload_device())
 
     grads = {}
@@ -204,10 +251,68 @@ def test_fp8_base_weights_train_a_float32_lora(comfyui_pack, weight_dtype, scale
             from treegrpo.config import TreeConfig
             from treegrpo.tree import sample_trees
 
-            assert pol.patcher.model.diffusion_model.double_blocks[0].img_attn.qkv.weight.dtype == weight_dtype
+            assert _stored_dtype(pol.patcher.model.diffusion_model.double_blocks[0].img_attn.qkv.weight) == weight_dtype
             tb = pol.run(lambda: sample_trees(pol, ["p"], TreeConfig(steps=4, window_start=1, window_width=2),
                                               generator=torch.Generator().manual_seed(0)))
             assert tb.leaves.dtype == torch.float32 and torch.isfinite(tb.leaves).all() and tb.nfe == 1 + 1 + 2 + 4
     assert grads["fp8"].abs().max() > 0
     assert torch.allclose(grads["fp8"], grads["fp32"], rtol=1e-5, atol=1e-7), \
         float((grads["fp8"] - grads["fp32"]).abs().max())
+
+
+def test_a_dynamic_vram_patcher_is_trained_through_its_non_dynamic_delegate(comfyui_pack):
+    """ComfyUI 0.33+ gives NVIDIA users a ``ModelPatcherDynamic`` (weights streamed per op, ``is_dynamic()``); on a
+    CPU ComfyUI never makes one, so a patcher that reports ``is_dynamic()`` stands in: the policy trains on what
+    ``get_non_dynamic_delegate()`` returns (plain weights), with the LoRA gradient of the plain patcher; a patcher
+    whose loader cannot reload it is refused with what to do."""
+    import comfy.model_patcher as cmp
+    from comfy_test_pack import _tiny
+
+    from treegrpo.comfyui import families as F
+    from treegrpo.comfyui.policy import DEFAULT_TARGETS, ComfyPolicy
+
+    plain, pos, neg = _tiny("flux", 0)
+    calls = []
+
+    class Dynamic(cmp.ModelPatcher):
+        def is_dynamic(self):
+            return True
+
+        def get_non_dynamic_delegate(self):
+            calls.append("delegate")
+            return cmp.ModelPatcher.clone(plain)
+
+    dyn = Dynamic(plain.model, plain.load_device, plain.offload_device)
+    grads = {}
+    for name, patcher in (("dynamic", dyn), ("plain", plain)):
+        with torch.inference_mode(False):
+            pol = ComfyPolicy(patcher, ["p"], [(pos, neg)], (16, 8, 8),
+                              lora_cfg=LoraConfig(rank=2, alpha=2.0, targets=DEFAULT_TARGETS))
+            g = torch.Generator().manual_seed(0)
+            with torch.no_grad():
+                for p in pol.lora.parameters():
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+        assert not getattr(pol.patcher, "is_dynamic", lambda: False)()
+        x, w = torch.randn((2, 16, 8, 8), generator=g), torch.randn((2, 16, 8, 8), generator=g)
+
+        def backward():
+            with torch.enable_grad():
+                (pol.denoise(x, pol.sigmas(10)[[2, 5]], pol.encode_prompts(["p", "p"]), 1.0).double() * w).sum().backward()
+
+        pol.run(backward)
+        grads[name] = torch.cat([p.grad.flatten() for p in pol.lora.parameters()])
+    assert calls == ["delegate"]
+    assert torch.equal(grads["dynamic"], grads["plain"]) and grads["plain"].abs().max() > 0
+
+    class NoReload(Dynamic):
+        def get_non_dynamic_delegate(self):
+            raise RuntimeError("Cannot create non-dynamic delegate: cached_patcher_init is not initialized.")
+
+    with torch.inference_mode(False), pytest.raises(F.FamilyError, match="--disable-dynamic-vram"):
+        ComfyPolicy(NoReload(plain.model, plain.load_device, plain.offload_device), ["p"], [(pos, neg)],
+                    (16, 8, 8), lora_cfg=LoraConfig(rank=2, alpha=2.0, targets=DEFAULT_TARGETS))
+    if hasattr(cmp, "ModelPatcherDynamic"):   # ComfyUI 0.33+: the API the policy relies on is there
+        import inspect
+        assert hasattr(cmp.ModelPatcherDynamic, "get_non_dynamic_delegate")
+        assert cmp.ModelPatcherDynamic.is_dynamic(None) is True
+        assert "disable_dynamic" in inspect.signature(cmp.ModelPatcher.clone).parameters

@@ -3,6 +3,8 @@ ComfyUI's own LoRA key maps know (every key loads, none is dropped), and a singl
 original (LDM) layout, the denoiser alone or the whole checkpoint, loads through diffusers' ``from_single_file`` into
 the same model."""
 import importlib.util
+import os
+import sys
 import logging
 from pathlib import Path
 
@@ -21,8 +23,10 @@ TEST_PACK = Path(__file__).parent / "comfy_test_pack" / "__init__.py"
 @pytest.fixture(scope="module")
 def comfy_tiny(comfyui):
     """The test pack's ``_tiny(arch, seed)``: tiny ComfyUI models of the same layouts as the diffusers ones."""
-    spec = importlib.util.spec_from_file_location("treegrpo_test_pack_direct", TEST_PACK)
+    spec = importlib.util.spec_from_file_location("treegrpo_test_pack_direct", TEST_PACK,
+                                                  submodule_search_locations=[os.path.dirname(TEST_PACK)])
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod          # its relative imports (comfy_test_pack.compat) resolve through it
     spec.loader.exec_module(mod)
     return mod._tiny
 

@@ -3,6 +3,8 @@ MMDiT, Flux, Chroma, Qwen-Image, HunyuanVideo), built in memory with ComfyUI's o
 them. Loaded next to the real pack by tests/test_comfy_nodes.py; never shipped to users."""
 import torch
 
+from .compat import newer_fields
+
 
 def _tiny(arch: str, seed: int):
     import comfy.model_management as mm
@@ -17,7 +19,7 @@ def _tiny(arch: str, seed: int):
                 "transformer_depth_middle": 1, "use_linear_in_transformer": False, "context_dim": 32,
                 "transformer_depth_output": [1, 1, 1, 1], "use_temporal_attention": False,
                 "use_temporal_resblock": False}
-        cfg = sm.SD15(unet)
+        cfg = sm.SD15(newer_fields(unet))
         cfg.unet_config["num_heads"], cfg.unet_config["num_head_channels"] = 2, -1
         ctx = (1, 8, 32)
         pooled = None
@@ -28,14 +30,14 @@ def _tiny(arch: str, seed: int):
                 "transformer_depth_middle": 1, "use_linear_in_transformer": True, "context_dim": 32,
                 "transformer_depth_output": [0, 0, 1, 1], "use_temporal_attention": False,
                 "use_temporal_resblock": False, "num_head_channels": 16}
-        cfg = sm.SDXL(unet)
+        cfg = sm.SDXL(newer_fields(unet))
         ctx = (1, 8, 32)
         pooled = (1, 1280)
     elif arch == "sd3":
         unet = {"in_channels": 16, "patch_size": 2, "out_channels": 16, "depth": 1, "adm_in_channels": 32,
                 "context_embedder_config": {"target": "torch.nn.Linear", "params": {"in_features": 32, "out_features": 64}},
                 "num_patches": 64, "pos_embed_max_size": 8, "pos_embed_scaling_factor": None, "input_size": None}
-        cfg = sm.SD3(unet)
+        cfg = sm.SD3(newer_fields(unet))
         ctx = (1, 8, 32)
         pooled = (1, 32)
     elif arch == "flux":
@@ -43,7 +45,7 @@ def _tiny(arch: str, seed: int):
                 "vec_in_dim": 32, "context_in_dim": 32, "hidden_size": 64, "mlp_ratio": 2.0, "num_heads": 2,
                 "depth": 1, "depth_single_blocks": 1, "axes_dim": [8, 12, 12], "theta": 10000, "patch_size": 2,
                 "qkv_bias": True}
-        cfg = sm.Flux(unet)
+        cfg = sm.Flux(newer_fields(unet))
         ctx = (1, 8, 32)
         pooled = (1, 32)
     elif arch == "chroma":   # Flux-like blocks with in-place residual adds; guidance and modulation from an approximator
@@ -51,14 +53,14 @@ def _tiny(arch: str, seed: int):
                 "hidden_size": 64, "mlp_ratio": 2.0, "num_heads": 2, "depth": 1, "depth_single_blocks": 1,
                 "axes_dim": [8, 12, 12], "theta": 10000, "patch_size": 2, "qkv_bias": True, "in_dim": 64,
                 "out_dim": 64, "hidden_dim": 32, "n_layers": 1}
-        cfg = sm.Chroma(unet)
+        cfg = sm.Chroma(newer_fields(unet))
         ctx = (1, 8, 32)
         pooled = None
     elif arch == "qwen_image":   # 5-D latents (B, 16, 1, H, W); residuals added in place
         unet = {"image_model": "qwen_image", "patch_size": 2, "in_channels": 64, "out_channels": 16,
                 "num_layers": 1, "attention_head_dim": 32, "num_attention_heads": 2, "joint_attention_dim": 32,
                 "axes_dims_rope": (8, 12, 12)}
-        cfg = sm.QwenImage(unet)
+        cfg = sm.QwenImage(newer_fields(unet))
         ctx = (1, 8, 32)
         pooled = None
     elif arch == "hunyuan_video":   # video latents (B, 16, T, H, W); Flux-like blocks with in-place residuals
@@ -67,7 +69,7 @@ def _tiny(arch: str, seed: int):
                 "depth_single_blocks": 1, "axes_dim": [8, 12, 12], "theta": 256, "patch_size": [1, 2, 2],
                 "qkv_bias": True, "guidance_embed": True, "byt5": False, "meanflow": False,
                 "use_cond_type_embedding": False, "vision_in_dim": None}
-        cfg = sm.HunyuanVideo(unet)
+        cfg = sm.HunyuanVideo(newer_fields(unet))
         ctx = (1, 8, 32)
         pooled = (1, 32)
     else:

@@ -70,3 +70,16 @@ def vae_for(name: str):
         from .tiny_video import tiny_vae
         return tiny_vae("wan21", 0)
     return ProjectionVAE()
+
+
+def build_trainable(name: str, seed: int = 0):
+    """:func:`build`, or a pytest skip naming why the running ComfyUI cannot train family ``name`` (a fused kernel
+    without backward: ``treegrpo.comfyui.families.fused_without_backward``; that refusal has its own test)."""
+    import pytest
+
+    from treegrpo.comfyui.families import fused_without_backward
+
+    reason = fused_without_backward(name)
+    if reason:
+        pytest.skip(f"{name} is refused on this ComfyUI: {reason}")
+    return build(name, seed)

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import torch
 
+from .compat import newer_fields
+
 #: LoRA targets of ComfyUI's SD1.x/SD2.x/SDXL UNet (BasicTransformerBlock: self/cross attention + GEGLU MLP)
 _UNET_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2"]
 #: Flux-style double/single stream blocks (Flux, Flux2, Chroma Radiance, HunyuanImage 2.1)
@@ -232,7 +234,7 @@ def build(arch: str, seed: int):
     import comfy.supported_models as sm
 
     cls_name, unet, overrides, sd, cond_spec = _spec(arch)
-    cfg = getattr(sm, cls_name)(dict(unet))
+    cfg = getattr(sm, cls_name)(newer_fields(unet))
     cfg.unet_config.update(overrides)
     model = cfg.get_model(sd)
     g = torch.Generator().manual_seed(seed)

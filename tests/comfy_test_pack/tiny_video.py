@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import torch
 
+from .compat import newer_fields
+
 #: width of every tiny model's text features (the context tensor's last dim)
 TEXT_DIM = 32
 #: text tokens per prompt
@@ -116,7 +118,7 @@ def build(arch: str, seed: int = 0):
 
     if arch not in ARCHS:
         raise ValueError(f"unknown tiny video arch {arch!r}; known: {sorted(ARCHS)}")
-    cfg = getattr(sm, ARCHS[arch]["comfy_class"])(_unet_config(arch))
+    cfg = getattr(sm, ARCHS[arch]["comfy_class"])(newer_fields(_unet_config(arch)))
     model = cfg.get_model({})
     _randomize(model.diffusion_model, seed)
     patcher = comfy.model_patcher.ModelPatcher(model, load_device=mm.get_torch_device(),

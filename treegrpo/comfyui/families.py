@@ -171,7 +171,9 @@ def sampling_kind(model) -> str:
 
     base = getattr(model, "model", model)
     sampling = getattr(model, "get_model_object", lambda name: base.model_sampling)("model_sampling")
-    for klass, kind in ((ms.CONST, "flow"), (ms.COSMOS_RFLOW, "rflow"), (ms.X0, "x0"), (ms.EDM, "edm"),
+    # x0 predictors first: ComfyUI 0.33's IMG_TO_IMG_FLOW derives from CONST but predicts x0 from an input image
+    x0 = tuple(k for k in (ms.X0, getattr(ms, "IMG_TO_IMG_FLOW", None)) if k is not None)
+    for klass, kind in ((x0, "x0"), (ms.CONST, "flow"), (ms.COSMOS_RFLOW, "rflow"), (ms.EDM, "edm"),
                         (ms.V_PREDICTION, "v"), (ms.EPS, "eps")):
         if isinstance(sampling, klass):
             return kind
@@ -204,11 +206,39 @@ def check_trainable(model) -> Optional[Family]:
         raise FamilyError(f"TreeGRPO cannot train {fam.label} ({name}): {fam.reason}. TreeGRPO trains text-to-image "
                           "and text-to-video families (README: Model families)")
     prediction_of(model)
-    if fam is None and name not in _WARNED and not _is_own(model):
+    blocked = fused_without_backward(name)
+    if blocked:
+        raise FamilyError(f"TreeGRPO cannot train {fam.label if fam else name} ({name}) on this ComfyUI: {blocked}")
+    if name not in FAMILIES and name not in _WARNED and not _is_own(model):
         _WARNED.add(name)
         logging.warning("TreeGRPO: %s is not a family TreeGRPO was tested on (ComfyUI 0.3.75's registry); training "
-                        "it with LoRA targets %s", name, ", ".join(DEFAULT_TARGETS))
+                        "it with LoRA targets %s%s", name, ", ".join(default_targets(model)),
+                        f" (as {fam.label}, the family it derives from)" if fam else "")
     return fam
+
+
+#: families whose model, in some ComfyUI versions, calls a comfy-kitchen fused kernel that has no backward and no
+#: training path (``comfy.model_management.in_training`` does not reach it): (module, the kernel's name)
+NO_BACKWARD = {"CosmosT2IPredict2": ("comfy.ldm.cosmos.predict2", "rms_rope_split_half")}
+
+
+def fused_without_backward(name: str) -> str:
+    """Why the running ComfyUI cannot backpropagate through family ``name`` ("" when it can): ComfyUI 0.33 computes
+    Cosmos Predict2's q/k norm and RoPE with a fused comfy-kitchen kernel, whatever the training flag says."""
+    if name not in NO_BACKWARD:
+        return ""
+    import importlib
+    import inspect
+
+    module, kernel = NO_BACKWARD[name]
+    try:
+        source = inspect.getsource(importlib.import_module(module))
+    except (ImportError, OSError, TypeError):
+        return ""
+    if kernel not in source:
+        return ""
+    return (f"its attention calls comfy-kitchen's fused {kernel} kernel, which has no backward pass (ComfyUI "
+            "0.33 and later; ComfyUI 0.3.75 trains it)")
 
 
 _WARNED: set = set()
@@ -217,9 +247,10 @@ _WARNED: set = set()
 def checkpointing_refusal(model) -> str:
     """Why gradient checkpointing must stay off for this model ("" when it may be on). Checkpointing is exact only
     where it was checked: every training family of :data:`FAMILIES` has its checkpointed LoRA gradient compared with
-    the plain one module by module (tests/test_checkpoint_gradients.py). A class outside the registry was not."""
+    the plain one module by module (tests/test_checkpoint_gradients.py). A class outside the table was not, nor a
+    class that only derives from one in it (a newer ComfyUI's or a custom node's)."""
     name, fam = family_of(model)
-    if (fam is not None and fam.trains) or _is_own(model):
+    if (name in FAMILIES and FAMILIES[name].trains) or _is_own(model):
         return ""
     return (f"{name} is not a family whose checkpointed gradient TreeGRPO has checked (tests/test_checkpoint_gradients"
             ".py), and a block that updates activations in place could make it wrong: gradient checkpointing stays "

@@ -34,6 +34,13 @@ def _matches(name: str, targets: list[str]) -> bool:
     return any(name == t or name.endswith("." + t) for t in targets)
 
 
+def is_linear(module: nn.Module) -> bool:
+    """A Linear layer of a ComfyUI model: ``nn.Linear`` or one of ComfyUI's Linear ops that is not one (ComfyUI 0.33's
+    mixed-precision ``Linear``, which quantized checkpoints such as scaled fp8 load into, derives from ``nn.Module``)."""
+    return isinstance(module, nn.Linear) or (type(module).__name__ == "Linear" and isinstance(
+        getattr(module, "in_features", None), int) and isinstance(getattr(module, "out_features", None), int))
+
+
 class ComfyLoRA(nn.Module):
     """Activation-space LoRA over the Linear layers of a ComfyUI ``diffusion_model``.
 
@@ -44,9 +51,9 @@ class ComfyLoRA(nn.Module):
     def __init__(self, diffusion_model: nn.Module, cfg: LoraConfig, device=None, seed: int = 0):
         super().__init__()
         targets = list(cfg.targets)
-        self.names = [n for n, m in diffusion_model.named_modules() if isinstance(m, nn.Linear) and _matches(n, targets)]
+        self.names = [n for n, m in diffusion_model.named_modules() if is_linear(m) and _matches(n, targets)]
         if not self.names:
-            lin = [n for n, m in diffusion_model.named_modules() if isinstance(m, nn.Linear)][:8]
+            lin = [n for n, m in diffusion_model.named_modules() if is_linear(m)][:8]
             raise ValueError(f"LoRA targets {targets} match no Linear layer of this model; some Linear names: {lin}")
         self.rank, self.alpha = cfg.rank, float(cfg.alpha)
         self.enabled = True
@@ -123,6 +130,25 @@ class ComfyLoRA(nn.Module):
                 self.alpha = float(w.alpha[n])
 
 
+def trainable_patcher(model_patcher):
+    """A clone of ``model_patcher`` whose weights autograd can keep for backward.
+
+    ComfyUI 0.33+ hands NVIDIA users a Dynamic VRAM patcher (``ModelPatcherDynamic``, ``is_dynamic()``): each op
+    streams its weight into pages that are unpinned and reused as soon as the op returns, so a weight autograd saved
+    could be overwritten before backward, silently. The pack trains on the patcher's non-dynamic delegate instead:
+    the same model loaded with plain weights by the loader that made it (ComfyUI caches it on the patcher, so later
+    phases and runs reuse it). Object patches (LoRAs already on the model) come along, as with ``clone()``."""
+    if getattr(model_patcher, "is_dynamic", lambda: False)():
+        try:
+            return model_patcher.get_non_dynamic_delegate()
+        except (RuntimeError, AttributeError) as e:
+            raise families.FamilyError(
+                "this model came from a loader that cannot reload it without ComfyUI's Dynamic VRAM, and TreeGRPO "
+                f"trains on plain weights ({e}): load it with a core loader (Load Checkpoint, Load Diffusion Model) "
+                "or start ComfyUI with --disable-dynamic-vram") from e
+    return model_patcher.clone()
+
+
 def make_trainable_tensors(module: nn.Module) -> int:
     """Replace inference-mode parameters/buffers (made by loader nodes under the executor's
     ``inference_mode``) with normal clones, so autograd can save them for backward, and freeze every base
@@ -154,9 +180,37 @@ def has_inplace_residuals(diffusion_model: nn.Module) -> bool:
     return type(diffusion_model).__module__.startswith(INPLACE_RESIDUAL_MODULES)
 
 
+@contextlib.contextmanager
+def comfy_training_flag(on: bool = True):
+    """Set ComfyUI's ``comfy.model_management.in_training`` for a forward whose graph will be backpropagated.
+
+    ComfyUI 0.33+ routes RoPE (Flux, Chroma, Qwen-Image, Wan, HunyuanVideo, Lumina 2, Z-Image, HiDream, …) and a
+    few other ops to comfy-kitchen's fused kernels, which have no backward, unless this flag is set (its own LoRA
+    trainer sets it). Forwards without gradients (sampling, the KL reference) keep the fused kernels. Restored on
+    any exit, an error or an interrupt included. ComfyUI before 0.33 has no such flag: nothing to do."""
+    import comfy.model_management as mm
+
+    if not on or not hasattr(mm, "in_training"):
+        yield
+        return
+    was = mm.in_training
+    mm.in_training = True
+    try:
+        yield
+    finally:
+        mm.in_training = was
+
+
+@contextlib.contextmanager
+def _recomputation():
+    with copy_on_write_saved() as mode, comfy_training_flag():
+        yield mode
+
+
 def _recompute_copy_on_write():
-    """``torch.utils.checkpoint``'s ``context_fn``: the forward as it is, the recomputation copy-on-write."""
-    return contextlib.nullcontext(), copy_on_write_saved()
+    """``torch.utils.checkpoint``'s ``context_fn``: the forward as it is; the recomputation (in backward, after the
+    forward's training flag was restored) copy-on-write and with ComfyUI's training flag set again."""
+    return contextlib.nullcontext(), _recomputation()
 
 
 def checkpoint_patches(diffusion_model: nn.Module, enabled: Callable[[], bool] = lambda: True) -> dict[str, Callable]:
@@ -223,7 +277,7 @@ class ComfyPolicy(Policy):
         if scheduler not in comfy.samplers.SCHEDULER_NAMES:
             raise ValueError(f"unknown scheduler {scheduler!r}; ComfyUI has {comfy.samplers.SCHEDULER_NAMES}")
         self.base = model_patcher
-        self.patcher = model_patcher.clone()
+        self.patcher = trainable_patcher(model_patcher)
         families.check_trainable(self.patcher)
         self.prediction = families.prediction_of(self.patcher)
         self.device = torch.device(self.patcher.load_device)
@@ -335,7 +389,8 @@ class ComfyPolicy(Policy):
                 a = b
         self.guider.groups = groups
         self.guider.cfg = cfg
-        out = self._wrap(x.to(self.device), sigma.to(self.device), **self._extra)
+        with comfy_training_flag(torch.is_grad_enabled()):
+            out = self._wrap(x.to(self.device), sigma.to(self.device), **self._extra)
         return out if out.dtype in (torch.float32, torch.float64) else out.float()   # fp16/bf16 models: float32
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
