@@ -12,6 +12,10 @@ if _HERE not in sys.path:  # make the bundled core package `treegrpo` importable
     sys.path.append(_HERE)  # appended, so ComfyUI's own `nodes` module keeps precedence over our nodes/
 
 
+#: the pack's web extension (the Artist Picks dialog), served by ComfyUI
+WEB_DIRECTORY = "./web"
+
+
 async def comfy_entrypoint():
     from .nodes import TreeGRPOExtension
 

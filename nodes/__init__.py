@@ -6,7 +6,7 @@ import logging
 
 from comfy_api.latest import ComfyExtension, io
 
-from . import advantages, lora, rewards, sampling, training, visualize
+from . import advantages, artist, lora, rewards, sampling, training, visualize
 from .sockets import dependency_error
 
 
@@ -14,9 +14,11 @@ class TreeGRPOExtension(ComfyExtension):
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
         """Called once when ComfyUI loads the pack (0.3.75 does not call ``on_load``)."""
         rewards.register_model_folder()
+        from treegrpo.comfyui.artist import register_routes
+        register_routes()
         from treegrpo.comfyui.versions import outside_tested, running_version
         if outside_tested(running_version()):
             logging.warning(outside_tested(running_version()))
         if dependency_error():  # the nodes load anyway, and refuse to run with this same message
             logging.warning(dependency_error())
-        return [*sampling.NODES, *rewards.NODES, *advantages.NODES, *training.NODES, *lora.NODES, *visualize.NODES]
+        return [*sampling.NODES, *rewards.NODES, *artist.NODES, *advantages.NODES, *training.NODES, *lora.NODES, *visualize.NODES]

@@ -7,8 +7,8 @@ import dataclasses
 
 from comfy_api.latest import io
 
-from treegrpo.config import (AdvantageConfig, LoraConfig, MemoryConfig, OptimConfig, TrainConfig, TreeConfig,
-                             VideoConfig)
+from treegrpo.config import (AdvantageConfig, ArtistConfig, LoraConfig, MemoryConfig, OptimConfig, TrainConfig,
+                             TreeConfig, VideoConfig)
 
 #: widget name → (config dataclass, field)
 CONFIG_WIDGETS = {
@@ -30,6 +30,7 @@ CONFIG_WIDGETS = {
     "offload_rewards": (MemoryConfig, "offload_rewards"), "tiled_decode": (MemoryConfig, "tiled_decode"),
     "frames": (VideoConfig, "frames"), "reward_frames": (VideoConfig, "reward_frames"),
     "frame_stride": (VideoConfig, "frame_stride"),
+    "mode": (ArtistConfig, "mode"), "timeout_s": (ArtistConfig, "timeout_s"), "on_timeout": (ArtistConfig, "on_timeout"),
 }
 
 

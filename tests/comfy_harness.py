@@ -755,7 +755,7 @@ class ComfyRuntime:
 
 def boot_comfy(pack_dir: str | os.PathLike | None = REPO_ROOT, base_dir: str | os.PathLike | None = None, *,
                comfy_dir: str | os.PathLike | None = None, require_pack: bool = True,
-               extra_argv: Iterable[str] = (), cache_type: str = "classic") -> ComfyRuntime:
+               extra_argv: Iterable[str] = (), cache_type: str = "classic", cpu: bool = True) -> ComfyRuntime:
     """Boot ComfyUI in this process (once; later calls return the same runtime) and load the pack.
 
     argv: ``main.py --cpu --disable-api-nodes --front-end-root <base>/web --base-directory <base>
@@ -763,13 +763,14 @@ def boot_comfy(pack_dir: str | os.PathLike | None = REPO_ROOT, base_dir: str | o
     ``base_dir`` (a fresh temp dir by default).  ``pack_dir=None`` boots without a pack.  With
     ``require_pack`` a pack that ComfyUI fails to import raises :class:`PackLoadError` with the traceback;
     otherwise inspect ``runtime.pack``.  ``cache_type``: the executor's cache ("classic" = server default).
+    ``cpu=False`` lets ComfyUI use the machine's GPU (the prepared GPU scripts).
     """
     global _RUNTIME
     with _RUNTIME_LOCK:
         if _RUNTIME is None:
             comfy_path = ensure_comfyui(comfy_dir)
             base = prepare_base_dir(base_dir or tempfile.mkdtemp(prefix="comfy-base-"), None)
-            argv = ["main.py", "--cpu", "--disable-api-nodes", "--front-end-root", str(base / "web"),
+            argv = ["main.py", *(["--cpu"] if cpu else []), "--disable-api-nodes", "--front-end-root", str(base / "web"),
                     "--base-directory", str(base), "--database-url", "sqlite:///:memory:", *extra_argv]
             rt = ComfyRuntime(comfy_path, base, argv, cache_type)
             rt._boot()

@@ -173,3 +173,20 @@ def test_std_scope_batch_in_assign_advantages():
         assert torch.allclose(adv[n:2 * n], 0.1 * adv[:n], atol=1e-5) and torch.allclose(adv[2 * n:], adv[:n])
         assert torch.allclose(ref_adv[n:2 * n], ref_adv[:n], atol=1e-4)   # GRPO's per-tree std: all alike
     assert st["reward"] == pytest.approx(float(r.mean()))
+
+
+def test_excluded_trees_are_not_trained_on():
+    """An artist's tree without preference (``exclude_trees``) is untrainable: no edge of it reaches the update,
+    whatever its rewards; the other trees keep the advantages they have without it."""
+    from treegrpo.update import collect_edges
+
+    g = torch.Generator().manual_seed(1)
+    r = torch.rand(24, generator=g)
+    cfg = AdvantageConfig(backup="mean", adv_clip=0, edge_baseline="none", flat_floor=0)
+    ref, tb = _batch(), _batch()
+    assign_advantages(ref, {"x": r}, {"x": 1.0}, cfg)
+    assign_advantages(tb, {"x": r}, {"x": 1.0}, cfg, exclude_trees=torch.tensor([False, True, False]))
+    assert tb.trainable.tolist() == [True, False, True]
+    assert torch.equal(tb.advantages[-1][:8], ref.advantages[-1][:8])
+    kept = collect_edges(tb, skip_zero_adv=False)
+    assert kept.n_edges < collect_edges(ref, skip_zero_adv=False).n_edges and 1 not in set(kept.parent_tree.tolist())

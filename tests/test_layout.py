@@ -8,7 +8,7 @@ import pytest
 
 import comfy_harness as ch
 from treegrpo.config import (AdvantageConfig, LoraConfig, MemoryConfig, OptimConfig, TrainConfig, TreeConfig,
-                             VideoConfig)
+                             VideoConfig, ArtistConfig)
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "treegrpo"
@@ -112,7 +112,7 @@ def test_every_widget_default_is_its_config_fields(comfyui_pack):
                                            "(map it in nodes/widgets.py, or list it in NODE_ONLY here)"
             klass, field = CONFIG_WIDGETS[name]
             assert klass in (TreeConfig, AdvantageConfig, LoraConfig, OptimConfig, MemoryConfig, TrainConfig,
-                             VideoConfig)
+                             VideoConfig, ArtistConfig)
             assert opts["default"] == field_default(klass, field), \
                 f"{node_id}.{name} = {opts['default']!r}, but {klass.__name__}.{field} = {field_default(klass, field)!r}"
             checked += 1

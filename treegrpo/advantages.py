@@ -141,13 +141,14 @@ def batch_scaled_advantages(raw: dict[str, torch.Tensor], weights: dict[str, flo
 
 
 def assign_advantages(batch, raw: dict[str, torch.Tensor], weights: dict[str, float], cfg,
-                      pool: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> dict:
+                      pool: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+                      exclude_trees: Optional[torch.Tensor] = None) -> dict:
     """Fill ``batch.advantages`` / ``batch.trainable`` / ``batch.rewards`` from raw leaf rewards.
 
     ``batch`` is a :class:`treegrpo.tree.TreeBatch`, ``cfg`` an :class:`AdvantageConfig`. Trees whose
-    weighted raw reward has a spread (std) below ``cfg.flat_floor`` get zero advantages and are
-    marked untrainable. ``pool`` (data parallel) sums batch statistics over ranks. Returns summary
-    statistics."""
+    weighted raw reward has a spread (std) below ``cfg.flat_floor``, and those ``exclude_trees`` (n_trees,) bool
+    marks, get zero advantages and are marked untrainable (no edge of theirs is in the update, KL included).
+    ``pool`` (data parallel) sums batch statistics over ranks. Returns summary statistics."""
     leaf_tree = batch.leaf_tree
     n_leaves = leaf_tree.numel()
     raw = {k: v.detach().float().reshape(-1).to(leaf_tree.device) for k, v in raw.items()}
@@ -164,6 +165,8 @@ def assign_advantages(batch, raw: dict[str, torch.Tensor], weights: dict[str, fl
     total = weighted_raw(raw, weights)
     spread = segment_std(total, leaf_tree, batch.n_trees)
     trainable = spread >= cfg.flat_floor if cfg.flat_floor > 0 else torch.ones_like(spread, dtype=torch.bool)
+    if exclude_trees is not None:
+        trainable = trainable & ~exclude_trees.to(trainable.device, torch.bool).reshape(-1)
     a_leaf = torch.where(trainable[leaf_tree], a_leaf, torch.zeros_like(a_leaf))
     edge_adv = backup(batch.parents, batch.logp_old, a_leaf, cfg.backup, cfg.temperature)
     if cfg.edge_baseline == "siblings":

@@ -396,6 +396,26 @@ class SignalsConfig:
 
 
 @dataclass
+class ArtistConfig:
+    """Asking the artist (treegrpo/artist.py): how a question is asked and what an unanswered one becomes."""
+
+    mode: str = _f("favourites", "how the artist answers: favourites (click the good ones, shift-click bad ones), "
+                                 "ranking (best first), best_worst", choices=["favourites", "ranking", "best_worst"])
+    timeout_s: int = _f(600, "seconds to wait for the answer about one tree before the fallback")
+    on_timeout: str = _f("skip the tree", "an unanswered tree: not trained on, or scored by the reward model",
+                         choices=["skip the tree", "use the reward model"])
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        _require(self.mode in ("favourites", "ranking", "best_worst"), "ArtistConfig", "mode",
+                 f"{self.mode!r} is not one of favourites, ranking, best_worst")
+        _require(5 <= self.timeout_s <= 86400, "ArtistConfig", "timeout_s",
+                 f"{self.timeout_s} is outside 5..86400 seconds (a person needs a few seconds; a day at most)")
+        _require(self.on_timeout in ("skip the tree", "use the reward model"), "ArtistConfig", "on_timeout",
+                 f"{self.on_timeout!r} is not 'skip the tree' or 'use the reward model'")
+
+
+@dataclass
 class VideoConfig:
     """Video families (ComfyUI's Wan, HunyuanVideo, Mochi, LTX-Video, Cosmos): the length of the sampled videos and
     the frames the image rewards score (``treegrpo.video``)."""

@@ -223,13 +223,14 @@ class Trainer:
 
     # ------------------------------------------------------------------ phase 3: advantages
     def assign(self, batch: TreeBatch, raw: dict[str, torch.Tensor], weights: Optional[dict[str, float]] = None,
-               adv_cfg: Optional[AdvantageConfig] = None) -> dict:
+               adv_cfg: Optional[AdvantageConfig] = None, exclude_trees: Optional[torch.Tensor] = None) -> dict:
         """Leaf rewards → advantages on every window edge (in ``batch``); returns the reward statistics.
-        ``weights`` / ``adv_cfg`` default to the config's."""
+        ``weights`` / ``adv_cfg`` default to the config's; ``exclude_trees`` (n_trees,) bool: trees not trained on
+        (an artist's "no preference")."""
         t0 = time.perf_counter()
         pool = getattr(self.dist, "sum_over_ranks", None) if self.world > 1 else None
         stats = assign_advantages(batch, raw, self.weights if weights is None else weights,
-                                  adv_cfg or self.cfg.advantage, pool=pool)
+                                  adv_cfg or self.cfg.advantage, pool=pool, exclude_trees=exclude_trees)
         batch.stats["adv"] = stats
         batch.stats["t_assign"] = time.perf_counter() - t0
         return stats

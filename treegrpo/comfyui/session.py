@@ -266,7 +266,9 @@ def backup_tree(tree: TreeResult, rewards: dict, adv_cfg: AdvantageConfig) -> Tr
     """Leaf rewards (``{"rewards": {name: (n,)}, "weights": {name: w}}``) → advantages on every edge
     (``Trainer.assign`` on a copy of the tree, so the sampler's cached output stays as it was)."""
     new = dataclasses.replace(tree, batch=dataclasses.replace(tree.batch, stats=dict(tree.batch.stats)))
-    new.adv_stats = tree.trainer.assign(new.batch, dict(rewards["rewards"]), rewards["weights"], adv_cfg)
+    exclude = rewards.get("exclude_trees")   # an artist's trees without preference: not trained on
+    new.adv_stats = tree.trainer.assign(new.batch, dict(rewards["rewards"]), rewards["weights"], adv_cfg,
+                                        exclude_trees=None if exclude is None else torch.as_tensor(exclude))
     return new
 
 

@@ -1,0 +1,63 @@
+"""The Artist Picks node: the person at the page that queued the prompt picks among each tree's leaves; the picks
+become the leaf rewards Advantage Backup takes (treegrpo/artist.py states the rule)."""
+from __future__ import annotations
+
+from comfy_api.latest import io
+
+from treegrpo.artist import MODES
+from treegrpo.config import ArtistConfig
+from treegrpo.comfyui.artist import ON_TIMEOUT, ask_artist
+
+from .sockets import CATEGORY, PackNode, RewardModel, Rewards, Tree
+from .widgets import widget
+
+
+class ArtistPicks(PackNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="TreeGRPOArtistPicks", display_name="TreeGRPO Artist Picks", category=f"{CATEGORY}/rewards",
+            description="Shows each tree's leaves (siblings side by side) in the tab that queued the prompt and waits "
+                        "for your picks: favourites (click; shift-click marks bad), a ranking, or best and worst. "
+                        "Picks become win-rate rewards; 'no preference' and 'skip' leave the tree untrained. Every "
+                        "answer is kept in the run folder's artist_labels.jsonl.",
+            inputs=[
+                io.Image.Input("images", tooltip="decoded leaves (VAEDecode of the Tree Sampler's leaves)"),
+                Tree.Input("tree", tooltip="the Tree Sampler's trees (which leaves are siblings)"),
+                widget(io.Combo, "mode", options=list(MODES[:3]),
+                       tooltip="favourites: click the good ones (shift-click: bad); ranking: click in order best "
+                               "first; best_worst: click the best, then the worst"),
+                widget(io.Int, "timeout_s", min=5, max=86400),
+                widget(io.Combo, "on_timeout", options=list(ON_TIMEOUT),
+                       tooltip="what an unanswered tree becomes: not trained on, or scored by the reward model "
+                               "connected below"),
+                RewardModel.Input("reward_model", optional=True,
+                                  tooltip="the fallback for unanswered trees (on_timeout: use the reward model)"),
+            ],
+            outputs=[Rewards.Output(display_name="rewards", tooltip="per-leaf rewards for Advantage Backup")],
+        )
+
+    @classmethod
+    def validate_inputs(cls, mode=None, on_timeout=None, timeout_s=None):
+        ok = cls.check_combos(mode=mode, on_timeout=on_timeout)
+        if ok is not True:
+            return ok
+        if timeout_s is not None and not 5 <= timeout_s <= 86400:
+            return f"timeout_s: {timeout_s!r} is outside 5..86400 seconds"
+        return cls.check_dependencies()
+
+    @classmethod
+    def execute(cls, images, tree, mode, timeout_s, on_timeout, reward_model=None):
+        import comfy.model_management
+        from server import PromptServer
+
+        cfg = ArtistConfig(mode=mode, timeout_s=timeout_s, on_timeout=on_timeout)   # refuses bad values first
+        srv = PromptServer.instance
+        out = ask_artist(tree, images, mode=cfg.mode, timeout_s=cfg.timeout_s, on_timeout=cfg.on_timeout,
+                         reward_model=reward_model,
+                         check_interrupt=comfy.model_management.throw_exception_if_processing_interrupted,
+                         prompt_id=getattr(srv, "last_prompt_id", None), client_id=getattr(srv, "client_id", None))
+        return io.NodeOutput(out)
+
+
+NODES = [ArtistPicks]

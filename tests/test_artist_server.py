@@ -1,0 +1,91 @@
+"""The Artist Picks node through a real ComfyUI server, with a websocket client playing the artist (as the web
+dialog does): the question reaches only the tab that queued the prompt, answers are posted to the pack's route,
+stale or duplicate answers are refused, a reload gets the question again, Cancel stops the wait, an unanswered tree
+falls back after its timeout, and every answer is in the run's artist_labels.jsonl."""
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import comfy_harness as ch
+from test_comfy_nodes import demo_step_graph
+
+
+def artist_graph(run, seed, timeout_s=120, on_timeout="skip the tree"):
+    g = demo_step_graph(run, seed)
+    g["score"] = {"class_type": "TreeGRPOArtistPicks", "inputs": {
+        "images": ["img", 0], "tree": ["tree", 0], "mode": "favourites", "timeout_s": timeout_s,
+        "on_timeout": on_timeout}}
+    return g
+
+
+def post_answer(port, qid, nonce, answer):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/treegrpo/artist/answer",
+                                 data=json.dumps({"id": qid, "nonce": nonce, "answer": answer}).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def questions(ws, pid):
+    return [e["data"] for e in ws.events if e["type"] == "treegrpo.artist.question" and e["data"]["prompt_id"] == pid]
+
+
+def labels(srv, run):
+    path = Path(srv.base_dir) / "output" / "treegrpo" / run / "artist_labels.jsonl"
+    return [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_the_artist_answers_each_tree_and_the_picks_train(comfyui_server):
+    srv, run = comfyui_server, "artist_server"
+    with ch.EventClient(srv.port) as ws, ch.EventClient(srv.port) as other:
+        pid = ch.post_prompt(srv.port, artist_graph(run, 0), client_id=ws.client_id)
+        for tree in (0, 1):
+            ws.wait_for(lambda e: e["type"] == "treegrpo.artist.question" and e["data"]["prompt_id"] == pid
+                        and e["data"]["tree"] == tree, timeout=600, what=f"the question about tree {tree}")
+            q = questions(ws, pid)[-1]
+            assert len(q["images"]) == 4 and sorted(i for g in q["groups"] for i in g) == [0, 1, 2, 3]
+            assert all(len(g) == 2 for g in q["groups"])                      # siblings side by side
+            # a page reload: the open question is served again to this tab, only a count to the other
+            mine = ch._http(srv.port, f"/treegrpo/artist/pending?client_id={ws.client_id}")
+            theirs = ch._http(srv.port, f"/treegrpo/artist/pending?client_id={other.client_id}")
+            assert [x["nonce"] for x in mine["questions"]] == [q["nonce"]]
+            assert theirs == {"questions": [], "waiting_elsewhere": 1}
+            assert post_answer(srv.port, q["id"], "0" * 32, {"mode": "favourites", "good": [0]})[0] == 409
+            assert post_answer(srv.port, q["id"], q["nonce"], {"mode": "favourites", "good": [7]})[0] == 400
+            assert post_answer(srv.port, q["id"], q["nonce"], {"mode": "favourites", "good": [tree],
+                                                               "seconds": 1.5})[0] == 200
+            assert post_answer(srv.port, q["id"], q["nonce"], {"mode": "favourites", "good": [0]})[0] == 409
+        entry = ch.wait_history(srv.port, pid, timeout=600, check=True)
+    assert post_answer(srv.port, "nope:0", "x", {"mode": "none"})[0] == 404
+    assert not [e for e in other.events if e["type"] == "treegrpo.artist.question"]   # the other tab saw none
+    stats = json.loads(entry["outputs"]["step"]["text"][0])
+    assert stats["edges"] > 0
+    rec = labels(srv, run)
+    assert [(r["tree"], r["outcome"], r["answer"]["good"]) for r in rec] == [(0, "answered", [0]), (1, "answered", [1])]
+    assert rec[0]["rewards"] == [1.0, 0.0, 0.0, 0.0] and rec[0]["seconds"] == 1.5
+    folder = Path(srv.base_dir) / "output" / "treegrpo" / run
+    assert all((folder / leaf).is_file() for r in rec for leaf in r["leaves"])
+
+
+def test_cancel_stops_the_wait_and_an_unanswered_tree_times_out(comfyui_server):
+    srv, run = comfyui_server, "artist_cancel"
+    with ch.EventClient(srv.port) as ws:
+        pid = ch.post_prompt(srv.port, artist_graph(run, 0), client_id=ws.client_id)
+        ws.wait_for(lambda e: e["type"] == "treegrpo.artist.question" and e["data"]["prompt_id"] == pid,
+                    timeout=600, what="a question")
+        q = questions(ws, pid)[0]
+        ch.server_interrupt(srv.port)
+        entry = ch.wait_history(srv.port, pid, timeout=120)
+        assert "execution_interrupted" in [m[0] for m in entry["status"]["messages"]]
+        assert post_answer(srv.port, q["id"], q["nonce"], {"mode": "none"})[0] == 409     # too late
+        ws.wait_for(lambda e: e["type"] == "treegrpo.artist.closed" and e["data"]["id"] == q["id"], timeout=60,
+                    what="the dialog told to close")
+        # nobody answers: after timeout_s each tree is skipped (not trained on) and the run goes on
+        pid = ch.post_prompt(srv.port, artist_graph(run, 1, timeout_s=5), client_id=ws.client_id)
+        entry = ch.wait_history(srv.port, pid, timeout=600, check=True)
+    assert [r["outcome"] for r in labels(srv, run)][-2:] == ["timeout", "timeout"]
+    assert json.loads(entry["outputs"]["step"]["text"][0])["edges"] == 0

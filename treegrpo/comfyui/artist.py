@@ -1,0 +1,290 @@
+"""Asking the artist: questions about a tree's leaves shown in the web UI, answers posted back, waits done right.
+
+The node that asks (the Artist Picks node, or the Train node every N-th tree) runs in ComfyUI's worker thread; the
+pack's routes run in the server's event loop. They share :data:`BOARD` under a lock:
+
+* ``ask`` stores a :class:`Question` (keyed by prompt, tree and a random nonce) and sends
+  ``treegrpo.artist.question`` over the websocket to the tab that queued the prompt only (``client_id``); every other
+  tab gets ``treegrpo.artist.waiting`` (a count, no images);
+* ``GET /treegrpo/artist/pending?client_id=…`` serves the open questions of that tab again (a page reload), and the
+  count of the others';
+* ``POST /treegrpo/artist/answer`` with ``{"id", "nonce", "answer"}``: 200 when it answers an open question, 404 for a
+  question that does not exist, 409 for a stale nonce, an answered or an expired question, 400 for a bad answer;
+* ``wait`` returns the answer, or None at the timeout (the caller applies its fallback); it checks ComfyUI's
+  interrupt every 0.25 s, so Cancel stops the wait at once (the question is closed and a late answer refused).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from typing import Any, Callable, Optional
+
+from ..artist import Answer
+
+QUESTION_EVENT = "treegrpo.artist.question"
+WAITING_EVENT = "treegrpo.artist.waiting"
+CLOSED_EVENT = "treegrpo.artist.closed"
+
+
+@dataclasses.dataclass
+class Question:
+    """One tree shown to the person. ``images``: ComfyUI ``/view`` references ({"filename", "subfolder", "type"}),
+    one per leaf; ``groups``: leaf indices that are siblings (same parent at the last branching)."""
+
+    prompt_id: str
+    client_id: Optional[str]
+    tree: int
+    prompt: str
+    images: list
+    groups: list
+    mode: str
+    timeout_s: float
+    run_name: str = ""
+    nonce: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
+    created: float = dataclasses.field(default_factory=time.time)
+    state: str = "pending"               # pending | answered | expired | cancelled
+    answer: Optional[Answer] = None
+
+    @property
+    def id(self) -> str:
+        return f"{self.prompt_id}:{self.tree}"
+
+    def payload(self) -> dict:
+        """What the dialog gets (no server state)."""
+        return {"id": self.id, "nonce": self.nonce, "prompt_id": self.prompt_id, "tree": self.tree,
+                "prompt": self.prompt, "images": self.images, "groups": self.groups, "mode": self.mode,
+                "deadline": self.created + self.timeout_s, "timeout_s": self.timeout_s, "run_name": self.run_name}
+
+
+class ArtistBoard:
+    """The open questions, shared by the worker thread and the server's routes (see the module docstring)."""
+
+    def __init__(self, send: Optional[Callable[[str, dict, Optional[str]], None]] = None):
+        self._cv = threading.Condition()
+        self._questions: dict[str, Question] = {}
+        self._send = send
+
+    # -- the asking side (worker thread)
+    def ask(self, q: Question) -> Question:
+        with self._cv:
+            old = self._questions.get(q.id)
+            if old is not None and old.state == "pending":
+                old.state = "cancelled"
+            self._questions[q.id] = q
+            self._cv.notify_all()
+        self._emit(QUESTION_EVENT, q.payload(), q.client_id)
+        self._emit_waiting()
+        return q
+
+    def wait(self, q: Question, check_interrupt: Callable[[], None] = lambda: None) -> Optional[Answer]:
+        """The answer to ``q``, or None once its timeout passed (the question is then expired). ``check_interrupt``
+        raises to stop the wait (ComfyUI's interrupt); the question is closed either way."""
+        deadline = q.created + q.timeout_s
+        try:
+            while True:
+                with self._cv:
+                    if q.state == "pending" and time.time() >= deadline:
+                        q.state = "expired"
+                    if q.state != "pending":
+                        return q.answer if q.state == "answered" else None
+                    self._cv.wait(min(0.25, max(0.0, deadline - time.time())))
+                    if q.state != "pending":
+                        continue
+                check_interrupt()          # outside the lock: it raises on Cancel
+        finally:
+            with self._cv:
+                if q.state == "pending":
+                    q.state = "cancelled"
+            self._emit(CLOSED_EVENT, {"id": q.id, "state": q.state}, q.client_id)
+            self._emit_waiting()
+
+    # -- the answering side (routes)
+    def answer(self, qid: str, nonce: str, data: Any) -> tuple[int, str]:
+        """(HTTP status, message) of an answer posted for question ``qid``."""
+        with self._cv:
+            q = self._questions.get(qid)
+            if q is None:
+                return 404, f"no question {qid!r}: it was never asked here or the server restarted"
+            if nonce != q.nonce:
+                return 409, "this answer is for an older showing of the question (stale nonce): reload the dialog"
+            if q.state != "pending":
+                return 409, f"the question is {q.state}: the answer came too late or twice"
+            try:
+                a = Answer.from_dict(data)
+                a.validate(len(q.images))
+            except (ValueError, TypeError) as e:
+                return 400, f"bad answer: {e}"
+            q.answer, q.state = a, "answered"
+            self._cv.notify_all()
+        return 200, "ok"
+
+    def pending(self, client_id: Optional[str]) -> dict:
+        """The open questions of tab ``client_id`` (in full) and how many other tabs' are open."""
+        with self._cv:
+            mine = [q.payload() for q in self._questions.values() if q.state == "pending" and q.client_id == client_id]
+            others = sum(1 for q in self._questions.values() if q.state == "pending" and q.client_id != client_id)
+        return {"questions": mine, "waiting_elsewhere": others}
+
+    def _emit(self, event: str, data: dict, client_id: Optional[str]) -> None:
+        if self._send is None or client_id is None:
+            return
+        try:
+            self._send(event, data, client_id)
+        except Exception as e:  # noqa: BLE001 - a closed socket must not stop the run; the page can poll /pending
+            logging.warning("TreeGRPO: could not send %s to the page: %s", event, e)
+
+    def _emit_waiting(self) -> None:
+        if self._send is None:
+            return
+        with self._cv:
+            n = sum(1 for q in self._questions.values() if q.state == "pending")
+        try:
+            self._send(WAITING_EVENT, {"pending": n}, None)   # to every tab: only a count
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _server_send(event: str, data: dict, client_id: Optional[str]) -> None:
+    from server import PromptServer
+
+    PromptServer.instance.send_sync(event, data, client_id)
+
+
+BOARD = ArtistBoard(send=_server_send)
+
+
+def register_routes() -> None:
+    """Add the pack's two routes to ComfyUI's server (once; a no-op without a server)."""
+    try:
+        from aiohttp import web
+        from server import PromptServer
+    except ImportError:
+        return
+    srv = getattr(PromptServer, "instance", None)
+    if srv is None or getattr(srv, "_treegrpo_artist_routes", False):
+        return
+    srv._treegrpo_artist_routes = True
+
+    @srv.routes.get("/treegrpo/artist/pending")
+    async def pending(request):
+        return web.json_response(BOARD.pending(request.rel_url.query.get("client_id")))
+
+    @srv.routes.post("/treegrpo/artist/answer")
+    async def answer(request):
+        try:
+            body = await request.json()
+        except (ValueError, json.JSONDecodeError):
+            return web.json_response({"error": "the body is not JSON"}, status=400)
+        if not isinstance(body, dict) or not isinstance(body.get("id"), str) or not isinstance(body.get("nonce"), str):
+            return web.json_response({"error": 'post {"id": …, "nonce": …, "answer": {…}}'}, status=400)
+        status, msg = BOARD.answer(body["id"], body["nonce"], body.get("answer"))
+        return web.json_response({"ok": status == 200, "message": msg}, status=status)
+
+
+def append_label(folder: str, record: dict) -> str:
+    """Append one answer to ``<folder>/artist_labels.jsonl`` (flushed and synced: nothing the artist did is lost)."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "artist_labels.jsonl")
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(record, sort_keys=True) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    return path
+
+
+ON_TIMEOUT = ("skip the tree", "use the reward model")
+
+
+def _save_png(image, path: str) -> None:
+    import numpy as np
+    from PIL import Image
+
+    import torch
+
+    arr = image.clamp(0, 1).mul(255).round().to(torch.uint8).cpu().numpy()
+    Image.fromarray(np.ascontiguousarray(arr)).save(path)
+
+
+def ask_artist(tree, images, *, mode: str, timeout_s: float, on_timeout: str = ON_TIMEOUT[0], reward_model=None,
+               board: ArtistBoard = BOARD, check_interrupt: Optional[Callable[[], None]] = None,
+               prompt_id: Optional[str] = None, client_id: Optional[str] = None) -> dict:
+    """Ask the person about every tree of ``tree`` (a TreeResult) and turn the answers into leaf rewards.
+
+    ``images``: the decoded leaves, (n_leaves, H, W, 3) in [0, 1] as VAEDecode gives them. Returns the Reward
+    Scorer's socket value (``{"rewards": {"artist": (n,)}, "weights": {"artist": 1.0}}``) plus ``exclude_trees``, the
+    trees without a preference (not trained on). At a question's timeout: ``on_timeout`` "skip the tree", or "use the
+    reward model" (``reward_model``: a Reward Model Loader's output) for that tree. Every answer is appended to
+    ``artist_labels.jsonl`` in the run's folder with the leaf images kept beside it."""
+    import math
+
+    import torch
+
+    from ..artist import MODES, answer_rewards, sibling_groups
+
+    b = tree.batch
+    leaf_tree = b.leaf_tree.cpu()
+    n = leaf_tree.numel()
+    if mode not in MODES[:3]:
+        raise ValueError(f"mode {mode!r}: use one of {', '.join(MODES[:3])}")
+    if not isinstance(timeout_s, (int, float)) or not math.isfinite(timeout_s) or timeout_s <= 0:
+        raise ValueError(f"timeout_s {timeout_s!r}: give the seconds to wait for an answer (> 0)")
+    if on_timeout not in ON_TIMEOUT:
+        raise ValueError(f"on_timeout {on_timeout!r}: use one of {ON_TIMEOUT}")
+    if on_timeout == ON_TIMEOUT[1] and reward_model is None:
+        raise ValueError("on_timeout is 'use the reward model' but no reward_model is connected: connect a Reward "
+                         "Model Loader or choose 'skip the tree'")
+    if images.shape[0] != n:
+        raise ValueError(f"{images.shape[0]} images for {n} leaves: connect the VAE Decode of this tree's leaves")
+    import folder_paths
+
+    run = tree.run
+    folder = run.folder if run is not None else os.path.join(folder_paths.get_output_directory(), "treegrpo", "artist")
+    temp = os.path.join(folder_paths.get_temp_directory(), "treegrpo_artist")
+    os.makedirs(temp, exist_ok=True)
+    prompt_id = prompt_id or uuid.uuid4().hex
+    rewards = torch.full((n,), 0.5)
+    exclude = torch.zeros(b.n_trees, dtype=torch.bool)
+    for t in range(b.n_trees):
+        idx = (leaf_tree == t).nonzero().flatten().tolist()
+        stem = f"{prompt_id[:8]}_{tree.iteration}_{t}"
+        refs, kept = [], []
+        label_dir = os.path.join(folder, "artist", stem)
+        os.makedirs(label_dir, exist_ok=True)
+        for pos, i in enumerate(idx):
+            name = f"{stem}_{pos}.png"
+            _save_png(images[i], os.path.join(temp, name))
+            _save_png(images[i], os.path.join(label_dir, f"leaf_{pos}.png"))
+            refs.append({"filename": name, "subfolder": "treegrpo_artist", "type": "temp"})
+            kept.append(os.path.relpath(os.path.join(label_dir, f"leaf_{pos}.png"), folder))
+        q = board.ask(Question(prompt_id=prompt_id, client_id=client_id, tree=t, prompt=b.prompts[t], images=refs,
+                               groups=sibling_groups(b.parents, idx), mode=mode, timeout_s=float(timeout_s),
+                               run_name=getattr(run, "run_name", "")))
+        answer = board.wait(q, check_interrupt or (lambda: None))
+        outcome = "answered"
+        if answer is None:
+            outcome = "timeout"
+            if on_timeout == ON_TIMEOUT[1]:
+                imgs = images[idx].movedim(-1, 1).float()
+                rewards[idx] = reward_model["model"](imgs, [b.prompts[t]] * len(idx)).float().cpu().reshape(-1)
+                outcome = "timeout: scored by " + str(reward_model.get("name", "the reward model"))
+            else:
+                exclude[t] = True
+        else:
+            r = answer_rewards(answer, len(idx))
+            if r is None:
+                exclude[t] = True
+                outcome = answer.mode
+            else:
+                rewards[idx] = r
+        append_label(folder, {"time": time.time(), "prompt_id": prompt_id, "run_name": q.run_name,
+                              "iteration": tree.iteration, "seed": getattr(getattr(tree.trainer, "cfg", None), "seed", None),
+                              "tree": t, "prompt": b.prompts[t], "leaves": kept, "groups": q.groups, "mode": mode,
+                              "answer": answer.to_dict() if answer is not None else None, "outcome": outcome,
+                              "seconds": round(answer.seconds if answer is not None else time.time() - q.created, 3),
+                              "rewards": [round(float(v), 6) for v in rewards[idx]] if not exclude[t] else None})
+    return {"rewards": {"artist": rewards}, "weights": {"artist": 1.0}, "exclude_trees": exclude}

@@ -1,0 +1,204 @@
+// TreeGRPO Artist Picks: the dialog that shows a tree's leaves and posts the artist's picks.
+// Questions arrive as "treegrpo.artist.question" websocket events (only in the tab that queued the prompt) and are
+// fetched again from /treegrpo/artist/pending after a reload. Keys: digits toggle a leaf (favourites) or pick the
+// next one (ranking, best/worst), Shift+digit marks a leaf bad, Enter sends, 0 = no preference, Esc = skip the tree,
+// Z zooms the leaf under the mouse.
+import { app } from "../../scripts/app.js";
+import { api } from "../../scripts/api.js";
+
+const STYLE = `
+#treegrpo-artist{position:fixed;inset:0;z-index:10000;background:rgba(0,0,0,.72);display:flex;align-items:center;
+ justify-content:center;font:14px sans-serif;color:#eee}
+#treegrpo-artist .box{background:#222;border:1px solid #555;border-radius:8px;padding:16px;max-width:92vw;max-height:92vh;
+ overflow:auto}
+#treegrpo-artist .prompt{font-size:16px;margin-bottom:8px}
+#treegrpo-artist .groups{display:flex;gap:18px;flex-wrap:wrap}
+#treegrpo-artist .group{display:flex;gap:6px;padding:6px;border:1px dashed #666;border-radius:6px}
+#treegrpo-artist .leaf{position:relative;cursor:pointer;border:3px solid transparent;border-radius:4px}
+#treegrpo-artist .leaf img{width:160px;height:160px;image-rendering:pixelated;display:block}
+#treegrpo-artist .leaf.good{border-color:#3c3} #treegrpo-artist .leaf.bad{border-color:#c33}
+#treegrpo-artist .leaf .tag{position:absolute;left:4px;top:2px;background:#000a;padding:0 4px;border-radius:3px}
+#treegrpo-artist .bar{display:flex;gap:8px;margin-top:12px;align-items:center}
+#treegrpo-artist button{padding:6px 12px}
+#treegrpo-artist .zoom{position:fixed;inset:5vh 5vw;background:#111;display:flex;align-items:center;justify-content:center}
+#treegrpo-artist .zoom img{max-width:100%;max-height:100%;image-rendering:pixelated}
+#treegrpo-artist-badge{position:fixed;right:12px;bottom:12px;z-index:9999;background:#553;color:#fff;padding:6px 10px;
+ border-radius:6px;font:13px sans-serif;display:none}`;
+
+const QUESTION = "treegrpo.artist.question";
+const queue = [];          // questions for this tab, oldest first
+let current = null;        // {q, state, el, timer, shownAt}
+
+function viewUrl(ref) {
+  const p = new URLSearchParams({ filename: ref.filename, subfolder: ref.subfolder || "", type: ref.type || "temp" });
+  return api.apiURL(`/view?${p}`);
+}
+
+function badge(text) {
+  let b = document.getElementById("treegrpo-artist-badge");
+  if (!b) { b = document.createElement("div"); b.id = "treegrpo-artist-badge"; document.body.appendChild(b); }
+  b.textContent = text; b.style.display = text ? "block" : "none";
+}
+
+function enqueue(q) {
+  if (queue.some((x) => x.id === q.id && x.nonce === q.nonce) || (current && current.q.nonce === q.nonce)) return;
+  queue.push(q);
+  if (!current) showNext();
+}
+
+function close() {
+  if (!current) return;
+  clearInterval(current.timer);
+  current.el.remove();
+  document.removeEventListener("keydown", onKey, true);
+  current = null;
+}
+
+async function send(answer) {
+  const c = current;
+  if (!c) return;
+  answer.seconds = (Date.now() - c.shownAt) / 1000;
+  const res = await api.fetchApi("/treegrpo/artist/answer", {
+    method: "POST", headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ id: c.q.id, nonce: c.q.nonce, answer }) });
+  if (!res.ok && res.status === 400) {          // a bad answer: say why, keep the dialog
+    const j = await res.json().catch(() => ({}));
+    c.el.querySelector(".msg").textContent = j.message || "the answer was refused";
+    return;
+  }
+  close();
+  showNext();
+}
+
+function answerOf(c) {
+  const s = c.state;
+  if (c.q.mode === "favourites") return { mode: "favourites", good: [...s.good], bad: [...s.bad] };
+  if (c.q.mode === "ranking") {
+    const rest = c.q.images.map((_, i) => i).filter((i) => !s.order.includes(i));
+    const tiers = s.order.map((i) => [i]);
+    if (rest.length) tiers.push(rest);               // the leaves not clicked tie at the bottom
+    return { mode: "ranking", ranking: tiers };
+  }
+  return { mode: "best_worst", best: s.order[0], worst: s.order[1] };
+}
+
+function toggle(c, i, bad) {
+  const s = c.state;
+  if (c.q.mode === "favourites") {
+    const [a, b] = bad ? [s.bad, s.good] : [s.good, s.bad];
+    a.has(i) ? a.delete(i) : a.add(i); b.delete(i);
+  } else {
+    const k = s.order.indexOf(i);
+    if (k >= 0) s.order.splice(k, 1);
+    else if (c.q.mode === "ranking" || s.order.length < 2) s.order.push(i);
+  }
+  render(c);
+}
+
+function render(c) {
+  const s = c.state;
+  c.el.querySelectorAll(".leaf").forEach((el) => {
+    const i = Number(el.dataset.leaf);
+    el.classList.toggle("good", s.good.has(i) || s.order[0] === i);
+    el.classList.toggle("bad", s.bad.has(i) || (c.q.mode === "best_worst" && s.order[1] === i));
+    const rank = s.order.indexOf(i);
+    el.querySelector(".tag").textContent = `${i + 1}` + (rank >= 0 ? (c.q.mode === "best_worst"
+      ? (rank === 0 ? " best" : " worst") : ` #${rank + 1}`) : "");
+  });
+}
+
+function onKey(e) {
+  const c = current;
+  if (!c) return;
+  if (c.zoom) { c.zoom.remove(); c.zoom = null; e.preventDefault(); e.stopPropagation(); return; }
+  let handled = true;
+  const digit = /^Digit([0-9])$/.exec(e.code);
+  if (digit && digit[1] === "0") send({ mode: "none" });
+  else if (digit && Number(digit[1]) <= c.q.images.length) toggle(c, Number(digit[1]) - 1, e.shiftKey);
+  else if (e.key === "Enter") send(answerOf(c));
+  else if (e.key === "Escape") send({ mode: "skip" });
+  else if (e.key === "z" || e.key === "Z") { const h = c.el.querySelector(".leaf:hover"); if (h) zoom(c, h); }
+  else handled = false;
+  if (handled) { e.preventDefault(); e.stopPropagation(); }
+}
+
+function zoom(c, leafEl) {
+  c.zoom = document.createElement("div");
+  c.zoom.className = "zoom";
+  c.zoom.innerHTML = `<img src="${leafEl.querySelector("img").src}">`;
+  c.zoom.onclick = () => { c.zoom.remove(); c.zoom = null; };
+  c.el.appendChild(c.zoom);
+}
+
+function showNext() {
+  while (queue.length && queue[0].deadline * 1000 < Date.now()) queue.shift();   // expired while waiting
+  const q = queue.shift();
+  if (!q) return;
+  if (!document.getElementById("treegrpo-artist-style")) {
+    const st = document.createElement("style"); st.id = "treegrpo-artist-style"; st.textContent = STYLE;
+    document.head.appendChild(st);
+  }
+  const el = document.createElement("div");
+  el.id = "treegrpo-artist";
+  el.dataset.question = q.id;
+  const how = { favourites: "click the ones you like (shift-click: the ones you dislike)",
+                ranking: "click them best first (the rest tie last)", best_worst: "click the best, then the worst" };
+  el.innerHTML = `<div class="box" role="dialog" aria-label="TreeGRPO artist picks">
+    <div class="prompt"></div><div class="hint">${how[q.mode]} · Enter sends · 0 no preference · Esc skip · Z zoom</div>
+    <div class="groups"></div>
+    <div class="bar"><button data-act="send">Send</button><button data-act="none">No preference</button>
+    <button data-act="skip">Skip this tree</button><span class="countdown"></span><span class="msg"></span></div></div>`;
+  el.querySelector(".prompt").textContent = `Tree ${q.tree + 1}: “${q.prompt}”`;
+  const groups = el.querySelector(".groups");
+  for (const g of q.groups) {
+    const ge = document.createElement("div"); ge.className = "group";
+    for (const i of g) {
+      const le = document.createElement("div"); le.className = "leaf"; le.dataset.leaf = String(i);
+      le.innerHTML = `<img alt="leaf ${i + 1}"><span class="tag"></span>`;
+      le.querySelector("img").src = viewUrl(q.images[i]);
+      le.onclick = (e) => toggle(current, i, e.shiftKey);
+      le.ondblclick = () => zoom(current, le);
+      ge.appendChild(le);
+    }
+    groups.appendChild(ge);
+  }
+  el.querySelector('[data-act="send"]').onclick = () => send(answerOf(current));
+  el.querySelector('[data-act="none"]').onclick = () => send({ mode: "none" });
+  el.querySelector('[data-act="skip"]').onclick = () => send({ mode: "skip" });
+  document.body.appendChild(el);
+  current = { q, el, state: { good: new Set(), bad: new Set(), order: [] }, shownAt: Date.now(), zoom: null };
+  const tick = () => {
+    const left = Math.max(0, Math.round(q.deadline - Date.now() / 1000));
+    el.querySelector(".countdown").textContent = `${left} s left`;
+    if (left <= 0) { close(); showNext(); }
+  };
+  current.timer = setInterval(tick, 500); tick();
+  document.addEventListener("keydown", onKey, true);
+  render(current);
+}
+
+async function refresh() {
+  try {
+    const res = await api.fetchApi(`/treegrpo/artist/pending?client_id=${encodeURIComponent(api.clientId || "")}`);
+    if (!res.ok) return;
+    const j = await res.json();
+    j.questions.forEach(enqueue);
+    badge(j.waiting_elsewhere ? `TreeGRPO: ${j.waiting_elsewhere} question(s) waiting in another tab` : "");
+  } catch (e) { /* the server restarted: the next event brings the state */ }
+}
+
+app.registerExtension({
+  name: "treegrpo.artist",
+  async setup() {
+    api.addEventListener(QUESTION, (e) => enqueue(e.detail));
+    api.addEventListener("treegrpo.artist.closed", (e) => {
+      const id = e.detail && e.detail.id;
+      for (let k = queue.length - 1; k >= 0; k--) if (queue[k].id === id) queue.splice(k, 1);
+      if (current && current.q.id === id) { close(); showNext(); }
+    });
+    api.addEventListener("treegrpo.artist.waiting", () => refresh());
+    api.addEventListener("status", () => refresh());       // also after a reconnect
+    window.__treegrpoArtist = { queue, get current() { return current; } };   // for the browser tests
+    refresh();
+  },
+});
