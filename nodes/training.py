@@ -9,8 +9,8 @@ from comfy_api.latest import io, ui
 from treegrpo.comfyui.families import check_trainable, parse_targets, targets_tooltip
 from treegrpo.comfyui.session import (RunState, latent_shape_for, patched_model, run_previews, train_full,
                                       train_step)
-from treegrpo.config import (AdvantageConfig, ConfigError, LoraConfig, MemoryConfig, OptimConfig, TrainConfig,
-                             VideoConfig, check_run_name)
+from treegrpo.config import (AdvantageConfig, ArtistConfig, ConfigError, LoraConfig, MemoryConfig, OptimConfig,
+                             TrainConfig, VideoConfig, check_run_name)
 from treegrpo.lora import LoraDict
 
 from .sampling import tail_inputs, tree_config, tree_inputs, validate_tree
@@ -165,6 +165,13 @@ class Train(PackNode):
                        "the memory plan needs it", options=["auto", "on", "off"], optional=True),
                 targets_input(),
                 *video_inputs(),
+                widget(io.Int, "artist_every", "ask you about every N-th tree of the run in this tab (0 = never): "
+                       "pick favourites among its leaves; the other trees, and unanswered ones, are scored by the "
+                       "reward model", optional=True, min=0, max=10 ** 6),
+                widget(io.Combo, "artist_mode", "how you answer: favourites, ranking, best_worst",
+                       options=["favourites", "ranking", "best_worst"], optional=True),
+                widget(io.Int, "artist_timeout_s", "seconds to wait for your answer about one tree", optional=True,
+                       min=5, max=86400),
                 io.Float.Input("guidance", default=0.0, min=0.0, max=100.0, step=0.1, optional=True,
                                tooltip="embedded (distilled) guidance of Flux-style models (Flux.1 dev, Flux.2, "
                                        "HunyuanVideo), as ComfyUI's FluxGuidance node sets it; 0 = the model's "
@@ -204,7 +211,8 @@ class Train(PackNode):
                 prompts_per_iteration, lora_rank, lora_alpha, learning_rate, seed, run_name, eval_every,
                 reward_model_2=None, gradient_checkpointing="auto", antithetic=True, tail_solver=None, tail_steps=None,
                 memory_budget_gb=0.0, offload_rewards="auto", tiled_decode="auto", judge=None, lora_targets="auto",
-                frames=1, reward_frames=None, frame_stride=None, guidance=0.0):
+                frames=1, reward_frames=None, frame_stride=None, guidance=0.0, artist_every=0,
+                artist_mode="favourites", artist_timeout_s=600):
         targets = cls.check_inputs(model, prompts, run_name, lora_targets, scheduler=scheduler,
                                    window_schedule=window_schedule, tail_solver=tail_solver,
                                    gradient_checkpointing=gradient_checkpointing, offload_rewards=offload_rewards,
@@ -240,7 +248,21 @@ class Train(PackNode):
             raise ValueError(f"width {width} and height {height} must be multiples of the VAE's scale factor {r}")
         shape = latent_shape_for(model, width, height, r, tc.video.frames, vae.temporal_compression_decode() or 1)
         conds = [(encode(clip, t, guidance), encode(clip, negative, guidance)) for t in texts]
-        trainer = train_full(model, vae, texts, conds, rewards, tc, shape, scheduler=scheduler, judges=judges)
+        artist = None
+        if artist_every:
+            import comfy.model_management
+            from server import PromptServer
+
+            from treegrpo.comfyui.artist import train_node_artist
+            acfg = ArtistConfig(mode=artist_mode or "favourites", timeout_s=artist_timeout_s or 600,
+                                every=artist_every)
+            srv = PromptServer.instance
+            artist = train_node_artist(acfg.every, acfg.mode, acfg.timeout_s,
+                                       check_interrupt=comfy.model_management.throw_exception_if_processing_interrupted,
+                                       prompt_id=getattr(srv, "last_prompt_id", None),
+                                       client_id=getattr(srv, "client_id", None))
+        trainer = train_full(model, vae, texts, conds, rewards, tc, shape, scheduler=scheduler, judges=judges,
+                             artist=artist)
         curve, grid = run_previews(trainer, texts)
         lora = LoraDict(trainer.lora_tensors("comfy"), metadata=trainer.metadata())
         out_model = model.clone()

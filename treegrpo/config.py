@@ -404,6 +404,8 @@ class ArtistConfig:
     timeout_s: int = _f(600, "seconds to wait for the answer about one tree before the fallback")
     on_timeout: str = _f("skip the tree", "an unanswered tree: not trained on, or scored by the reward model",
                          choices=["skip the tree", "use the reward model"])
+    every: int = _f(0, "the Train node asks about every N-th tree of the run (0 = never); the others, and unanswered "
+                       "ones, are scored by the reward model")
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -411,6 +413,7 @@ class ArtistConfig:
                  f"{self.mode!r} is not one of favourites, ranking, best_worst")
         _require(5 <= self.timeout_s <= 86400, "ArtistConfig", "timeout_s",
                  f"{self.timeout_s} is outside 5..86400 seconds (a person needs a few seconds; a day at most)")
+        _require(0 <= self.every <= 10 ** 6, "ArtistConfig", "every", f"{self.every} is not 0 (never) or a tree count")
         _require(self.on_timeout in ("skip the tree", "use the reward model"), "ArtistConfig", "on_timeout",
                  f"{self.on_timeout!r} is not 'skip the tree' or 'use the reward model'")
 

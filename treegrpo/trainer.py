@@ -94,6 +94,9 @@ class Trainer:
         self.warnings: list[str] = []
         #: called with each evaluation record after it is logged (ComfyUI's live preview)
         self.eval_callback: Optional[Callable[[dict], None]] = None
+        #: ``(trainer, batch, images, raw) -> (raw, weights, exclude_trees)``: a person answering about some trees
+        #: (the Train node's artist input, treegrpo/comfyui/artist.py); None: the reward models alone
+        self.artist: Optional[Callable] = None
         if rewards is not None:
             missing = [r.name for r in cfg.rewards if r.name not in rewards]
             if missing:
@@ -218,6 +221,9 @@ class Trainer:
         raw = self.score_images(images, batch.leaf_prompts)
         if self.memory_plan is not None and self.memory_plan.workload.offload_rewards:
             self._offload_rewards()
+        if self.artist is not None:
+            raw, weights, exclude = self.artist(self, batch, images, raw)
+            batch.stats["artist"] = {"weights": weights, "exclude_trees": exclude}
         batch.stats.update(t_decode=t1 - t0, t_reward=time.perf_counter() - t1)
         return raw
 
@@ -280,7 +286,8 @@ class Trainer:
     def train_step(self) -> dict:
         """One iteration: sample → score → assign → update → record; returns its statistics."""
         batch = self.sample()
-        self.assign(batch, self.score(batch))
+        raw = self.score(batch)
+        self.assign(batch, raw, **batch.stats.pop("artist", {}))
         return self.record(batch, self.update(batch))
 
     _SUMMED = ("flat_trees", "nfe", "edges", "parents", "forwards", "ref_forwards")

@@ -45,6 +45,7 @@ class Question:
     mode: str
     timeout_s: float
     run_name: str = ""
+    iteration: int = 0
     nonce: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
     created: float = dataclasses.field(default_factory=time.time)
     state: str = "pending"               # pending | answered | expired | cancelled
@@ -52,13 +53,14 @@ class Question:
 
     @property
     def id(self) -> str:
-        return f"{self.prompt_id}:{self.tree}"
+        return f"{self.prompt_id}:{self.iteration}:{self.tree}"
 
     def payload(self) -> dict:
         """What the dialog gets (no server state)."""
         return {"id": self.id, "nonce": self.nonce, "prompt_id": self.prompt_id, "tree": self.tree,
                 "prompt": self.prompt, "images": self.images, "groups": self.groups, "mode": self.mode,
-                "deadline": self.created + self.timeout_s, "timeout_s": self.timeout_s, "run_name": self.run_name}
+                "deadline": self.created + self.timeout_s, "timeout_s": self.timeout_s, "run_name": self.run_name,
+                "iteration": self.iteration}
 
 
 class ArtistBoard:
@@ -213,20 +215,44 @@ def _save_png(image, path: str) -> None:
 def ask_artist(tree, images, *, mode: str, timeout_s: float, on_timeout: str = ON_TIMEOUT[0], reward_model=None,
                board: ArtistBoard = BOARD, check_interrupt: Optional[Callable[[], None]] = None,
                prompt_id: Optional[str] = None, client_id: Optional[str] = None) -> dict:
-    """Ask the person about every tree of ``tree`` (a TreeResult) and turn the answers into leaf rewards.
+    """Ask the person about every tree of ``tree`` (a TreeResult, the Artist Picks node) and turn the answers into
+    leaf rewards: :func:`ask_trees` with the run's folder. Returns the Reward Scorer's socket value (``{"rewards":
+    {"artist": (n,)}, "weights": {"artist": 1.0}}``) plus ``exclude_trees``, the trees without a preference."""
+    import folder_paths
 
-    ``images``: the decoded leaves, (n_leaves, H, W, 3) in [0, 1] as VAEDecode gives them. Returns the Reward
-    Scorer's socket value (``{"rewards": {"artist": (n,)}, "weights": {"artist": 1.0}}``) plus ``exclude_trees``, the
-    trees without a preference (not trained on). At a question's timeout: ``on_timeout`` "skip the tree", or "use the
-    reward model" (``reward_model``: a Reward Model Loader's output) for that tree. Every answer is appended to
-    ``artist_labels.jsonl`` in the run's folder with the leaf images kept beside it."""
+    run = tree.run
+    folder = run.folder if run is not None else os.path.join(folder_paths.get_output_directory(), "treegrpo", "artist")
+    fallback = None
+    if reward_model is not None:
+        fallback = lambda imgs, prompts: reward_model["model"](imgs, prompts)  # noqa: E731
+    rewards, exclude = ask_trees(tree.batch, images, folder=folder, iteration=tree.iteration,
+                                 seed=getattr(getattr(tree.trainer, "cfg", None), "seed", None),
+                                 run_name=getattr(run, "run_name", ""), mode=mode, timeout_s=timeout_s,
+                                 on_timeout=on_timeout, fallback=fallback,
+                                 fallback_name=(reward_model or {}).get("name", "the reward model"), board=board,
+                                 check_interrupt=check_interrupt, prompt_id=prompt_id, client_id=client_id)
+    return {"rewards": {"artist": rewards}, "weights": {"artist": 1.0}, "exclude_trees": exclude}
+
+
+def ask_trees(batch, images, *, folder: str, iteration: int, seed, run_name: str, mode: str, timeout_s: float,
+              on_timeout: str = ON_TIMEOUT[0], fallback: Optional[Callable] = None, fallback_name: str = "",
+              trees: Optional[list] = None, base: Optional["torch.Tensor"] = None, board: ArtistBoard = BOARD,
+              check_interrupt: Optional[Callable[[], None]] = None, prompt_id: Optional[str] = None,
+              client_id: Optional[str] = None):
+    """Ask about the trees ``trees`` (all by default) of ``batch`` (a TreeBatch), one question each, in order.
+
+    ``images``: the decoded leaves (n_leaves, H, W, 3) in [0, 1]. Returns ``(rewards (n_leaves,), exclude
+    (n_trees,) bool)``: an answered tree's leaves get their win rates (:mod:`treegrpo.artist`); leaves of trees not
+    asked keep ``base`` (½ without it); a tree with no preference is excluded; at a question's timeout, ``on_timeout``
+    "skip the tree" excludes it, "use the reward model" scores it with ``fallback(images (k, 3, H, W), prompts)``.
+    Every answer is appended to ``<folder>/artist_labels.jsonl`` with the leaf images kept in ``<folder>/artist/``."""
     import math
 
     import torch
 
     from ..artist import MODES, answer_rewards, sibling_groups
 
-    b = tree.batch
+    b = batch
     leaf_tree = b.leaf_tree.cpu()
     n = leaf_tree.numel()
     if mode not in MODES[:3]:
@@ -235,23 +261,21 @@ def ask_artist(tree, images, *, mode: str, timeout_s: float, on_timeout: str = O
         raise ValueError(f"timeout_s {timeout_s!r}: give the seconds to wait for an answer (> 0)")
     if on_timeout not in ON_TIMEOUT:
         raise ValueError(f"on_timeout {on_timeout!r}: use one of {ON_TIMEOUT}")
-    if on_timeout == ON_TIMEOUT[1] and reward_model is None:
+    if on_timeout == ON_TIMEOUT[1] and fallback is None:
         raise ValueError("on_timeout is 'use the reward model' but no reward_model is connected: connect a Reward "
                          "Model Loader or choose 'skip the tree'")
     if images.shape[0] != n:
         raise ValueError(f"{images.shape[0]} images for {n} leaves: connect the VAE Decode of this tree's leaves")
     import folder_paths
 
-    run = tree.run
-    folder = run.folder if run is not None else os.path.join(folder_paths.get_output_directory(), "treegrpo", "artist")
     temp = os.path.join(folder_paths.get_temp_directory(), "treegrpo_artist")
     os.makedirs(temp, exist_ok=True)
     prompt_id = prompt_id or uuid.uuid4().hex
-    rewards = torch.full((n,), 0.5)
+    rewards = base.detach().float().cpu().clone() if base is not None else torch.full((n,), 0.5)
     exclude = torch.zeros(b.n_trees, dtype=torch.bool)
-    for t in range(b.n_trees):
+    for t in (range(b.n_trees) if trees is None else trees):
         idx = (leaf_tree == t).nonzero().flatten().tolist()
-        stem = f"{prompt_id[:8]}_{tree.iteration}_{t}"
+        stem = f"{prompt_id[:8]}_{iteration}_{t}"
         refs, kept = [], []
         label_dir = os.path.join(folder, "artist", stem)
         os.makedirs(label_dir, exist_ok=True)
@@ -263,15 +287,15 @@ def ask_artist(tree, images, *, mode: str, timeout_s: float, on_timeout: str = O
             kept.append(os.path.relpath(os.path.join(label_dir, f"leaf_{pos}.png"), folder))
         q = board.ask(Question(prompt_id=prompt_id, client_id=client_id, tree=t, prompt=b.prompts[t], images=refs,
                                groups=sibling_groups(b.parents, idx), mode=mode, timeout_s=float(timeout_s),
-                               run_name=getattr(run, "run_name", "")))
+                               run_name=run_name, iteration=int(iteration)))
         answer = board.wait(q, check_interrupt or (lambda: None))
         outcome = "answered"
         if answer is None:
             outcome = "timeout"
             if on_timeout == ON_TIMEOUT[1]:
                 imgs = images[idx].movedim(-1, 1).float()
-                rewards[idx] = reward_model["model"](imgs, [b.prompts[t]] * len(idx)).float().cpu().reshape(-1)
-                outcome = "timeout: scored by " + str(reward_model.get("name", "the reward model"))
+                rewards[idx] = fallback(imgs, [b.prompts[t]] * len(idx)).float().cpu().reshape(-1)
+                outcome = "timeout: scored by " + (fallback_name or "the reward model")
             else:
                 exclude[t] = True
         else:
@@ -281,10 +305,37 @@ def ask_artist(tree, images, *, mode: str, timeout_s: float, on_timeout: str = O
                 outcome = answer.mode
             else:
                 rewards[idx] = r
-        append_label(folder, {"time": time.time(), "prompt_id": prompt_id, "run_name": q.run_name,
-                              "iteration": tree.iteration, "seed": getattr(getattr(tree.trainer, "cfg", None), "seed", None),
+        append_label(folder, {"time": time.time(), "prompt_id": prompt_id, "run_name": run_name,
+                              "iteration": iteration, "seed": seed,
                               "tree": t, "prompt": b.prompts[t], "leaves": kept, "groups": q.groups, "mode": mode,
                               "answer": answer.to_dict() if answer is not None else None, "outcome": outcome,
                               "seconds": round(answer.seconds if answer is not None else time.time() - q.created, 3),
                               "rewards": [round(float(v), 6) for v in rewards[idx]] if not exclude[t] else None})
-    return {"rewards": {"artist": rewards}, "weights": {"artist": 1.0}, "exclude_trees": exclude}
+    return rewards, exclude
+
+
+def train_node_artist(every: int, mode: str, timeout_s: float, *, board: ArtistBoard = BOARD,
+                      check_interrupt: Optional[Callable[[], None]] = None, prompt_id: Optional[str] = None,
+                      client_id: Optional[str] = None) -> Callable:
+    """The Train node's ``Trainer.artist``: every ``every``-th tree of the run (counted over iterations) is asked
+    about; the other trees, and those the person does not answer in ``timeout_s``, keep the reward models' weighted
+    score. One reward per leaf either way (each tree is z-scored on its own, so the two scales do not mix)."""
+    from ..advantages import weighted_raw
+
+    def ask(trainer, batch, images, raw):
+        first = trainer.iteration * batch.n_trees
+        trees = [t for t in range(batch.n_trees) if (first + t) % every == 0]
+        mixed = weighted_raw(raw, trainer.weights).float().cpu()
+        if not trees:
+            return {"reward": mixed}, {"reward": 1.0}, None
+        pictures = images if images.ndim == 4 else images[:, 0]          # video leaves: their first frame
+        score = {"fn": lambda imgs, prompts: weighted_raw(trainer.score_images(imgs, prompts), trainer.weights)}
+        rewards, exclude = ask_trees(batch, pictures.movedim(1, -1).float().cpu(), folder=trainer.cfg.output_dir,
+                                     iteration=trainer.iteration, seed=trainer.cfg.seed,
+                                     run_name=trainer.cfg.run_name, mode=mode, timeout_s=timeout_s,
+                                     on_timeout=ON_TIMEOUT[1], fallback=score["fn"], fallback_name="the reward models",
+                                     trees=trees, base=mixed, board=board, check_interrupt=check_interrupt,
+                                     prompt_id=prompt_id, client_id=client_id)
+        return {"reward": rewards}, {"reward": 1.0}, exclude
+
+    return ask

@@ -342,7 +342,8 @@ def memory_budget(device) -> float:
 
 
 def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict, cfg: TrainConfig,
-               latent_shape: tuple, *, scheduler: str = "simple", judges: Optional[dict] = None) -> Trainer:
+               latent_shape: tuple, *, scheduler: str = "simple", judges: Optional[dict] = None,
+               artist: Optional[Callable] = None) -> Trainer:
     """The whole TreeGRPO loop on a ComfyUI model (the Train node); resumes the run's latest checkpoint.
     Before any sampling the memory plan (``cfg.memory``) picks checkpointing, microbatch and offload for the
     device's memory (or refuses). The ProgressBar advances once per iteration and shows the evaluation curves and
@@ -365,6 +366,7 @@ def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict
                           iteration_callback=lambda stats: bar(), judges=judges)
         trainer.log = logging.info
         trainer.eval_callback = lambda rec: _optional_preview(bar, trainer)
+        trainer.artist = artist       # the person answering about some trees (the Train node's artist_every)
         if not cfg.memory.budget_gb:
             trainer.memory_budget = memory_budget(policy.device) or None
         trainer.train(resume=True)
