@@ -165,6 +165,11 @@ class Train(PackNode):
                        "the memory plan needs it", options=["auto", "on", "off"], optional=True),
                 targets_input(),
                 *video_inputs(),
+                io.Float.Input("guidance", default=0.0, min=0.0, max=100.0, step=0.1, optional=True,
+                               tooltip="embedded (distilled) guidance of Flux-style models (Flux.1 dev, Flux.2, "
+                                       "HunyuanVideo), as ComfyUI's FluxGuidance node sets it; 0 = the model's "
+                                       "default (3.5 for Flux). Other families ignore it; they use cfg"),
+                # last, so that workflows saved before these inputs existed keep their widget values in place
                 widget(io.Int, "artist_every", "ask you about every N-th tree of the run in this tab (0 = never): "
                        "pick favourites among its leaves; the other trees, and unanswered ones, are scored by the "
                        "reward model", optional=True, min=0, max=10 ** 6),
@@ -172,10 +177,6 @@ class Train(PackNode):
                        options=["favourites", "ranking", "best_worst"], optional=True),
                 widget(io.Int, "artist_timeout_s", "seconds to wait for your answer about one tree", optional=True,
                        min=5, max=86400),
-                io.Float.Input("guidance", default=0.0, min=0.0, max=100.0, step=0.1, optional=True,
-                               tooltip="embedded (distilled) guidance of Flux-style models (Flux.1 dev, Flux.2, "
-                                       "HunyuanVideo), as ComfyUI's FluxGuidance node sets it; 0 = the model's "
-                                       "default (3.5 for Flux). Other families ignore it; they use cfg"),
             ],
             outputs=[io.Model.Output(display_name="model", tooltip="the model with the trained LoRA applied"),
                      io.LoraModel.Output(display_name="lora", tooltip="the LoRA, for TreeGRPO Save LoRA"),

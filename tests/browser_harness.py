@@ -1,7 +1,8 @@
 """The pack in the real ComfyUI web UI, driven in a real (headless) Chromium -- helpers for tests/test_browser.py.
 
-* :func:`ensure_frontend` -- the ``comfyui-frontend-package`` version that ComfyUI 0.3.75's requirements.txt pins
-  (``comfy_harness.ensure_comfyui`` leaves the web UI packages out; this installs exactly the pinned one).
+* :func:`ensure_frontend` -- the ``comfyui-frontend-package`` version that the tested ComfyUI's requirements.txt
+  pins (1.32.9 for 0.3.75, the floor lane; 1.48.7 for 0.33.0, the newest lane; ``comfy_harness.ensure_comfyui``
+  leaves the web UI packages out; this installs exactly the pinned one).
 * :func:`start_ui_server` -- ComfyUI's ``main.py`` on 127.0.0.1 with its *default* web root (the installed frontend
   package, the way a user's ComfyUI serves it; ``comfy_harness.start_server`` serves an empty web root instead).
 * :func:`find_chromium` / :func:`launch_chromium` -- the system Chromium (Debian ``chromium``), driven by
@@ -15,6 +16,14 @@ Nothing here imports ComfyUI; the frontend code this relies on (comfyui-frontend
 collects node types missing from ``LiteGraph.registered_node_types`` and shows the ``global-missing-nodes``
 dialog, ``LGraph.configure`` which marks unknown nodes ``has_errors``, and ``app.api`` events
 (``progress``, ``progress_state``, ``executing``, ``executed``, ``execution_success``, ``execution_error``).
+
+What frontend 1.48.7 does differently (the tests branch on :meth:`ComfyPage.frontend_at_least` where it matters):
+node ids are strings; some dialogs (the template browser) are its own component with ``role="dialog"`` and the key
+in ``aria-labelledby`` but no ``.p-dialog`` class, closed by a button labelled "Close dialog"; there is no
+``global-missing-nodes`` dialog and an unknown node is not marked ``has_errors`` -- missing node types, model files
+the server does not offer ("missing models", which it does mark ``has_errors``) and missing media go to its stores,
+the error overlay (``data-testid="error-overlay"``) and the Errors tab of the properties panel
+(:data:`JS_LOAD_PROBLEMS`); ``data-testid="queue-button"`` is the Run button itself.
 """
 from __future__ import annotations
 
@@ -88,6 +97,14 @@ def ensure_frontend(comfy_dir: Path) -> str:
     return want
 
 
+def version_tuple(version: str) -> tuple[int, ...]:
+    """``"1.48.7"`` -> ``(1, 48, 7)`` (the numeric release part; what the frontend-version branches compare)."""
+    m = re.match(r"\d+(?:\.\d+)*", version.strip())
+    if not m:
+        raise ValueError(f"not a version: {version!r}")
+    return tuple(int(x) for x in m.group(0).split("."))
+
+
 def frontend_static_dir() -> Path:
     import comfyui_frontend_package
 
@@ -152,12 +169,43 @@ JS_GRAPH = """() => {
 }"""
 
 # Dialogs shown right now (the frontend's global dialogs carry their key in aria-labelledby) and error toasts.
-JS_DIALOGS = """() => ({
-  dialogs: Array.from(document.querySelectorAll('.p-dialog')).filter(d => d.offsetParent !== null || d.getClientRects().length)
+# Frontend 1.32 draws its dialogs with PrimeVue (.p-dialog, role="dialog"); 1.48 draws some of them (the template
+# browser among them) with its own component, which has role="dialog" and the key in aria-labelledby but no
+# .p-dialog class: ask for the ARIA role, and keep .p-dialog for anything PrimeVue shows without it.
+DIALOG_SELECTOR = '[role="dialog"], [role="alertdialog"], .p-dialog'
+JS_DIALOGS = """(sel) => ({
+  dialogs: Array.from(document.querySelectorAll(sel)).filter(d => d.offsetParent !== null || d.getClientRects().length)
+    .filter((d, i, all) => !all.some(o => o !== d && o.contains(d)))   // a dialog inside a dialog: the outer one
     .map(d => ({key: d.getAttribute('aria-labelledby'), text: d.innerText.slice(0, 400)})),
   errors: Array.from(document.querySelectorAll('.p-toast-message-error, .p-toast-message-warn'))
     .map(t => t.innerText.slice(0, 400)),
 })"""
+
+# What frontend 1.48 found wrong with the loaded workflow, from its own stores (pinia, on the Vue app of #vue-app):
+# node types nobody registered (missingNodesError; 1.48 shows no missing-nodes dialog for them), model files a
+# widget names that the server does not offer (missingModel: the widget's value is not among its combo values),
+# missing input media (missingMedia), and the error overlay that counts them.  1.32 has none of these stores.
+JS_LOAD_PROBLEMS = """() => {
+  const pinia = document.querySelector('#vue-app')?.__vue_app__?.config?.globalProperties?.$pinia;
+  const state = (id) => pinia?.state?.value?.[id] ?? null;
+  const mm = state('missingModel'), mn = state('missingNodesError'), md = state('missingMedia');
+  const overlay = document.querySelector('[data-testid="error-overlay"]');
+  return {
+    stores: !!(mm && mn),
+    refreshing: !!mm?.isRefreshingMissingModels,
+    missing_nodes: (mn?.missingNodesError?.nodeTypes || [])
+      .map(t => typeof t === 'string' ? {type: t, node: null} : {type: t.type, node: t.nodeId ?? null}),
+    missing_models: (mm?.missingModelCandidates || []).filter(c => c.isMissing === true).map(c => {
+      const n = window.app.graph.getNodeById(c.nodeId);
+      const w = (n?.widgets || []).find(w => w.name === c.widgetName);
+      const values = Array.isArray(w?.options?.values) ? w.options.values : null;
+      return {node: c.nodeId, type: c.nodeType, widget: c.widgetName, name: c.name, value: w ? w.value : null,
+              offered: values ? values.includes(c.name) : null};
+    }),
+    missing_media: (md?.missingMediaCandidates || []).map(c => ({node: c.nodeId, widget: c.widgetName, name: c.name})),
+    overlay: overlay && overlay.getClientRects().length ? overlay.innerText : null,
+  };
+}"""
 
 # A user dropping a file from the desktop: a DataTransfer carrying a File, dragenter/dragover/drop on the canvas.
 JS_DROP = """async ({name, text}) => {
@@ -203,8 +251,9 @@ JS_WIDGET_CENTER = """([id, name]) => {
 
 
 class ComfyPage:
-    def __init__(self, page, server_url: str, artifacts: Path = ARTIFACTS):
+    def __init__(self, page, server_url: str, artifacts: Path = ARTIFACTS, frontend_version: str | None = None):
         self.page, self.url, self.artifacts = page, server_url, artifacts
+        self.frontend_version = frontend_version   # the comfyui-frontend-package version the server serves
         self.console: list[str] = []
         self.page_errors: list[str] = []
         self.responses: dict[str, tuple[int, str]] = {}   # path -> (HTTP status, content-type) of the last fetch
@@ -274,8 +323,9 @@ class ComfyPage:
                                   ".find(w => w.name === name).value", [node_id, name])
 
     def press_run(self) -> None:
-        """The Run (queue) button of the action bar."""
-        self.page.locator('[data-testid="queue-button"] button').first.click()
+        """The Run (queue) button of the action bar (1.32: a button inside the element with data-testid
+        queue-button; 1.48: the button itself carries it)."""
+        self.page.locator('button[data-testid="queue-button"], [data-testid="queue-button"] button').first.click()
 
     def wait_for_event(self, types: tuple[str, ...], timeout_s: float, poll_s: float = 0.5) -> dict:
         """Wait until the page received one of ``types`` (api events); returns it."""
@@ -293,16 +343,43 @@ class ComfyPage:
         return self.page.evaluate(JS_GRAPH)
 
     def dialogs(self) -> dict:
-        return self.page.evaluate(JS_DIALOGS)
+        return self.page.evaluate(JS_DIALOGS, DIALOG_SELECTOR)
+
+    def frontend_at_least(self, *release: int) -> bool:
+        """The served frontend is at least ``release`` (e.g. ``frontend_at_least(1, 48)``); without a
+        ``frontend_version`` given, the installed package (the one ComfyUI serves by default)."""
+        have = self.frontend_version or installed_frontend_version()
+        if have is None:
+            raise BrowserSetupError(f"no {FRONTEND_PACKAGE} installed and no frontend_version given")
+        return version_tuple(have) >= release
+
+    def load_problems(self, timeout_ms: int = 30_000) -> dict:
+        """Frontend 1.48's own record of what is wrong with the loaded workflow (see JS_LOAD_PROBLEMS), once its
+        missing-model check has settled."""
+        self.page.wait_for_function("() => { const p = (%s)(); return p.stores && !p.refreshing; }" % JS_LOAD_PROBLEMS,
+                                    timeout=timeout_ms)
+        return self.page.evaluate(JS_LOAD_PROBLEMS)
+
+    def open_errors_panel(self, timeout_ms: int = 15_000) -> None:
+        """Frontend 1.48: the error overlay's "View details" opens the properties panel on its Errors tab."""
+        self.page.locator('[data-testid="error-overlay-see-errors"]').click(timeout=timeout_ms)
+        self.page.locator('[data-testid="errors-summary-hero"]').wait_for(state="visible", timeout=timeout_ms)
+
+    def close_properties_panel(self, timeout_ms: int = 15_000) -> None:
+        """Frontend 1.48: close the right-hand properties panel with its toggle in the action bar."""
+        panel = self.page.locator('[data-testid="properties-panel"]')
+        if panel.count() and panel.first.is_visible():
+            self.page.get_by_role("button", name="Toggle properties panel", exact=True).first.click(timeout=timeout_ms)
+            panel.first.wait_for(state="hidden", timeout=timeout_ms)
 
     def close_dialogs(self) -> None:
         """Close every open dialog with its own close button (x), like a user."""
         for _ in range(5):
-            dialogs = self.page.locator(".p-dialog:visible")
-            if dialogs.count() == 0:
+            if not self.dialogs()["dialogs"]:
                 return
-            d = dialogs.last
-            btn = d.locator(".p-dialog-close-button, button:has(i.pi-times)").first
+            d = self.page.locator(", ".join(f"{s.strip()}:visible" for s in DIALOG_SELECTOR.split(","))).last
+            # 1.32: PrimeVue's close button; 1.48's own dialog: a button labelled "Close dialog"
+            btn = d.locator('.p-dialog-close-button, button[aria-label="Close dialog"], button:has(i.pi-times)').first
             if btn.count():
                 btn.click()
             else:
