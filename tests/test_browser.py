@@ -546,3 +546,42 @@ def test_demo_workflow_runs_from_the_page(page, ui_server):
     page.screenshot("demo_3_previews")
     print(f"demo run from the page: {run_s:.1f}s, eval reward {log['eval'][0]['eval_reward']:.3f} -> "
           f"{log['eval'][-1]['eval_reward']:.3f}, {len(events)} events, LoRA {loras[0]}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the artist's dialog (Artist Picks), answered with a click and Enter
+# ----------------------------------------------------------------------------------------------------------------
+
+def test_the_artist_dialog_shows_each_tree_and_a_click_answers_it(page, ui_server):
+    """The artist demo workflow queued from the page: for each of its two trees the pack's dialog opens in this tab
+    with the tree's four leaves loaded (siblings in groups of two), a click on one leaf and Enter answer it, the
+    dialog closes, and the answers are the run's labels."""
+    page.drop_workflow(REPO / "workflows" / "treegrpo_artist_demo_cpu.json")
+    page.reset_events()
+    t0 = time.perf_counter()
+    page.press_run()
+    pg = page.page
+    seconds = []
+    for tree in (0, 1):
+        dlg = pg.locator(f'#treegrpo-artist[data-question$=":{tree}"]')
+        dlg.wait_for(state="visible", timeout=300_000)
+        pg.wait_for_function("() => { const i = [...document.querySelectorAll('#treegrpo-artist .leaf img')];"
+                             " return i.length === 4 && i.every(x => x.complete && x.naturalWidth > 0); }",
+                             timeout=60_000)
+        assert dlg.locator(".group").count() == 2
+        shown = time.perf_counter()
+        dlg.locator(f'.leaf[data-leaf="{tree}"]').click()
+        assert "good" in (dlg.locator(f'.leaf[data-leaf="{tree}"]').get_attribute("class") or "")
+        pg.keyboard.press("Enter")
+        dlg.wait_for(state="detached", timeout=60_000)
+        seconds.append(time.perf_counter() - shown)
+        if tree == 0:
+            page.screenshot("artist_dialog_answered")
+    done = page.wait_for_event(("execution_success", "execution_error", "execution_interrupted"), 1800)
+    assert done["type"] == "execution_success", (done, ui_server.log_text()[-4000:])
+    path = ui_server.base_dir / "output" / "treegrpo" / "treegrpo_artist" / "artist_labels.jsonl"
+    recs = [json.loads(ln) for ln in path.read_text().splitlines()]
+    assert [(r["tree"], r["outcome"], r["answer"]["good"]) for r in recs[-2:]] == [(0, "answered", [0]),
+                                                                                    (1, "answered", [1])]
+    print(f"artist dialog: 1 click + Enter per tree, {seconds[0]:.1f} s and {seconds[1]:.1f} s from shown to "
+          f"answered; whole queued prompt {time.perf_counter() - t0:.1f} s")

@@ -133,13 +133,13 @@ WORKFLOWS = {
         ("demo", "TreeGRPOLoadDemoModel", {}, {}),
         ("run", "TreeGRPOTrainerState", {"run_name": "treegrpo_artist", "lora_rank": 8, "lora_alpha": 16.0,
                                          "learning_rate": 1e-2, "clip_range": 1e-4, "kl_beta": 0.0, "seed": 0}, {}),
-        ("pos", "CLIPTextEncode", {"text": "a circle"}, {"clip": ("demo", 1)}),
+        ("pos", "CLIPTextEncode", {"text": "a red circle"}, {"clip": ("demo", 1)}),
         ("neg", "CLIPTextEncode", {"text": ""}, {"clip": ("demo", 1)}),
         ("empty", "EmptyImage", {"width": 16, "height": 16, "batch_size": 2, "color": 0}, {}),
         ("lat", "VAEEncode", {}, {"pixels": ("empty", 0), "vae": ("demo", 2)}),
         ("tree", "TreeGRPOTreeSampler", {"seed": 0, "cfg": 1.0, "scheduler": "simple", "steps": 10, "window_start": 1,
                                          "window_width": 2, "branch": 2, "noise_level": 0.9, "trees_per_latent": 1,
-                                         "prompt": "a circle"},
+                                         "prompt": "a red circle"},
          {"model": ("demo", 0), "positive": ("pos", 0), "negative": ("neg", 0), "latent": ("lat", 0), "run": ("run", 0)}),
         ("dec", "VAEDecode", {}, {"samples": ("tree", 1), "vae": ("demo", 2)}),
         ("picks", "TreeGRPOArtistPicks", {"mode": "favourites", "timeout_s": 600, "on_timeout": "skip the tree"},
@@ -150,9 +150,9 @@ WORKFLOWS = {
         ("preview", "TreeGRPOTreePreview", {}, {"tree": ("adv", 0), "images": ("dec", 0), "rewards": ("picks", 0)}),
         ("save", "TreeGRPOSaveLoRA", {"filename_prefix": "treegrpo/treegrpo_artist"}, {"lora": ("step", 1)}),
         note("n1", "You are the reward: teach the embedded demo model a taste of your own (no downloads, CPU). Each "
-             "Queue samples 2 trees of 4 leaves for 'a circle' and shows them to you, siblings side by side: click "
+             "Queue samples 2 trees of 4 leaves for 'a red circle' and shows them to you, siblings side by side: click "
              "the ones you like (shift-click the ones you dislike), Enter sends, 0 = no preference, Esc skips the "
-             "tree, Z zooms. Pick, say, the redder or the bigger circles and turn on auto-queue: the samples lean "
+             "tree, Z zooms. Pick, say, the bigger or the brighter circles and turn on auto-queue: the samples lean "
              "your way as your answers add up. Every answer is kept in "
              "output/treegrpo/treegrpo_artist/artist_labels.jsonl. With a real model: replace the demo loader by "
              "Load Checkpoint, CLIP Text Encode and its VAE, as in the other workflows."),
