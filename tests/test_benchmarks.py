@@ -301,3 +301,19 @@ def test_the_ratio_to_the_baselines_best_reward_uses_its_peak_time():
     out = bm.report(recs, baseline="base")["methods"]
     assert out["fast"]["time_to_baseline_paired_by_seed"][0] == pytest.approx(5 / 40)   # its final 0.6 at 5 s
     assert out["slow"]["reached_baseline_best_paired"] == "0/1"
+
+
+def test_bench_artist_counts_answers_to_the_taste(tmp_path):
+    """benchmarks/bench_artist.py: first passage in answers on a hand-made curve, and one short simulated run
+    (every tree asked: 2 answers per iteration) whose LoRA already moves the samples the artist's way."""
+    import bench_artist as ba
+
+    curve = [(0, 0.30), (2, 0.33), (4, 0.41), (6, 0.38)]
+    assert ba.first_passage(curve, 0.1) == 4
+    assert math.isnan(ba.first_passage(curve, 0.2))
+    assert ba.gain_at(curve, 3) == pytest.approx(0.11)
+    out = ba.main(["--seeds", "1", "--max-answers", "8", "--out", str(tmp_path / "artist.json")])
+    run = out["runs"][0]
+    assert [n for n, _ in run["curve"]] == [0, 2, 4, 6, 8]
+    assert run["curve"][-1][1] > run["curve"][0][1]      # 8 answers for bigger shapes: bigger shapes
+    assert json.load(open(tmp_path / "artist.json"))["arm"] == "ask every tree"

@@ -18,7 +18,8 @@ from treegrpo.demo.model import (
     save_demo_model,
     tokenize,
 )
-from treegrpo.demo.shapes import COLOURS, RESOLUTION, SHAPES, all_prompts, parse_prompt, render, sample_batch
+from treegrpo.demo.shapes import (COLOURS, RESOLUTION, SHAPES, all_prompts, parse_prompt, render, sample_batch,
+                                  shape_area)
 from treegrpo.rewards.base import available, load_reward
 from treegrpo.rewards.demo_adherence import DemoAdherence
 
@@ -52,6 +53,19 @@ def test_render_is_deterministic_and_in_range():
     assert one.shape == (1, 3, RESOLUTION, RESOLUTION)
     imgs, ci, si = sample_batch(8, torch.Generator().manual_seed(0))
     assert imgs.shape[0] == ci.shape[0] == si.shape[0] == 8
+
+
+def test_shape_area_counts_the_pixels_away_from_the_background():
+    """The scripted artist's measure on hand-made images: grey is 0, a 4x4 block of red is 16/256, a pixel 0.1 off
+    grey is background, 0.2 off (in one channel, either sign) is shape, and an all-colour image is 1."""
+    img = torch.full((4, 3, 16, 16), 0.2)
+    img[1, :, 2:6, 3:7] = torch.tensor([0.9, 0.1, 0.1]).view(3, 1, 1)
+    img[2, 0, 0, 0] = 0.3
+    img[2, 2, 5, 5] = 0.0
+    img[3] = torch.tensor([0.9, 0.1, 0.1]).view(3, 1, 1)
+    assert shape_area(img).tolist() == [0.0, 16 / 256, 1 / 256, 1.0]
+    with pytest.raises(ValueError, match=r"\(B, 3, H, W\)"):
+        shape_area(img[:, 0])
 
 
 def test_parse_prompt_round_trip_and_errors():

@@ -319,10 +319,36 @@ def cmd_export(ns) -> int:
     return 0
 
 
+def read_checked_lora(path: str, flag: str = "--lora") -> tuple[dict, dict]:
+    """The tensors and metadata of a LoRA file, refused (ConfigError) when it holds NaN or infinite values."""
+    import torch
+    from .lora import read_lora_file
+
+    t, meta = read_lora_file(path)
+    bad = [k for k, v in t.items() if not torch.isfinite(v).all()]
+    if bad:
+        raise ConfigError(f"{flag} {path!r} holds NaN or infinite values ({bad[:3]}{' ...' if len(bad) > 3 else ''}): "
+                          "the training diverged; use an earlier checkpoint's LoRA")
+    return t, meta
+
+
+def apply_lora_file(policy, base_name: str, cfg: TrainConfig, lora: tuple[dict, dict], path: str) -> None:
+    """Put the LoRA ``lora`` (tensors, metadata of ``path``) into ``policy.model``: the modules, ranks and alphas the
+    file holds, whatever the config's lora section says; refused when it was trained on another base model."""
+    from .lora import add_lora, check_base_model, from_state_dict, load_into_model, match_model_modules
+
+    t, meta = lora
+    check_base_model(meta, base_name, path)
+    w = match_model_modules(from_state_dict(t, meta), policy.model)
+    ranks = {n: w.down[n].shape[0] for n in w.modules}
+    add_lora(policy.model, dataclasses.replace(cfg.lora, rank=max(ranks.values()), targets=w.modules),
+             rank_pattern=ranks)
+    load_into_model(policy.model, w)
+
+
 def cmd_sample(ns) -> int:
     import torch
     from .backends import load_policy
-    from .lora import add_lora, check_base_model, from_state_dict, load_into_model, match_model_modules, read_lora_file
     from .report import image_grid, to_pil
     from .tree import sample_ode
 
@@ -333,21 +359,10 @@ def cmd_sample(ns) -> int:
     if ns.per_prompt < 1:
         raise ConfigError(f"--per-prompt must be >= 1, got {ns.per_prompt}")
     prompts = ns.prompt or cfg.load_prompts()[:8]
-    if ns.lora:
-        t, meta = read_lora_file(ns.lora)
-        bad = [k for k, v in t.items() if not torch.isfinite(v).all()]
-        if bad:
-            raise ConfigError(f"--lora {ns.lora!r} holds NaN or infinite values ({bad[:3]}{' ...' if len(bad) > 3 else ''}): "
-                              "the training diverged; use an earlier checkpoint's LoRA")
+    lora = read_checked_lora(ns.lora) if ns.lora else None
     policy, base_name = load_policy(cfg)
-    if ns.lora:
-        check_base_model(meta, base_name, ns.lora)
-        # the modules, ranks and alphas the file holds, whatever the config's lora section says
-        w = match_model_modules(from_state_dict(t, meta), policy.model)
-        ranks = {n: w.down[n].shape[0] for n in w.modules}
-        add_lora(policy.model, dataclasses.replace(cfg.lora, rank=max(ranks.values()), targets=w.modules),
-                 rank_pattern=ranks)
-        load_into_model(policy.model, w)
+    if lora is not None:
+        apply_lora_file(policy, base_name, cfg, lora, ns.lora)
     allp = [p for p in prompts for _ in range(ns.per_prompt)]
     g = torch.Generator().manual_seed(cfg.seed)
     noise = torch.randn((len(allp), *policy.latent_shape()), generator=g)

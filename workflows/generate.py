@@ -132,7 +132,7 @@ WORKFLOWS = {
     "treegrpo_artist_demo_cpu": [
         ("demo", "TreeGRPOLoadDemoModel", {}, {}),
         ("run", "TreeGRPOTrainerState", {"run_name": "treegrpo_artist", "lora_rank": 8, "lora_alpha": 16.0,
-                                         "learning_rate": 1e-2, "clip_range": 1e-4, "kl_beta": 0.0, "seed": 0}, {}),
+                                         "learning_rate": 1e-3, "clip_range": 1e-4, "kl_beta": 0.0, "seed": 0}, {}),
         ("pos", "CLIPTextEncode", {"text": "a red circle"}, {"clip": ("demo", 1)}),
         ("neg", "CLIPTextEncode", {"text": ""}, {"clip": ("demo", 1)}),
         ("empty", "EmptyImage", {"width": 16, "height": 16, "batch_size": 2, "color": 0}, {}),
@@ -152,8 +152,8 @@ WORKFLOWS = {
         note("n1", "You are the reward: teach the embedded demo model a taste of your own (no downloads, CPU). Each "
              "Queue samples 2 trees of 4 leaves for 'a red circle' and shows them to you, siblings side by side: click "
              "the ones you like (shift-click the ones you dislike), Enter sends, 0 = no preference, Esc skips the "
-             "tree, Z zooms. Pick, say, the bigger or the brighter circles and turn on auto-queue: the samples lean "
-             "your way as your answers add up. Every answer is kept in "
+             "tree, Z zooms. Pick, say, the bigger or the brighter circles and turn on auto-queue (or set the Run button's batch count): the "
+             "samples lean your way after about 15 answers, 8 queued prompts. Every answer is kept in "
              "output/treegrpo/treegrpo_artist/artist_labels.jsonl. With a real model: replace the demo loader by "
              "Load Checkpoint, CLIP Text Encode and its VAE, as in the other workflows."),
     ],

@@ -125,6 +125,16 @@ def render(
     return bg * (1 - alpha) + fg * alpha
 
 
+def shape_area(images: torch.Tensor, threshold: float = 0.15) -> torch.Tensor:
+    """(B,) fraction of each image's pixels that are not background: a channel more than ``threshold`` away from
+    the grey background (values in [0, 1]; images (B, 3, H, W)). How big the shape is drawn, 0..1 -- the taste of
+    the scripted artist in the tests and benchmarks ("bigger shapes")."""
+    if images.ndim != 4 or images.shape[1] != 3:
+        raise ValueError(f"images must be (B, 3, H, W), got {tuple(images.shape)}")
+    away = (images.float() - BACKGROUND_RGB.view(1, 3, 1, 1)).abs().amax(1)
+    return (away > threshold).float().mean((1, 2))
+
+
 def sample_batch(
     n: int, generator: torch.Generator | None = None, resolution: int = RESOLUTION
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
