@@ -648,3 +648,69 @@ def test_an_artist_who_likes_big_circles_clicks_through_the_trees_and_the_lora_l
           f"(max {max(seconds):.2f} s) from shown to answered; {len(picks)} answers, {ARTIST_QUEUES} queued prompts "
           f"in {total:.1f} s; shape area of the samples {base:.3f} -> {trained:.3f}")
     assert trained - base >= ARTIST_MIN_AREA_GAIN, (base, trained)
+
+
+def artist_labels(ui_server) -> list[dict]:
+    path = ui_server.base_dir / "output" / "treegrpo" / "treegrpo_artist" / "artist_labels.jsonl"
+    return [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_queue_empty(ui_server, timeout_s: float = DEMO_TIMEOUT_S) -> None:
+    deadline = time.time() + timeout_s
+    while True:
+        queue = ch._http(ui_server.port, "/queue")
+        if not queue["queue_running"] and not queue["queue_pending"]:
+            return
+        assert time.time() < deadline, "the queued prompts did not finish"
+        time.sleep(0.5)
+
+
+def test_the_artist_dialog_keys_zoom_countdown_and_a_page_reload(page, ui_server):
+    """One queued artist prompt answered with the keyboard: the prompt and a countdown are shown, digits toggle
+    favourites and Shift+digit marks a bad one, Z zooms the leaf under the mouse and any key closes the zoom; after a
+    page reload the same question is shown again (fresh); digits and Enter answer it, Esc skips the next tree."""
+    page.drop_workflow(REPO / "workflows" / "treegrpo_artist_demo_cpu.json")
+    before = len(artist_labels(ui_server))
+    page.evaluate("() => window.app.queuePrompt(0, 1)")
+    pg = page.page
+    imgs_loaded = ("() => { const i = [...document.querySelectorAll('#treegrpo-artist .leaf img')];"
+                   " return i.length === 4 && i.every(x => x.complete && x.naturalWidth > 0); }")
+    dlg = pg.locator('#treegrpo-artist[data-question$=":0"]')
+    dlg.wait_for(state="visible", timeout=300_000)
+    pg.wait_for_function(imgs_loaded, timeout=60_000)
+    qid = dlg.get_attribute("data-question")
+    assert dlg.locator(".prompt").inner_text() == "Tree 1: \u201ca red circle\u201d"
+    left = int(re.fullmatch(r"(\d+) s left", dlg.locator(".countdown").inner_text()).group(1))
+    assert 0 < left <= 600                                    # the workflow's timeout_s
+    leaf = lambda i: dlg.locator(f'.leaf[data-leaf="{i}"]')  # noqa: E731
+    pg.keyboard.press("Digit2")
+    pg.keyboard.press("Shift+Digit3")
+    assert "good" in leaf(1).get_attribute("class") and "bad" in leaf(2).get_attribute("class")
+    assert not any(c in leaf(0).get_attribute("class") for c in ("good", "bad"))
+    leaf(3).hover()
+    pg.keyboard.press("z")
+    zoomed = dlg.locator(".zoom img")
+    zoomed.wait_for(state="visible", timeout=10_000)
+    assert zoomed.evaluate("e => e.src") == leaf(3).locator("img").evaluate("e => e.src")   # absolute URLs
+    page.screenshot("artist_dialog_zoom")
+    pg.keyboard.press("x")                                     # any key closes the zoom, the dialog stays
+    assert dlg.locator(".zoom").count() == 0 and dlg.is_visible()
+    page.open()                                                # reload: the pending question comes back
+    dlg = pg.locator(f'#treegrpo-artist[data-question="{qid}"]')
+    dlg.wait_for(state="visible", timeout=60_000)
+    pg.wait_for_function(imgs_loaded, timeout=60_000)
+    assert dlg.locator(".leaf.good, .leaf.bad").count() == 0    # a fresh showing
+    pg.keyboard.press("Digit2")
+    pg.keyboard.press("Digit4")
+    pg.keyboard.press("Enter")
+    dlg.wait_for(state="detached", timeout=60_000)
+    nxt = pg.locator('#treegrpo-artist[data-question$=":1"]')
+    nxt.wait_for(state="visible", timeout=300_000)
+    pg.keyboard.press("Escape")
+    nxt.wait_for(state="detached", timeout=60_000)
+    wait_queue_empty(ui_server)
+    page.close_dialogs()                                       # whatever the reload opened (the template browser)
+    recs = artist_labels(ui_server)[before:]
+    assert [(r["tree"], r["outcome"], r["answer"]["mode"], r["answer"]["good"]) for r in recs] == [
+        (0, "answered", "favourites", [1, 3]), (1, "skip", "skip", [])]
+    assert recs[0]["rewards"] == [0.0, 1.0, 0.0, 1.0] and recs[1]["rewards"] is None
