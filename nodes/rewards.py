@@ -46,6 +46,9 @@ class RewardModelLoader(PackNode):
                 io.String.Input("options", default="{}", multiline=True, optional=True,
                                 tooltip="the reward's options as JSON, e.g. {\"dtype\": \"bfloat16\", "
                                         "\"batch_size\": 8}. " + options_help()),
+                io.ClipVision.Input("clip_vision", optional=True,
+                                    tooltip="reward 'taste' learnt on CLIP Vision features: the same CLIP Vision "
+                                            "model (Load CLIP Vision) it was learnt with"),
             ],
             outputs=[RewardModel.Output(display_name="reward_model", tooltip="to a Reward Scorer or the Train node")],
         )
@@ -62,9 +65,12 @@ class RewardModelLoader(PackNode):
         return True
 
     @classmethod
-    def execute(cls, reward, file, options="{}"):
+    def execute(cls, reward, file, options="{}", clip_vision=None):
         opts = parse_options(reward, options)
         path = None if file == NO_FILE else folder_paths.get_full_path_or_raise(FOLDER, file)
+        if reward == "taste":
+            from treegrpo.comfyui.taste import taste_reward
+            return io.NodeOutput({"name": reward, "model": ManagedReward(taste_reward(path, clip_vision, **opts))})
         return io.NodeOutput({"name": reward, "model": ManagedReward(load_reward(reward, path=path, **opts))})
 
 

@@ -177,6 +177,15 @@ class Train(PackNode):
                        options=["favourites", "ranking", "best_worst"], optional=True),
                 widget(io.Int, "artist_timeout_s", "seconds to wait for your answer about one tree", optional=True,
                        min=5, max=86400),
+                widget(io.Combo, "artist_ask", "every N-th tree: ask about every artist_every-th tree, the reward "
+                       "model scores the rest; when unsure: a taste model learns from your answers, scores the "
+                       "trees and asks you only where it is unsure (at most one tree in artist_every; always the "
+                       "first 12), and is saved as models/reward_models/<run_name>_taste.safetensors",
+                       options=["every N-th tree", "when unsure"], optional=True),
+                io.ClipVision.Input("taste_features", optional=True,
+                                    tooltip="artist_ask 'when unsure': the image features the taste model learns on "
+                                            "(Load CLIP Vision). Without it: the reward model's image tower (HPS, "
+                                            "PickScore, CLIPScore, aesthetic) or the demo model's own encoder"),
             ],
             outputs=[io.Model.Output(display_name="model", tooltip="the model with the trained LoRA applied"),
                      io.LoraModel.Output(display_name="lora", tooltip="the LoRA, for TreeGRPO Save LoRA"),
@@ -213,7 +222,7 @@ class Train(PackNode):
                 reward_model_2=None, gradient_checkpointing="auto", antithetic=True, tail_solver=None, tail_steps=None,
                 memory_budget_gb=0.0, offload_rewards="auto", tiled_decode="auto", judge=None, lora_targets="auto",
                 frames=1, reward_frames=None, frame_stride=None, guidance=0.0, artist_every=0,
-                artist_mode="favourites", artist_timeout_s=600):
+                artist_mode="favourites", artist_timeout_s=600, artist_ask="every N-th tree", taste_features=None):
         targets = cls.check_inputs(model, prompts, run_name, lora_targets, scheduler=scheduler,
                                    window_schedule=window_schedule, tail_solver=tail_solver,
                                    gradient_checkpointing=gradient_checkpointing, offload_rewards=offload_rewards,
@@ -256,12 +265,21 @@ class Train(PackNode):
 
             from treegrpo.comfyui.artist import train_node_artist
             acfg = ArtistConfig(mode=artist_mode or "favourites", timeout_s=artist_timeout_s or 600,
-                                every=artist_every)
+                                every=artist_every, ask=artist_ask or "every N-th tree")
             srv = PromptServer.instance
-            artist = train_node_artist(acfg.every, acfg.mode, acfg.timeout_s,
-                                       check_interrupt=comfy.model_management.throw_exception_if_processing_interrupted,
-                                       prompt_id=getattr(srv, "last_prompt_id", None),
-                                       client_id=getattr(srv, "client_id", None))
+            where = dict(check_interrupt=comfy.model_management.throw_exception_if_processing_interrupted,
+                         prompt_id=getattr(srv, "last_prompt_id", None), client_id=getattr(srv, "client_id", None))
+            if acfg.ask == "when unsure":
+                from treegrpo.comfyui.session import model_name
+                from treegrpo.comfyui.taste import choose_encoder, train_node_taste
+                from treegrpo.demo import BASE_MODEL_NAME
+                from treegrpo.taste import TasteConfig
+
+                encoder = choose_encoder(taste_features, rewards, demo=model_name(model) == BASE_MODEL_NAME)
+                artist = train_node_taste(encoder, acfg.mode, acfg.timeout_s,
+                                          TasteConfig(max_ask_rate=1.0 / acfg.every), **where)
+            else:
+                artist = train_node_artist(acfg.every, acfg.mode, acfg.timeout_s, **where)
         trainer = train_full(model, vae, texts, conds, rewards, tc, shape, scheduler=scheduler, judges=judges,
                              artist=artist)
         curve, grid = run_previews(trainer, texts)

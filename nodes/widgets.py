@@ -31,7 +31,7 @@ CONFIG_WIDGETS = {
     "frames": (VideoConfig, "frames"), "reward_frames": (VideoConfig, "reward_frames"),
     "frame_stride": (VideoConfig, "frame_stride"),
     "mode": (ArtistConfig, "mode"), "timeout_s": (ArtistConfig, "timeout_s"), "on_timeout": (ArtistConfig, "on_timeout"),
-    "artist_every": (ArtistConfig, "every"), "artist_mode": (ArtistConfig, "mode"),
+    "artist_every": (ArtistConfig, "every"), "artist_ask": (ArtistConfig, "ask"), "artist_mode": (ArtistConfig, "mode"),
     "artist_timeout_s": (ArtistConfig, "timeout_s"),
 }
 

@@ -405,7 +405,10 @@ class ArtistConfig:
     on_timeout: str = _f("skip the tree", "an unanswered tree: not trained on, or scored by the reward model",
                          choices=["skip the tree", "use the reward model"])
     every: int = _f(0, "the Train node asks about every N-th tree of the run (0 = never); the others, and unanswered "
-                       "ones, are scored by the reward model")
+                       "ones, are scored by the reward model. With ask 'when unsure': at most one tree in N")
+    ask: str = _f("every N-th tree", "every N-th tree, or when unsure: a taste model (treegrpo/taste.py) scores the "
+                                     "trees and the artist is asked only where it is unsure",
+                  choices=["every N-th tree", "when unsure"])
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -414,6 +417,8 @@ class ArtistConfig:
         _require(5 <= self.timeout_s <= 86400, "ArtistConfig", "timeout_s",
                  f"{self.timeout_s} is outside 5..86400 seconds (a person needs a few seconds; a day at most)")
         _require(0 <= self.every <= 10 ** 6, "ArtistConfig", "every", f"{self.every} is not 0 (never) or a tree count")
+        _require(self.ask in ("every N-th tree", "when unsure"), "ArtistConfig", "ask",
+                 f"{self.ask!r} is not 'every N-th tree' or 'when unsure'")
         _require(self.on_timeout in ("skip the tree", "use the reward model"), "ArtistConfig", "on_timeout",
                  f"{self.on_timeout!r} is not 'skip the tree' or 'use the reward model'")
 

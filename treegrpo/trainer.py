@@ -272,6 +272,7 @@ class Trainer:
         upd = dict(upd)
         lr = upd.pop("lr")
         stats = {"iteration": self.iteration, "window_start": batch.window_start, **batch.stats.get("adv", {}),
+                 **batch.stats.get("taste", {}),
                  **upd, "nfe": batch.nfe, "calls": batch.calls, "lr": lr, **t, "t_iter": t_iter,
                  "train_time": self.train_time}
         self._pool_over_ranks(stats, batch.rewards)

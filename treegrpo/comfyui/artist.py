@@ -238,8 +238,9 @@ def ask_trees(batch, images, *, folder: str, iteration: int, seed, run_name: str
               on_timeout: str = ON_TIMEOUT[0], fallback: Optional[Callable] = None, fallback_name: str = "",
               trees: Optional[list] = None, base: Optional["torch.Tensor"] = None, board: ArtistBoard = BOARD,
               check_interrupt: Optional[Callable[[], None]] = None, prompt_id: Optional[str] = None,
-              client_id: Optional[str] = None):
+              client_id: Optional[str] = None, answers: Optional[dict] = None):
     """Ask about the trees ``trees`` (all by default) of ``batch`` (a TreeBatch), one question each, in order.
+    ``answers``: filled with tree -> its Answer (None when nobody answered), for the taste model.
 
     ``images``: the decoded leaves (n_leaves, H, W, 3) in [0, 1]. Returns ``(rewards (n_leaves,), exclude
     (n_trees,) bool)``: an answered tree's leaves get their win rates (:mod:`treegrpo.artist`); leaves of trees not
@@ -289,6 +290,8 @@ def ask_trees(batch, images, *, folder: str, iteration: int, seed, run_name: str
                                groups=sibling_groups(b.parents, idx), mode=mode, timeout_s=float(timeout_s),
                                run_name=run_name, iteration=int(iteration)))
         answer = board.wait(q, check_interrupt or (lambda: None))
+        if answers is not None:
+            answers[t] = answer
         outcome = "answered"
         if answer is None:
             outcome = "timeout"

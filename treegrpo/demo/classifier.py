@@ -45,9 +45,13 @@ class DemoClassifier(nn.Module):
         self.colour_head = nn.Linear(8 * w, cfg.num_colours)
         self.shape_head = nn.Linear(8 * w, cfg.num_shapes)
 
-    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, 8·width) the pooled features the heads read (mean and max over positions: position-invariant)."""
         f = self.features(images * 2 - 1)
-        pooled = torch.cat([f.mean(dim=(2, 3)), f.amax(dim=(2, 3))], dim=1)  # position-invariant
+        return torch.cat([f.mean(dim=(2, 3)), f.amax(dim=(2, 3))], dim=1)
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pooled = self.embed(images)
         return self.colour_head(pooled), self.shape_head(pooled)
 
     @torch.no_grad()

@@ -111,6 +111,9 @@ class LaionAesthetic(TorchReward):
     def preprocess(self, images):
         return normalize(resize_shortest_crop(images, self.size), OPENAI_MEAN, OPENAI_STD)
 
+    def _embed(self, images):
+        return self.module["visual"](self.preprocess(images).to(self.dtype))
+
     def _score(self, images, prompts):
-        emb = self.module["visual"](self.preprocess(images).to(self.dtype)).float()
+        emb = self._embed(images).float()
         return self.module["head"](F.normalize(emb, dim=-1)).squeeze(-1)

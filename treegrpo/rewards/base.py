@@ -40,7 +40,12 @@ def load_reward(name: str, path: str | None = None, device: str | torch.device =
     _import_builtin()
     if name not in _REGISTRY:
         raise ValueError(f"unknown reward model {name!r}; available: {', '.join(available())}")
-    return _REGISTRY[name](path=path, device=device, **kwargs)
+    model = _REGISTRY[name](path=path, device=device, **kwargs)
+    try:        # where it came from: a taste model learnt on its image tower finds it again (treegrpo/taste_features.py)
+        model.source_path, model.source_options = (None if path is None else str(path)), dict(kwargs)
+    except AttributeError:   # a reward that does not take attributes (slots, a function)
+        pass
+    return model
 
 
 def reward_options(name: str) -> dict[str, inspect.Parameter]:
@@ -49,7 +54,7 @@ def reward_options(name: str) -> dict[str, inspect.Parameter]:
     if name not in _REGISTRY:
         raise ValueError(f"unknown reward model {name!r}; available: {', '.join(available())}")
     params = inspect.signature(_REGISTRY[name]).parameters
-    return {k: p for k, p in params.items() if k not in ("self", "path", "device")
+    return {k: p for k, p in params.items() if k not in ("self", "path", "device") and not k.startswith("_")
             and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
 
 
@@ -100,7 +105,7 @@ def check_batch(images: torch.Tensor, prompts: list[str], who: str) -> None:
 def _import_builtin() -> None:
     from . import jpeg  # noqa: F401
     # torch reward models: their heavy libraries (open_clip, transformers, image-reward) load when one is built
-    from . import aesthetic, clipscore, hps, imagereward, pickscore  # noqa: F401
+    from . import aesthetic, clipscore, hps, imagereward, pickscore, taste  # noqa: F401
     try:
         from . import demo_adherence  # noqa: F401
     except ImportError:  # pragma: no cover - demo package missing

@@ -316,6 +316,21 @@ class TorchReward:
     def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def image_features(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, D) float32 on the CPU: the unit-normalised image embedding this reward scores with (the features a
+        taste model learns on, treegrpo/taste_features.py), for images (B, 3, H, W) in [0, 1]."""
+        if not hasattr(self, "_embed"):
+            raise ValueError(f"{self.name} has no image tower to give features")
+        if images.ndim != 4 or images.shape[1] != 3:
+            raise ValueError(f"{self.name}: images must be (B, 3, H, W), got {tuple(images.shape)}")
+        self.load()
+        out = []
+        with torch.no_grad():
+            for i in range(0, images.shape[0], self.batch_size):
+                x = images[i:i + self.batch_size].detach().to(self.device, torch.float32).clamp(0, 1)
+                out.append(F.normalize(self._embed(x).float(), dim=-1).cpu())
+        return torch.cat(out)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.device}, dtype={self.dtype}, batch_size={self.batch_size})"
 
@@ -521,11 +536,13 @@ class CLIPScore(TorchReward):
         self.w, self.clamp, self.arch = float(w), bool(clamp), arch
         self._finish()
 
+    def _embed(self, images):
+        return self.module.encode_image(clip_preprocess(images, self.pre).to(self.dtype))
+
     def _score(self, images, prompts):
         m = self.module
-        x = clip_preprocess(images, self.pre).to(self.dtype)
         uniq, idx = unique_prompt_index(prompts)
-        img = F.normalize(m.encode_image(x).float(), dim=-1)
+        img = F.normalize(self._embed(images).float(), dim=-1)
         txt = F.normalize(m.encode_text(self.tokenizer(uniq).to(self.device)).float(), dim=-1)
         cos = (img * txt[idx.to(self.device)]).sum(-1)
         return self.w * (cos.clamp(min=0) if self.clamp else cos)

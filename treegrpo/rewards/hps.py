@@ -44,10 +44,12 @@ class HPSv2(TorchReward):
     def preprocess(self, images):
         return normalize(resize_longest_pad(images, self.size, fill=0.0), OPENAI_MEAN, OPENAI_STD)
 
+    def _embed(self, images):
+        return self.module.encode_image(self.preprocess(images).to(self.dtype))
+
     def _score(self, images, prompts):
         m = self.module
-        x = self.preprocess(images).to(self.dtype)
         uniq, idx = unique_prompt_index(prompts)
-        img = F.normalize(m.encode_image(x).float(), dim=-1)
+        img = F.normalize(self._embed(images).float(), dim=-1)
         txt = F.normalize(m.encode_text(self.tokenizer(uniq).to(self.device)).float(), dim=-1)
         return (img * txt[idx.to(self.device)]).sum(-1)

@@ -134,12 +134,15 @@ class PickScore(TorchReward):
         x = resize_shortest_crop(images, self.size, self.interpolation, crop_rounding="floor", crop=self.crop)
         return normalize(x, self.mean, self.std)
 
+    def _embed(self, images):
+        m = self.module
+        return m.visual_projection(m.vision_model(pixel_values=self.preprocess(images).to(self.dtype)).pooler_output)
+
     def _score(self, images, prompts):
         m = self.module
-        x = self.preprocess(images).to(self.dtype)
         uniq, idx = unique_prompt_index(prompts)
         tok = self.tokenizer(uniq, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
-        img = m.visual_projection(m.vision_model(pixel_values=x).pooler_output).float()
+        img = self._embed(images).float()
         txt = m.text_projection(m.text_model(input_ids=tok["input_ids"].to(self.device),
                                              attention_mask=tok["attention_mask"].to(self.device)).pooler_output).float()
         cos = (F.normalize(img, dim=-1) * F.normalize(txt, dim=-1)[idx.to(self.device)]).sum(-1)

@@ -1,0 +1,118 @@
+"""The taste model inside ComfyUI: the Train node asks the artist only where the taste model is unsure
+(treegrpo/taste.py), scores the other trees with it, and keeps it as ``models/reward_models/<run_name>_taste.safetensors``
+(the Reward Model Loader's ``taste`` reward). Features: a CLIP Vision model of ComfyUI's ``CLIPVisionLoader``, the
+image tower of the connected reward model, or the embedded demo's encoder."""
+from __future__ import annotations
+
+import os
+from typing import Callable, Optional
+
+import torch
+
+from ..taste import OnlineTaste, TasteConfig, TasteModel, from_labels
+
+
+class ClipVisionEncoder:
+    """ComfyUI's CLIP_VISION: the unit-normalised projected embedding (``image_embeds``) of images (B, 3, H, W)."""
+
+    name = "clip_vision"
+
+    def __init__(self, clip_vision):
+        self.clip_vision = clip_vision
+
+    @torch.no_grad()
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        out = self.clip_vision.encode_image(images.movedim(1, -1).float().clamp(0, 1))
+        emb = out["image_embeds"] if isinstance(out, dict) else out.image_embeds
+        return torch.nn.functional.normalize(emb.float(), dim=-1).cpu()
+
+
+def choose_encoder(clip_vision=None, rewards: Optional[dict] = None, demo: bool = False):
+    """The features the taste model learns on: the CLIP Vision input if connected, else the image tower of a
+    connected CLIP-based reward model, else the demo's encoder for the demo model; else a ValueError saying what
+    to connect (before any work)."""
+    from ..taste_features import TOWER_REWARDS, DemoEncoder, RewardTower
+
+    if clip_vision is not None:
+        return ClipVisionEncoder(clip_vision)
+    for name, model in (rewards or {}).items():
+        inner = getattr(model, "reward", model)            # ComfyUI's ManagedReward wraps the reward model
+        if name in TOWER_REWARDS and hasattr(inner, "image_features"):
+            return RewardTower(inner)
+    if demo:
+        return DemoEncoder()
+    raise ValueError("artist_ask 'when unsure' learns your taste on image features: connect a CLIP Vision model "
+                     "(Load CLIP Vision) to taste_features, or use an HPS v2, PickScore, CLIPScore or LAION aesthetic "
+                     f"reward model (connected: {', '.join(rewards or {}) or 'none'})")
+
+
+def taste_file(run_name: str) -> str:
+    """``models/reward_models/<run_name>_taste.safetensors`` (the folder registered as the Reward Model Loader's)."""
+    import folder_paths
+
+    root = os.path.join(folder_paths.models_dir, "reward_models")
+    os.makedirs(root, exist_ok=True)
+    return os.path.join(root, f"{run_name}_taste.safetensors")
+
+
+def train_node_taste(encoder, mode: str, timeout_s: float, config: Optional[TasteConfig] = None, *,
+                     check_interrupt: Optional[Callable[[], None]] = None, prompt_id: Optional[str] = None,
+                     client_id: Optional[str] = None, board=None) -> Callable:
+    """The Train node's ``Trainer.artist`` for ``artist_ask = when unsure``. A resumed run first learns again from
+    its ``artist_labels.jsonl``; every answer refits the model and rewrites the taste file; the statistics (trees
+    asked, answers, agreement of the model with each answer before it learnt from it, refit seconds) go into the
+    run's log."""
+    from ..artist import pairwise_wins
+    from .artist import BOARD, ask_trees
+
+    state: dict = {}
+
+    def online(trainer) -> OnlineTaste:
+        if "taste" not in state:
+            model = from_labels(trainer.cfg.output_dir, encoder, config, features=encoder.name)
+            done = trainer.iteration * trainer.cfg.prompts_per_iter * trainer.cfg.trees_per_prompt
+            state["taste"] = OnlineTaste(model, encoder, trees_seen=done, asked=model.answers)
+            state["path"] = taste_file(trainer.cfg.run_name)
+        return state["taste"]
+
+    def ask(trainer, batch, images, raw):
+        taste = online(trainer)
+        pictures = (images if images.ndim == 4 else images[:, 0]).float().cpu()   # video leaves: the first frame
+        leaf_tree = batch.leaf_tree.cpu()
+
+        def one(t):
+            got: dict = {}
+            ask_trees(batch, pictures.movedim(1, -1), folder=trainer.cfg.output_dir, iteration=trainer.iteration,
+                      seed=trainer.cfg.seed, run_name=trainer.cfg.run_name, mode=mode, timeout_s=timeout_s,
+                      trees=[t], board=board or BOARD, check_interrupt=check_interrupt, prompt_id=prompt_id,
+                      client_id=client_id, answers=got)
+            answer = got.get(t)
+            return None if answer is None else pairwise_wins(answer, int((leaf_tree == t).sum()))
+
+        before = taste.model.answers
+        rewards, exclude, stats = taste.round(pictures, leaf_tree, one)
+        if taste.model.answers != before:
+            taste.model.save(state["path"], extra={"run_name": trainer.cfg.run_name,
+                                                   "features_path": getattr(encoder, "path", None) or "",
+                                                   "features_options": getattr(encoder, "options", {})})
+        batch.stats["taste"] = {k: v for k, v in stats.items() if v is not None}
+        return {"reward": rewards}, {"reward": 1.0}, exclude
+
+    ask.state = state
+    return ask
+
+
+def taste_reward(path: Optional[str], clip_vision=None, **options):
+    """The Reward Model Loader's ``taste``: the file's own encoder, or the connected CLIP Vision for a taste learnt
+    on CLIP Vision features (refused, saying what to connect, when they do not match)."""
+    from ..rewards.base import load_reward
+
+    if path is None:
+        raise ValueError("reward 'taste': pick the taste model's file (<run_name>_taste.safetensors) in 'file'")
+    model = TasteModel.load(path)
+    if model.features == "clip_vision":
+        if clip_vision is None:
+            raise ValueError(f"{os.path.basename(path)} was learnt on CLIP Vision features: connect the same CLIP "
+                             f"Vision model (Load CLIP Vision) to the loader's clip_vision input")
+        return load_reward("taste", path=path, _encoder=ClipVisionEncoder(clip_vision), **options)
+    return load_reward("taste", path=path, **options)
