@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import browser_harness as bh
+from artist_eval import samples_area
 import comfy_harness as ch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -572,26 +573,6 @@ ARTIST_QUEUES = 12        # queued prompts of the artist demo: 2 trees each, 24 
 # lanes. A paired difference over 64 noises has a standard error of about 0.01: 0.08 is far outside chance and half
 # of the weakest seed's gain.
 ARTIST_MIN_AREA_GAIN = 0.08
-
-
-def samples_area(lora: Path | None, n: int = 64, seed: int = 123) -> float:
-    """Mean shape area of n ODE samples of 'a red circle' from the demo model (with ``lora`` put in)."""
-    import torch
-
-    from treegrpo import cli
-    from treegrpo.backends import load_policy
-    from treegrpo.config import TrainConfig
-    from treegrpo.demo.shapes import shape_area
-    from treegrpo.tree import sample_ode
-
-    cfg = TrainConfig.from_dict(cli.demo_config_dict())
-    policy, base = load_policy(cfg)
-    if lora is not None:
-        cli.apply_lora_file(policy, base, cfg, cli.read_checked_lora(str(lora)), str(lora))
-    noise = torch.randn((n, *policy.latent_shape()), generator=torch.Generator().manual_seed(seed))
-    with torch.no_grad():
-        imgs = policy.decode(sample_ode(policy, ["a red circle"] * n, noise, cfg.tree.steps, cfg.cfg))
-    return float(shape_area(imgs).mean())
 
 
 def test_an_artist_who_likes_big_circles_clicks_through_the_trees_and_the_lora_learns_it(page, ui_server):
