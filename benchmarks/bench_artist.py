@@ -1,15 +1,27 @@
-"""How many answers the artist demo needs to show a taste: a simulated artist who likes big shapes is asked about
-every tree of the artist demo's run (workflows/treegrpo_artist_demo_cpu.json: 'a red circle', 2 trees of 4 leaves
-per iteration, window 2, branch 2, noise level 0.9, LoRA rank 8, lr 1e-3), on the core trainer.
+"""The artist's time: how many answers each way of asking needs before the samples show a hidden taste.
 
-The artist picks the leaf with the biggest shape (treegrpo.demo.shapes.shape_area, the rule of the browser test's
-scripted artist); with ``--temperature T > 0`` it picks leaf i with probability softmax(area / T) instead, an artist
-who is not always sure. After every iteration the mean shape area of 64 ODE samples from fixed noises is measured;
-the taste "shows" once that mean has risen by ``--target`` over the base model's (default 0.10: one spread of the
-base model's areas). Work is counted in answers (one per tree asked), not seconds. Per seed: the answers to reach the
-target (first passage) and the gain after 24 answers (the browser test's 12 queued prompts).
+The artist demo's settings (workflows/treegrpo_artist_demo_cpu.json: 'a red circle', 2 trees of 4 leaves per
+iteration, window 2, branch 2, noise level 0.9, LoRA rank 8, lr 1e-3, no KL) on the core trainer. The simulated
+artist has a hidden preference the trainer never sees: big shapes (treegrpo.demo.shapes.shape_area, the browser
+test's scripted artist). It answers in favourites mode with the biggest leaf, and with probability ``--error`` (15 %)
+with another leaf drawn at random (for a pair: the pair flipped).
 
-    python benchmarks/bench_artist.py [--seeds 8] [--max-answers 60] [--target 0.10] [--temperature 0]
+Strategies, each for ``--iterations`` iterations, paired per seed (same seeds, same evaluation noises):
+
+* ``oracle``: trained on the hidden preference itself (every leaf's area as its reward; no answers);
+* ``every``: the artist asked about every tree (issue 33);
+* ``unsure``: the taste model (treegrpo/taste.py on the demo's built-in features), the artist asked only where it is
+  unsure; the other trees are scored by the model;
+* ``random``: the same model, the artist asked about trees drawn at random at the rate ``unsure`` ended with;
+* ``d3po``: D3PO-style pairs: two trajectories from one shared initial noise without a shared denoising prefix (SDE
+  from the first step), one pick per pair, every pair asked (the same GRPO update on them).
+
+After every iteration the mean shape area of 64 ODE samples from fixed noises is measured; the target is 70 % of the
+gain ``oracle`` reaches in the same iterations (per seed). Reported: the answers each strategy has given when it first
+reaches the target (first passage), their ratios (unsure / every, every / d3po) paired per seed, and the taste model's
+refit time and agreement with the artist's next answers.
+
+    python benchmarks/bench_artist.py [--seeds 8] [--iterations 40] [--error 0.15] [--only every --only unsure ...]
                                       [--out benchmarks/results/artist.json]
 """
 from __future__ import annotations
@@ -19,6 +31,7 @@ import math
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -27,51 +40,77 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 import torch  # noqa: E402
 
 from treegrpo import cli  # noqa: E402
-from treegrpo.artist import Answer, answer_rewards  # noqa: E402
+from treegrpo.artist import Answer, pairwise_wins, win_rates  # noqa: E402
 from treegrpo.backends import load_policy  # noqa: E402
 from treegrpo.config import TrainConfig  # noqa: E402
 from treegrpo.demo.shapes import shape_area  # noqa: E402
 from treegrpo.io import atomic_write_json  # noqa: E402
+from treegrpo.taste import OnlineTaste, TasteConfig, TasteModel  # noqa: E402
+from treegrpo.taste_features import DemoEncoder  # noqa: E402
 from treegrpo.trainer import Trainer  # noqa: E402
 from treegrpo.tree import sample_ode  # noqa: E402
 
 PROMPT = "a red circle"
 EVAL_N, EVAL_SEED = 64, 123
-AT_ANSWERS = 24
+STRATEGIES = ("oracle", "every", "unsure", "random", "d3po")
+TARGET_FRACTION = 0.7
 
 
-def artist_demo_config(seed: int, iterations: int, output_dir: str) -> TrainConfig:
-    """The artist demo workflow's settings on the core trainer."""
+def artist_demo_config(seed: int, iterations: int, output_dir: str, strategy: str = "every") -> TrainConfig:
+    """The artist demo workflow's settings on the core trainer (``d3po``: independent SDE pairs instead of trees)."""
     d = cli.demo_config_dict()
     d.update(prompts=[PROMPT], prompts_per_iter=2, trees_per_prompt=1, iterations=iterations, eval_every=0,
-             seed=seed, output_dir=output_dir, run_name=f"bench_artist_{seed}", checkpoint_every=0)
+             seed=seed, output_dir=output_dir, run_name=f"bench_artist_{strategy}_{seed}", checkpoint_every=0)
     d["tree"].update(window_start=1, window_width=2, branch=2, noise_level=0.9)
+    if strategy == "d3po":
+        steps = d["tree"]["steps"]
+        d["tree"].update(method="trajectory", group_size=2, window_start=0, window_width=steps, tail_steps=0)
     d["optim"].update(lr=1e-3, clip_range=1e-4, kl_beta=0.0)
     d["advantage"].update(backup="softmax", flat_floor=0.0)
     return TrainConfig.from_dict(d)
 
 
-def simulated_artist(temperature: float, generator: torch.Generator):
-    """A ``Trainer.artist`` that answers every tree in favourites mode: the biggest shape (or, with a temperature,
-    a leaf drawn with probability softmax(area / temperature))."""
-    asked = {"answers": 0}
+class SimulatedArtist:
+    """Favourites with one pick: the biggest shape, or with probability ``error`` another leaf at random."""
 
-    def ask(trainer, batch, images, raw):
-        area = shape_area(images.float())
-        per = len(area) // batch.n_trees
-        rewards = torch.zeros(len(area))
-        for t in range(batch.n_trees):
-            a = area[t * per:(t + 1) * per]
-            if temperature > 0:
-                pick = int(torch.multinomial(torch.softmax(a / temperature, 0), 1, generator=generator))
-            else:
-                pick = int(a.argmax())
-            rewards[t * per:(t + 1) * per] = answer_rewards(Answer("favourites", good=(pick,)), per)
-            asked["answers"] += 1
-        return {"artist": rewards}, {"artist": 1.0}, None
+    def __init__(self, error: float, seed: int):
+        self.error = error
+        self.g = torch.Generator().manual_seed(10_000 + seed)
+        self.answers = 0
 
-    ask.asked = asked
-    return ask
+    def pairs(self, images: torch.Tensor) -> list[tuple[int, int]]:
+        area = shape_area(images)
+        pick = int(area.argmax())
+        if len(area) > 1 and float(torch.rand((), generator=self.g)) < self.error:
+            others = [i for i in range(len(area)) if i != pick]
+            pick = others[int(torch.randint(len(others), (), generator=self.g))]
+        self.answers += 1
+        return pairwise_wins(Answer("favourites", good=(pick,)), len(area))
+
+
+def make_hook(strategy: str, artist: SimulatedArtist, taste: OnlineTaste | None):
+    """The ``Trainer.artist`` of a strategy: leaf rewards for the batch."""
+
+    def hook(trainer, batch, images, raw):
+        images = images.float()
+        leaf_tree = batch.leaf_tree.cpu()
+        if strategy == "oracle":
+            return {"artist": shape_area(images)}, {"artist": 1.0}, None
+        if strategy in ("every", "d3po"):
+            rewards = torch.zeros(len(leaf_tree))
+            for t in range(batch.n_trees):
+                idx = (leaf_tree == t).nonzero().flatten()
+                rewards[idx] = win_rates(artist.pairs(images[idx]), len(idx))
+            return {"artist": rewards}, {"artist": 1.0}, None
+
+        def ask(t):
+            return artist.pairs(images[(leaf_tree == t).nonzero().flatten()])
+
+        rewards, exclude, stats = taste.round(images, leaf_tree, ask)
+        trainer.taste_stats = stats
+        return {"artist": rewards}, {"artist": 1.0}, exclude
+
+    return hook
 
 
 def eval_area(policy, noise: torch.Tensor, steps: int) -> float:
@@ -80,19 +119,39 @@ def eval_area(policy, noise: torch.Tensor, steps: int) -> float:
     return float(shape_area(imgs).mean())
 
 
-def run_seed(seed: int, max_answers: int, temperature: float, output_dir: str) -> dict:
-    """One simulated run: the curve of (answers, mean sample area) after each iteration."""
-    cfg = artist_demo_config(seed, math.ceil(max_answers / 2), output_dir)
+def run(strategy: str, seed: int, iterations: int, error: float, output_dir: str, taste_cfg: TasteConfig,
+        ask_rate: float = 1.0, encoder=None) -> dict:
+    """One simulated run: after each iteration (answers so far, mean sample area); taste statistics."""
+    cfg = artist_demo_config(seed, iterations, output_dir, strategy)
     policy, _ = load_policy(cfg)
     trainer = Trainer(cfg, policy, {"demo_adherence": lambda im, p: torch.zeros(len(p))}, progress=False)
-    trainer.artist = simulated_artist(temperature, torch.Generator().manual_seed(10_000 + seed))
+    artist = SimulatedArtist(error, seed)
+    taste = None
+    if strategy in ("unsure", "random"):
+        taste = OnlineTaste(TasteModel(config=taste_cfg, features="demo"), encoder=encoder or DemoEncoder())
+        if strategy == "random":
+            g = torch.Generator().manual_seed(20_000 + seed)
+            taste.decide = lambda scores, seen, asked, c: (seen < c.warmup_trees or scores is None
+                                                           or float(torch.rand((), generator=g)) < ask_rate)
+    trainer.artist = make_hook(strategy, artist, taste)
     noise = torch.randn((EVAL_N, *policy.latent_shape()), generator=torch.Generator().manual_seed(EVAL_SEED))
     curve = [(0, eval_area(policy, noise, cfg.tree.steps))]
+    fits, agree = [], []
     t0 = time.perf_counter()
-    while trainer.artist.asked["answers"] < max_answers:
+    for _ in range(iterations):
         trainer.train_step()
-        curve.append((trainer.artist.asked["answers"], eval_area(policy, noise, cfg.tree.steps)))
-    return {"seed": seed, "curve": curve, "seconds": time.perf_counter() - t0}
+        curve.append((artist.answers, eval_area(policy, noise, cfg.tree.steps)))
+        st = getattr(trainer, "taste_stats", None)
+        if st:
+            if st["taste_asked"]:
+                fits.append(st["taste_fit_s"])
+            if st["taste_agreement"] is not None:
+                agree.append((artist.answers, st["taste_agreement"]))
+    trees = iterations * cfg.prompts_per_iter
+    return {"strategy": strategy, "seed": seed, "curve": curve, "answers": artist.answers, "trees": trees,
+            "ask_rate": artist.answers / trees if strategy != "oracle" else 0.0,
+            "fit_s": statistics.fmean(fits) if fits else None, "agreement": agree,
+            "seconds": time.perf_counter() - t0}
 
 
 def first_passage(curve: list[tuple[int, float]], target: float) -> float:
@@ -102,6 +161,7 @@ def first_passage(curve: list[tuple[int, float]], target: float) -> float:
 
 
 def gain_at(curve: list[tuple[int, float]], answers: int) -> float:
+    """The gain of the first point with at least ``answers`` answers (the last point if none)."""
     return next((a for n, a in curve if n >= answers), curve[-1][1]) - curve[0][1]
 
 
@@ -110,43 +170,119 @@ def summary(values: list[float]) -> dict:
     return {"mean": statistics.fmean(ok) if ok else float("nan"),
             "sd": statistics.stdev(ok) if len(ok) > 1 else 0.0,
             "min": min(ok) if ok else float("nan"), "max": max(ok) if ok else float("nan"),
-            "reached": f"{len(ok)}/{len(values)}"}
+            "reached": f"{len(ok)}/{len(values)}", "values": values}
+
+
+def report(runs: list[dict], fraction: float = TARGET_FRACTION) -> dict:
+    """Per strategy: answers to the target (70 % of the oracle's gain, per seed) and the paired ratios."""
+    by = {(r["strategy"], r["seed"]): r for r in runs}
+    seeds = sorted({r["seed"] for r in runs})
+    strategies = [s for s in STRATEGIES if any(r["strategy"] == s for r in runs)]
+    out = {"target_fraction": fraction, "strategies": {}, "ratios": {}}
+    targets = {}
+    for s in seeds:
+        o = by.get(("oracle", s))
+        if o is not None:
+            targets[s] = fraction * (o["curve"][-1][1] - o["curve"][0][1])
+    for name in strategies:
+        if name == "oracle":
+            gains = [by[("oracle", s)]["curve"][-1][1] - by[("oracle", s)]["curve"][0][1] for s in seeds
+                     if ("oracle", s) in by]
+            out["strategies"][name] = {"gain": summary(gains)}
+            continue
+        vals = [first_passage(by[(name, s)]["curve"], targets[s]) if (name, s) in by and s in targets
+                else float("nan") for s in seeds]
+        rs = [by[(name, s)] for s in seeds if (name, s) in by]
+        entry = {"answers_to_target": summary(vals), "ask_rate": statistics.fmean(r["ask_rate"] for r in rs),
+                 "final_gain": summary([r["curve"][-1][1] - r["curve"][0][1] for r in rs])}
+        fits = [r["fit_s"] for r in rs if r.get("fit_s")]
+        if fits:
+            entry["fit_s"] = statistics.fmean(fits)
+            ag = [a for r in rs for _, a in r["agreement"][len(r["agreement"]) // 2:]]
+            entry["agreement_late"] = statistics.fmean(ag) if ag else None
+        out["strategies"][name] = entry
+
+    def ratio(a, b):
+        """Paired per seed. A seed where ``a`` never reached the target: nan (it fails any ratio target). Where only
+        ``b`` never did, it would need more than all its answers: ``x / (b's answers)`` is an upper bound, counted
+        (``bounded``)."""
+        va = out["strategies"].get(a, {}).get("answers_to_target", {}).get("values")
+        vb = out["strategies"].get(b, {}).get("answers_to_target", {}).get("values")
+        if not va or not vb:
+            return None
+        vals, bounded = [], 0
+        for s, x, y in zip(seeds, va, vb):
+            if math.isnan(x):
+                vals.append(float("nan"))
+            elif math.isnan(y):
+                vals.append(x / by[(b, s)]["answers"])
+                bounded += 1
+            else:
+                vals.append(x / y)
+        return dict(summary(vals), bounded=bounded)
+
+    out["ratios"] = {"unsure/every": ratio("unsure", "every"), "random/every": ratio("random", "every"),
+                     "every/d3po": ratio("every", "d3po")}
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=8)
     ap.add_argument("--first-seed", type=int, default=0)
-    ap.add_argument("--max-answers", type=int, default=60)
-    ap.add_argument("--target", type=float, default=0.10)
-    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--iterations", type=int, default=40)
+    ap.add_argument("--error", type=float, default=0.15, help="probability that an answer is wrong")
+    ap.add_argument("--only", action="append", choices=STRATEGIES, help="strategies to run (default: all)")
+    ap.add_argument("--confident", type=float, default=TasteConfig.confident)
+    ap.add_argument("--warmup", type=int, default=TasteConfig.warmup_trees)
+    ap.add_argument("--heads", type=int, default=TasteConfig.heads)
+    ap.add_argument("--l2", type=float, default=TasteConfig.l2)
+    ap.add_argument("--max-ask-rate", type=float, default=TasteConfig.max_ask_rate)
+    ap.add_argument("--report", default=None, help="only recompute the report of this results file")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "artist.json"))
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     a = ap.parse_args(argv)
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    import tempfile
-
+    strategies = a.only or list(STRATEGIES)
+    if "random" in strategies and "unsure" not in strategies:
+        ap.error("--only random needs --only unsure too (it asks at the rate unsure ended with)")
+    if a.report:
+        import json
+        with open(a.report) as f:
+            saved = json.load(f)
+        saved["report"] = report(saved["runs"])
+        atomic_write_json(a.report, saved)
+        print(json.dumps(saved["report"], indent=1, default=str)[:4000])
+        return saved
+    taste_cfg = TasteConfig(heads=a.heads, l2=a.l2, warmup_trees=a.warmup, confident=a.confident,
+                            max_ask_rate=a.max_ask_rate)
+    encoder = DemoEncoder()
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(a.first_seed, a.first_seed + a.seeds):
-            r = run_seed(seed, a.max_answers, a.temperature, tmp)
-            r["answers_to_target"] = first_passage(r["curve"], a.target)
-            r[f"gain_at_{AT_ANSWERS}"] = gain_at(r["curve"], AT_ANSWERS)
-            print(f"seed {seed}: base area {r['curve'][0][1]:.3f}, +{a.target} after {r['answers_to_target']:.0f} "
-                  f"answers, gain at {AT_ANSWERS} answers {r[f'gain_at_{AT_ANSWERS}']:+.3f} ({r['seconds']:.0f} s)",
-                  flush=True)
-            runs.append(r)
-    out = {"arm": "ask every tree", "target": a.target, "temperature": a.temperature, "max_answers": a.max_answers,
-           "answers_to_target": summary([r["answers_to_target"] for r in runs]),
-           f"gain_at_{AT_ANSWERS}": summary([r[f"gain_at_{AT_ANSWERS}"] for r in runs]), "runs": runs}
+            rate = 1.0
+            for name in [s for s in STRATEGIES if s in strategies]:
+                r = run(name, seed, a.iterations, a.error, tmp, taste_cfg, ask_rate=rate, encoder=encoder)
+                if name == "unsure":
+                    rate = max(0.0, (r["answers"] - taste_cfg.warmup_trees) / max(1, r["trees"] - taste_cfg.warmup_trees))
+                runs.append(r)
+                print(f"seed {seed} {name:>6}: {r['answers']:3d} answers of {r['trees']} trees, area "
+                      f"{r['curve'][0][1]:.3f} -> {r['curve'][-1][1]:.3f} ({r['seconds']:.0f} s)", flush=True)
+    out = {"iterations": a.iterations, "error": a.error, "taste": vars(taste_cfg), "report": report(runs),
+           "runs": runs}
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     atomic_write_json(a.out, out)
-    s = out["answers_to_target"]
-    g = out[f"gain_at_{AT_ANSWERS}"]
-    print(f"answers to show the taste (+{a.target} mean area): {s['mean']:.1f} ± {s['sd']:.1f} "
-          f"(min {s['min']:.0f}, max {s['max']:.0f}, reached {s['reached']}); gain at {AT_ANSWERS} answers "
-          f"{g['mean']:+.3f} ± {g['sd']:.3f}")
+    rep = out["report"]
+    for name, e in rep["strategies"].items():
+        if name == "oracle":
+            print(f"{name:>6}: gain {e['gain']['mean']:+.3f} ± {e['gain']['sd']:.3f}; target "
+                  f"{TARGET_FRACTION:.0%} of it")
+        else:
+            s = e["answers_to_target"]
+            print(f"{name:>6}: {s['mean']:.1f} ± {s['sd']:.1f} answers to the target (reached {s['reached']}), "
+                  f"asked {e['ask_rate']:.0%} of trees" + (f", refit {1000 * e['fit_s']:.1f} ms" if e.get("fit_s") else ""))
+    for k, v in rep["ratios"].items():
+        if v:
+            print(f"{k}: {v['mean']:.2f} ± {v['sd']:.2f} (seeds {v['reached']}, min {v['min']:.2f}, max {v['max']:.2f}"
+                  + (f"; {v['bounded']} upper bounds: the second never reached the target" if v["bounded"] else "") + ")")
     return out
 
 

@@ -304,16 +304,29 @@ def test_the_ratio_to_the_baselines_best_reward_uses_its_peak_time():
 
 
 def test_bench_artist_counts_answers_to_the_taste(tmp_path):
-    """benchmarks/bench_artist.py: first passage in answers on a hand-made curve, and one short simulated run
-    (every tree asked: 2 answers per iteration) whose LoRA already moves the samples the artist's way."""
+    """benchmarks/bench_artist.py: first passage in answers on a hand-made curve, the paired ratios (an upper bound
+    where the second strategy never reached the target), and one short run of every strategy: every tree asked
+    gives 2 answers per iteration, D3PO-style pairs are 2 leaves from one noise, the taste model asks during its
+    warm-up, the oracle answers nothing."""
     import bench_artist as ba
 
     curve = [(0, 0.30), (2, 0.33), (4, 0.41), (6, 0.38)]
     assert ba.first_passage(curve, 0.1) == 4
     assert math.isnan(ba.first_passage(curve, 0.2))
     assert ba.gain_at(curve, 3) == pytest.approx(0.11)
-    out = ba.main(["--seeds", "1", "--max-answers", "8", "--out", str(tmp_path / "artist.json")])
-    run = out["runs"][0]
-    assert [n for n, _ in run["curve"]] == [0, 2, 4, 6, 8]
-    assert run["curve"][-1][1] > run["curve"][0][1]      # 8 answers for bigger shapes: bigger shapes
-    assert json.load(open(tmp_path / "artist.json"))["arm"] == "ask every tree"
+    runs = [{"strategy": "oracle", "seed": 0, "curve": [(0, 0.3), (1, 0.7)], "answers": 0},
+            {"strategy": "every", "seed": 0, "curve": [(0, 0.3), (10, 0.5), (20, 0.7)], "answers": 20, "ask_rate": 1.0},
+            {"strategy": "unsure", "seed": 0, "curve": [(0, 0.3), (4, 0.4), (5, 0.6)], "answers": 5, "ask_rate": 0.3,
+             "fit_s": 0.01, "agreement": [(5, 0.8)]},
+            {"strategy": "d3po", "seed": 0, "curve": [(0, 0.3), (40, 0.35)], "answers": 40, "ask_rate": 1.0}]
+    rep = ba.report(runs)                                    # target: 0.7 * 0.4 = 0.28 of gain
+    assert rep["strategies"]["every"]["answers_to_target"]["values"] == [20.0]
+    assert rep["ratios"]["unsure/every"]["values"] == [pytest.approx(5 / 20)]
+    assert rep["ratios"]["every/d3po"]["values"] == [pytest.approx(20 / 40)] and rep["ratios"]["every/d3po"]["bounded"] == 1
+    out = ba.main(["--seeds", "1", "--iterations", "3", "--warmup", "2", "--out", str(tmp_path / "artist.json")])
+    by = {r["strategy"]: r for r in out["runs"]}
+    assert set(by) == set(ba.STRATEGIES)
+    assert [n for n, _ in by["every"]["curve"]] == [0, 2, 4, 6] and by["d3po"]["answers"] == 6
+    assert by["oracle"]["answers"] == 0 and 2 <= by["unsure"]["answers"] <= 6
+    assert by["oracle"]["curve"][-1][1] > by["oracle"]["curve"][0][1]      # trained on big shapes: bigger shapes
+    assert json.load(open(tmp_path / "artist.json"))["report"]["target_fraction"] == 0.7
