@@ -619,19 +619,27 @@ class Trainer:
         cfg = self.cfg
         self.begin(resume)
         bar = None
+        budget = cfg.time_budget_s
         if self.progress and self.rank == 0:
             from tqdm.auto import tqdm
-            bar = tqdm(total=total, initial=self.iteration, desc=f"{cfg.tree.method}", unit="it")
+            if budget:   # a run bounded by training time (the demo's baseline): the bar counts that time, in s
+                bar = tqdm(total=round(budget, 1), initial=round(min(self.train_time, budget), 1),
+                           desc=f"{cfg.tree.method} (time budget)", unit="s",
+                           bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.1f} s [{elapsed}<{remaining}"
+                                      "{postfix}]")
+            else:
+                bar = tqdm(total=total, initial=self.iteration, desc=f"{cfg.tree.method}", unit="it")
         try:
             self.start_evaluations()
             while self.iteration < total:
-                if cfg.time_budget_s and self.train_time >= cfg.time_budget_s:
+                if budget and self.train_time >= budget:
                     break
                 self._check_stop()
                 stats = self.train_step()
                 if bar:
-                    bar.update(1)
-                    bar.set_postfix(reward=f"{stats['reward']:.3f}", loss=f"{stats['loss']:.2e}")
+                    bar.update((round(min(self.train_time, budget), 1) - bar.n) if budget else 1)
+                    bar.set_postfix(**({"it": self.iteration} if budget else {}), reward=f"{stats['reward']:.3f}",
+                                    loss=f"{stats['loss']:.2e}")
                 self.after_iteration(stats)
         except BaseException:
             self.save_checkpoint()
