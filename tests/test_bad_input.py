@@ -102,7 +102,55 @@ CONFIG_CASES = [
     ("memory_ckpt_bool", {"memory.checkpointing": True}, "MemoryConfig.checkpointing: must be a string"),
     ("pipeline_height", {"pipeline.height": 100}, "PipelineConfig.height"),
     ("pipeline_dtype", {"pipeline.dtype": "fp8"}, "PipelineConfig.dtype: must be one of"),
+    ("device_tpu", {"device": "tpu"}, "TrainConfig.device: 'tpu' is not a device this trainer runs on"),
+    ("device_number", {"device": 3}, "TrainConfig.device"),
 ]
+
+#: (case id, argv, fragments the one-line message must contain): flags of every command, typed wrong
+LONG = "x" * 10_000
+FLAG_CASES = [
+    ("flag_int_word", ["train", "--tree.branch", "two"], ["--tree.branch: expected a whole number, got 'two'"]),
+    ("flag_float_word", ["train", "--optim.lr", "fast"], ["--optim.lr: expected a number, got 'fast'"]),
+    ("flag_float_inf", ["train", "--optim.lr", "inf"], ["--optim.lr: expected a finite number, got 'inf'"]),
+    ("flag_float_nan", ["demo", "--tree.noise-level", "nan"], ["did you mean --tree.noise_level?"]),
+    ("flag_top_nan", ["train", "--time-budget-s", "nan"], ["--time-budget-s: expected a finite number"]),
+    ("flag_bool_word", ["train", "--tree.antithetic", "maybe"], ["antithetic: must be true or false"]),
+    ("flag_underscore", ["train", "--prompts_file", "p.txt"], ["--prompts_file (did you mean --prompts-file?)"]),
+    ("flag_dash_in_section", ["train", "--tree.window-start", "3"],
+     ["--tree.window-start (did you mean --tree.window_start?)"]),
+    ("flag_section_missing", ["sample", "--branch", "3"], ["(did you mean --tree.branch?)"]),
+    ("flag_typo", ["demo", "--iteratons", "3"], ["(did you mean --iterations?)"]),
+    ("flag_long_value", ["train", "--tree.branch", LONG], ["--tree.branch: expected a whole number", "characters]"]),
+    ("grid_prompts_zero", ["demo", "--grid-prompts", "0"], ["--grid-prompts must be 1..64"]),
+    ("per_prompt_zero", ["sample", "--per-prompt", "0"], ["--per-prompt must be 1..64"]),
+    ("device_tpu_flag", ["demo", "--device", "tpu"], ["TrainConfig.device: 'tpu' is not a device"]),
+    ("device_cuda_absent", ["sample", "--device", "cuda:7"], ["cuda:7"]),
+    ("prompt_long", ["sample", "--prompt", LONG], ["demo prompt 'xxx", "characters]"]),
+]
+
+
+@pytest.mark.parametrize("case,argv,fragments", FLAG_CASES, ids=[c[0] for c in FLAG_CASES])
+def test_a_bad_flag_is_one_short_line_naming_it(tmp_path, capsys, monkeypatch, case, argv, fragments):
+    """Through main() as the console script runs it: exit 2 and one line under 700 characters naming the flag
+    (argparse's usage line before it for an unknown flag), the nearest spelling suggested, no traceback; a
+    10 000-character value is not echoed whole."""
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    if case == "device_cuda_absent" and torch.cuda.is_available() and torch.cuda.device_count() > 7:
+        pytest.skip("this machine has a cuda:7")
+    try:
+        rc = cli.main(argv + (["--output", str(tmp_path / "s.png")] if argv[0] == "sample" else []))
+    except SystemExit as e:      # argparse's own errors exit 2 after printing usage and one error line
+        rc = e.code
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2, err
+    assert "Traceback" not in err and lines[-1].startswith("treegrpo") and len(lines[-1]) < 700, err[:2000]
+    assert len(lines) == 1 or (len(lines) == 2 and lines[0].startswith("usage:")), lines
+    for f in fragments:
+        assert f in lines[-1], lines[-1][:1000]
+    assert not (tmp_path / "treegrpo_demo_out").exists()
 
 
 def _no_model(monkeypatch):
@@ -275,7 +323,7 @@ def test_sample_checks_its_output_and_the_lora_before_any_model(tmp_path, capsys
     _no_model(monkeypatch)
     assert "does not exist" in _run(["sample", "--output", str(tmp_path / "no" / "x.png")], capsys)
     assert "write a .png" in _run(["sample", "--output", str(tmp_path / "x.jpg")], capsys)
-    assert "--per-prompt must be >= 1" in _run(["sample", "--per-prompt", "0", "--output",
+    assert "--per-prompt must be 1..64" in _run(["sample", "--per-prompt", "0", "--output",
                                                 str(tmp_path / "x.png")], capsys)
     nan = save_lora_file(str(tmp_path / "nan.safetensors"),
                          {"m.lora_down.weight": torch.full((2, 4), float("nan")), "m.lora_up.weight": torch.zeros(4, 2)})
@@ -366,3 +414,19 @@ def test_sample_applies_the_modules_ranks_and_alpha_the_lora_file_holds(tmp_path
     assert match_model_modules(w, m).modules == ["0.to_q"]
     with pytest.raises(LoraFileError, match="does not have"):
         match_model_modules(LoraWeights({"x": torch.zeros(2, 4)}, {"x": torch.zeros(4, 2)}, {"x": 1.0}), m)
+
+
+@pytest.mark.parametrize("delay_s", [0.4, 0.8, 1.5, 4.0])
+def test_ctrl_c_at_any_moment_ends_with_one_line_and_the_interrupt_code(tmp_path, delay_s):
+    """SIGINT (Ctrl-C) to `treegrpo train` after delay_s: during start-up (torch importing), model loading or
+    training, the process ends with 130 and one line, never a traceback (a half-imported torch used to end in an
+    ImportError and exit 1). The delays cover start-up on a fast machine and training on a slow one."""
+    cfg = write(tmp_path, "c.json", base(tmp_path, iterations=500, checkpoint_every=1))
+    p = subprocess.Popen([sys.executable, "-m", "treegrpo.cli", "train", "--config", cfg, "--quiet"],
+                         cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    time.sleep(delay_s)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=300)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert p.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and lines and lines[-1].startswith("treegrpo: interrupted"), err[-3000:]

@@ -15,22 +15,34 @@ import tempfile
 import time
 from typing import Any, Optional
 
-from .config import ConfigError, TrainConfig, read_config_file
+from .config import ConfigError, TrainConfig, read_config_file, shorten
 
 _SUBS = ("tree", "advantage", "lora", "optim", "pipeline", "memory", "signals")
 
 
 def _parse_value(text: str, default: Any):
+    """A flag's text as the type of the field's default; ValueError saying what was expected."""
+    import math
+
     if isinstance(default, bool):
         if text.lower() in ("1", "true", "yes", "on"):
             return True
         if text.lower() in ("0", "false", "no", "off"):
             return False
-        raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+        raise ValueError(f"expected true or false, got {shorten(text)!r}")
     if isinstance(default, int) and not isinstance(default, bool):
-        return int(text)
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"expected a whole number, got {shorten(text)!r}") from None
     if isinstance(default, float):
-        return float(text)
+        try:
+            v = float(text)
+        except ValueError:
+            raise ValueError(f"expected a number, got {shorten(text)!r}") from None
+        if not math.isfinite(v):
+            raise ValueError(f"expected a finite number, got {shorten(text)!r}")
+        return v
     if isinstance(default, list):
         text = text.strip()
         return json.loads(text) if text.startswith("[") else [t.strip() for t in text.split(",") if t.strip()]
@@ -68,28 +80,43 @@ def _show_default(f) -> str:
     return "required"
 
 
+def flag_name(dest: str) -> str:
+    """The flag a user typed for a config dest: ``cfg:eval_every`` → ``--eval-every``, ``cfg:tree.branch`` →
+    ``--tree.branch``."""
+    path = dest[4:]
+    return f"--{path}" if "." in path else f"--{path.replace('_', '-')}"
+
+
 def apply_flags(d: dict, ns: argparse.Namespace) -> dict:
-    """Overlay the flags that were given onto a config dict (typed by the dataclass defaults)."""
+    """Overlay the flags that were given onto a config dict (typed by the dataclass defaults); a value of the
+    wrong type is a ConfigError naming the flag."""
     fresh = TrainConfig.__dataclass_fields__
     for key, val in vars(ns).items():
         if not key.startswith("cfg:") or val is None:
             continue
-        path = key[4:].split(".")
-        if len(path) == 1:
-            f = fresh[path[0]]
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            d[path[0]] = _parse_value(val, default)
-        else:
-            sub, name = path
-            klass = fresh[sub].default_factory
-            kf = klass.__dataclass_fields__[name]
-            default = kf.default if kf.default is not dataclasses.MISSING else kf.default_factory()
-            cur = d.setdefault(sub, {})
-            if dataclasses.is_dataclass(cur):
-                cur = dataclasses.asdict(cur)
-                d[sub] = cur
-            cur[name] = _parse_value(val, default)
+        try:
+            _apply_one(d, fresh, key, val)
+        except ValueError as e:
+            raise ConfigError(f"{flag_name(key)}: {e}") from None
     return d
+
+
+def _apply_one(d: dict, fresh, key: str, val: str) -> None:
+    path = key[4:].split(".")
+    if len(path) == 1:
+        f = fresh[path[0]]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        d[path[0]] = _parse_value(val, default)
+    else:
+        sub, name = path
+        klass = fresh[sub].default_factory
+        kf = klass.__dataclass_fields__[name]
+        default = kf.default if kf.default is not dataclasses.MISSING else kf.default_factory()
+        cur = d.setdefault(sub, {})
+        if dataclasses.is_dataclass(cur):
+            cur = dataclasses.asdict(cur)
+            d[sub] = cur
+        cur[name] = _parse_value(val, default)
 
 
 def demo_config_dict() -> dict:
@@ -204,6 +231,8 @@ def cmd_demo(ns) -> int:
 
     d = apply_flags(demo_config_dict(), ns)
     cfg = TrainConfig.from_dict(d)
+    if not 1 <= ns.grid_prompts <= 64:
+        raise ConfigError(f"--grid-prompts must be 1..64 (prompts in the before/after grid), got {ns.grid_prompts}")
     if ns.dump_config:
         print(json.dumps(cfg.to_dict(), indent=2))
         return 0
@@ -247,13 +276,18 @@ def cmd_demo(ns) -> int:
     }
     if "trajectory_baseline" in results:
         bs = results["trajectory_baseline"]["summary"]
-        summary.update(baseline_final_reward=bs["final_eval"]["eval_reward"], baseline_iterations=bs["iterations"],
-                       baseline_train_time_s=bs["train_time"])
+        summary.update(baseline_final_reward=(bs["final_eval"] or {}).get("eval_reward"),
+                       baseline_iterations=bs["iterations"], baseline_train_time_s=bs["train_time"])
     summary["evals"] = {k: v["evals"] for k, v in results.items()}
     atomic_write_json(os.path.join(out, "summary.json"), summary)
-    print(f"[treegrpo demo] eval reward: base {summary['base_reward']:.3f} -> TreeGRPO {summary['tree_final_reward']:.3f}"
-          + (f" | trajectory GRPO (same time) {summary['baseline_final_reward']:.3f}" if "baseline_final_reward" in summary else ""))
-    if summary["base_judge"] is not None:
+    if summary["base_reward"] is None:    # --eval-every 0: no evaluation curve
+        print("[treegrpo demo] no evaluations (--eval-every 0): compare the before/after grid, or set --eval-every")
+    else:
+        print(f"[treegrpo demo] eval reward: base {summary['base_reward']:.3f} -> TreeGRPO "
+              f"{summary['tree_final_reward']:.3f}"
+              + (f" | trajectory GRPO (same time) {summary['baseline_final_reward']:.3f}"
+                 if summary.get("baseline_final_reward") is not None else ""))
+    if summary["base_judge"] is not None and summary["tree_final_judge"] is not None:
         print(f"[treegrpo demo] held-out judge (never trained on): base {summary['base_judge']:.3f} -> TreeGRPO "
               f"{summary['tree_final_judge']:.3f}; high-frequency energy {summary['hf_energy_ratio']:.2f}x the base "
               f"model's; {len(summary['warnings'])} hacking warning(s)")
@@ -356,8 +390,8 @@ def cmd_sample(ns) -> int:
     cfg = TrainConfig.from_dict(apply_flags(d, ns))
     # everything that needs no model first: the output path, the sample count, the LoRA file and its values
     check_output_file(ns.output, "--output", ".png")
-    if ns.per_prompt < 1:
-        raise ConfigError(f"--per-prompt must be >= 1, got {ns.per_prompt}")
+    if not 1 <= ns.per_prompt <= 64:
+        raise ConfigError(f"--per-prompt must be 1..64 (images per prompt in the grid), got {ns.per_prompt}")
     prompts = ns.prompt or cfg.load_prompts()[:8]
     lora = read_checked_lora(ns.lora) if ns.lora else None
     policy, base_name = load_policy(cfg)
@@ -373,10 +407,51 @@ def cmd_sample(ns) -> int:
     return 0
 
 
+def nearest_flags(arg: str, known: list[str]) -> list[str]:
+    """The flags a mistyped ``arg`` (``--prompts_file``, ``--tree.window-start``, ``--bracnh``) probably meant:
+    the same flag with ``-``/``_`` swapped, else the closest spellings."""
+    import difflib
+
+    name = arg.split("=", 1)[0]
+    norm = lambda f: f.lower().replace("_", "-")      # noqa: E731
+    same = [f for f in known if norm(f) == norm(name)]
+    if same:
+        return same
+    by_norm = {norm(f): f for f in known}
+    close = difflib.get_close_matches(norm(name), list(by_norm), n=3, cutoff=0.75)
+    if not close and "." not in name:   # --branch for --tree.branch: a field of a section
+        close = [k for k in by_norm if k.endswith("." + norm(name).lstrip("-"))][:3]
+    return [by_norm[c] for c in close]
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with errors that quote user input shortened and suggest the nearest flag."""
+
+    def error(self, message: str):
+        import re
+
+        m = re.match(r"unrecognized arguments: (.*)", message, re.S)
+        if m:
+            known = sorted({o for q in getattr(self, "_all_parsers", [self]) for a in q._actions
+                            for o in a.option_strings if o.startswith("--")})
+            parts = []
+            for arg in m.group(1).split(" "):
+                if not arg.startswith("--"):
+                    parts.append(f"{shorten(arg, 60)!r}")
+                    continue
+                hint = nearest_flags(arg, known)
+                parts.append(shorten(arg.split('=', 1)[0], 60)
+                             + (f" (did you mean {' or '.join(hint)}?)" if hint else ""))
+            message = "unrecognized arguments: " + ", ".join(parts)
+        else:
+            message = re.sub(r"'([^']{100,})'", lambda k: repr(shorten(k.group(1))), message)
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="treegrpo", description="TreeGRPO: tree-structured GRPO LoRA training of "
-                                "diffusion/flow models (Ding & Ye, 2025).")
-    sub = p.add_subparsers(dest="command", required=True)
+    p = Parser(prog="treegrpo", description="TreeGRPO: tree-structured GRPO LoRA training of "
+               "diffusion/flow models (Ding & Ye, 2025).")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     d = sub.add_parser("demo", help="train a LoRA on the embedded demo model (no downloads) and compare with "
                        "trajectory GRPO for the same wall-clock")
@@ -422,6 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("rewards", help="list the registered reward models")
     r.set_defaults(func=cmd_rewards)
+    p._all_parsers = [p, *sub.choices.values()]
     return p
 
 
@@ -431,23 +507,52 @@ def _terminate(signum, frame):
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ns = build_parser().parse_args(argv)
-    previous = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
+    """The command line: 0 done, 2 bad input (one line saying what to change), 130 interrupted (Ctrl-C at any
+    moment, start-up included: one line, and where the last finished iteration is saved)."""
+    interrupted = []
+
+    def on_sigint(signum, frame):
+        interrupted.append(True)
+        raise KeyboardInterrupt
+
+    main_thread = _main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
+    previous_int = signal.signal(signal.SIGINT, on_sigint) if main_thread else None
     try:
+        ns = build_parser().parse_args(argv)
         return ns.func(ns)
     except (ConfigError, ValueError, FileNotFoundError, FloatingPointError) as e:
-        print(f"treegrpo: error: {e}", file=sys.stderr)
+        print(f"treegrpo: error: {short_message(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        from .trainer import Trainer
-        saved = Trainer.last_checkpoint_written
-        print("treegrpo: interrupted" + (f"; the last finished iteration is saved in {saved} (resume with --resume)"
-                                         if saved else " before any iteration finished: nothing to resume"),
-              file=sys.stderr)
-        return 130
+        return _report_interrupt()
+    except ImportError:
+        if interrupted:      # Ctrl-C while torch (or another library) was importing leaves it half-imported
+            return _report_interrupt()
+        raise
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if previous_int is not None:
+            signal.signal(signal.SIGINT, previous_int)
+
+
+def short_message(text: str, limit: int = 600) -> str:
+    """An error message with quoted user input longer than 100 characters shortened (a 10 000-character prompt is
+    not echoed whole), and the whole cut to about ``limit``."""
+    import re
+
+    text = re.sub(r"'([^'\n]{100,})'", lambda m: repr(shorten(m.group(1))), text)
+    return shorten(text, limit)
+
+
+def _report_interrupt() -> int:
+    trainer = sys.modules.get("treegrpo.trainer")     # never import here: an import may be what was interrupted
+    saved = getattr(getattr(trainer, "Trainer", None), "last_checkpoint_written", None)
+    print("treegrpo: interrupted" + (f"; the last finished iteration is saved in {saved} (resume with --resume)"
+                                     if saved else " before any iteration finished: nothing to resume"),
+          file=sys.stderr)
+    return 130
 
 
 def _main_thread() -> bool:

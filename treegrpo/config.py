@@ -502,6 +502,10 @@ class TrainConfig:
         judges = [r.name for r in self.eval_rewards]
         _require(len(set(judges)) == len(judges), c, "eval_rewards", f"duplicate reward names in {judges}")
         _choice(self, "backend", ("demo", "diffusers", "comfy"))
+        import re
+        _require(isinstance(self.device, str) and re.fullmatch(r"auto|cpu|mps|(cuda|xpu)(:\d+)?", self.device) is not None,
+                 c, "device", f"{shorten(self.device)!r} is not a device this trainer runs on: use auto, cpu, cuda, "
+                 "cuda:N (an NVIDIA GPU), xpu[:N] or mps")
         _require(self.backend != "diffusers" or bool(self.model), c, "model",
                  "the diffusers backend needs a model path: a local diffusers folder or a .safetensors checkpoint")
         _require(self.tree.method != "ode" or self.optim.loss != "grpo", c, "tree",
@@ -591,6 +595,15 @@ class TrainConfig:
         keep = ("prompts", "prompts_file", "negative_prompt", "cfg", "rewards", "tree", "advantage", "lora", "optim",
                 "prompts_per_iter", "trees_per_prompt", "seed", "video")
         return {k: d[k] for k in keep}
+
+
+def shorten(value: Any, limit: int = 80) -> str:
+    """``value`` as text, cut in the middle to about ``limit`` characters (user input quoted in a message)."""
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) <= limit:
+        return text
+    keep = max(8, (limit - 20) // 2)
+    return f"{text[:keep]}…[{len(text) - 2 * keep} characters]…{text[-keep:]}"
 
 
 def read_config_file(path: str) -> dict:

@@ -48,6 +48,11 @@ def all_prompts() -> list[str]:
     return [prompt_for(c, s) for c in range(len(COLOURS)) for s in range(len(SHAPES))]
 
 
+def _short(text: str, limit: int = 80) -> str:
+    from ..config import shorten
+    return shorten(text, limit)
+
+
 def parse_prompt(text: str) -> tuple[int, int]:
     """``"a red circle"`` → ``(colour_idx, shape_idx)``.
 
@@ -60,13 +65,13 @@ def parse_prompt(text: str) -> tuple[int, int]:
     vocab = f"colours: {', '.join(COLOURS)}; shapes: {', '.join(SHAPES)}"
     if len(words) != 2:
         raise ValueError(
-            f"demo prompt {text!r} must have the form 'a <colour> <shape>' (e.g. 'a red circle'); {vocab}"
+            f"demo prompt {_short(text)!r} must have the form 'a <colour> <shape>' (e.g. 'a red circle'); {vocab}"
         )
     colour, shape = words
     if colour not in COLOURS:
-        raise ValueError(f"demo prompt {text!r}: unknown colour {colour!r}; {vocab}")
+        raise ValueError(f"demo prompt {_short(text)!r}: unknown colour {_short(colour)!r}; {vocab}")
     if shape not in SHAPES:
-        raise ValueError(f"demo prompt {text!r}: unknown shape {shape!r}; {vocab}")
+        raise ValueError(f"demo prompt {_short(text)!r}: unknown shape {_short(shape)!r}; {vocab}")
     return COLOURS.index(colour), SHAPES.index(shape)
 
 
