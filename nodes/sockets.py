@@ -38,6 +38,22 @@ class PackNode(io.ComfyNode):
         return True if value is None or value in options else f"{name}: {value!r} is not one of {list(options)}"
 
     @classmethod
+    def check_numbers(cls, values: dict) -> bool | str:
+        """ComfyUI compares a number widget with its min and max, which NaN passes (every comparison with NaN is
+        false): the nodes refuse non-finite Float and Int values here, naming the input and its range."""
+        import math
+
+        for i in cls.define_schema().inputs:
+            if not isinstance(i, (io.Float.Input, io.Int.Input)) or i.id not in values:
+                continue
+            v = values[i.id]
+            if isinstance(v, float) and not math.isfinite(v):
+                lo, hi = getattr(i, "min", None), getattr(i, "max", None)
+                span = f" (it takes {lo}..{hi})" if lo is not None and hi is not None else ""
+                return f"{i.id}: {v!r} is not a number to train with; give a finite value{span}"
+        return True
+
+    @classmethod
     def check_combos(cls, **values) -> bool | str:
         """ComfyUI 0.3.75 checks a V3 combo's value against its options only for V1 nodes: a stale or hand-made
         graph with a value the list lacks would reach ``execute``. The nodes check their combos here (``None``: a

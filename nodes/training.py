@@ -223,10 +223,15 @@ class Train(PackNode):
                 memory_budget_gb=0.0, offload_rewards="auto", tiled_decode="auto", judge=None, lora_targets="auto",
                 frames=1, reward_frames=None, frame_stride=None, guidance=0.0, artist_every=0,
                 artist_mode="favourites", artist_timeout_s=600, artist_ask="every N-th tree", taste_features=None):
+        finite = cls.check_numbers(dict(learning_rate=learning_rate, noise_level=noise_level, cfg=cfg,
+                                        lora_alpha=lora_alpha, weight_2=weight_2, memory_budget_gb=memory_budget_gb,
+                                        guidance=guidance))
+        if finite is not True:
+            raise ValueError(finite)
         targets = cls.check_inputs(model, prompts, run_name, lora_targets, scheduler=scheduler,
                                    window_schedule=window_schedule, tail_solver=tail_solver,
                                    gradient_checkpointing=gradient_checkpointing, offload_rewards=offload_rewards,
-                                   tiled_decode=tiled_decode)
+                                   tiled_decode=tiled_decode, artist_mode=artist_mode, artist_ask=artist_ask)
         texts = [p.strip() for p in prompts.splitlines() if p.strip()]
         rewards = {reward_model["name"]: reward_model["model"]}
         specs = [{"name": reward_model["name"], "weight": 1.0}]

@@ -49,6 +49,24 @@ VALIDATION_CASES = [
     ("train_iterations_zero", train(iterations=0), "train", "iterations"),
     ("train_lr_zero", train(learning_rate=0.0), "train", "learning_rate"),
     ("train_rank_zero", train(lora_rank=0), "train", "lora_rank"),
+    ("train_lr_inf", train(learning_rate=float("inf")), "train", "learning_rate"),
+    ("train_cfg_inf", train(cfg=float("inf")), "train", "cfg"),
+    ("train_size_absurd", train(width=10 ** 7), "train", "width"),
+    ("train_artist_timeout_zero", train(artist_every=2, artist_timeout_s=0), "train", "artist_timeout_s"),
+    ("train_artist_timeout_negative", train(artist_every=2, artist_timeout_s=-5), "train", "artist_timeout_s"),
+    ("train_artist_every_negative", train(artist_every=-1), "train", "artist_every"),
+    ("picks_timeout_zero", {**tcn.demo_step_graph("bad_picks", 0), "score": {
+        "class_type": "TreeGRPOArtistPicks", "inputs": {"images": ["img", 0], "tree": ["tree", 0],
+                                                        "mode": "favourites", "timeout_s": 0,
+                                                        "on_timeout": "skip the tree"}}}, "score", "timeout_s"),
+    ("picks_timeout_nan", {**tcn.demo_step_graph("bad_picks", 0), "score": {
+        "class_type": "TreeGRPOArtistPicks", "inputs": {"images": ["img", 0], "tree": ["tree", 0],
+                                                        "mode": "favourites", "timeout_s": float("nan"),
+                                                        "on_timeout": "skip the tree"}}}, "score", "timeout_s"),
+    ("picks_mode_unknown", {**tcn.demo_step_graph("bad_picks", 0), "score": {
+        "class_type": "TreeGRPOArtistPicks", "inputs": {"images": ["img", 0], "tree": ["tree", 0],
+                                                        "mode": "vibes", "timeout_s": 60,
+                                                        "on_timeout": "skip the tree"}}}, "score", "mode"),
     ("loader_unknown_reward", loader(reward="nosuch"), "rm", "reward: 'nosuch' is not one of"),
     ("loader_options_not_json", loader(options="{dtype: bf16"), "rm", "options: not JSON"),
     ("loader_options_list", loader(options="[1, 2]"), "rm", "options: must be a JSON object"),
@@ -112,6 +130,10 @@ EXECUTION_CASES = [
      "reward_model and reward_model_2 are both 'demo_adherence'"),
     ("scorer_prompts_mismatch", step(score={"prompt": "a red circle\na blue square\na green triangle"}),
      "prompt"),
+    # NaN passes ComfyUI's min/max comparison: the node refuses it, naming the input
+    ("train_lr_nan", train(learning_rate=float("nan")), "learning_rate: nan is not a number to train with"),
+    ("train_noise_nan", train(noise_level=float("nan")), "noise_level: nan is not a number"),
+    ("train_artist_ask_unknown", train(artist_every=2, artist_ask="sometimes"), "artist_ask: 'sometimes'"),
 ]
 
 

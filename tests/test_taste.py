@@ -232,3 +232,22 @@ def test_a_taste_on_a_reward_models_image_tower(tmp_path):
     assert torch.allclose(r(imgs, ["p"] * 8), m.scores(f), atol=1e-4)
     with pytest.raises(ValueError, match="has no image tower"):
         feature_encoder("reward:jpeg_compressibility")
+
+
+def test_the_train_node_picks_its_taste_features_or_says_what_to_connect():
+    """CLIP Vision if connected, else a connected reward model's image tower, else the demo's encoder on the demo
+    model; a real model with a reward model that has no tower (and no CLIP Vision) is refused naming what to connect."""
+    from treegrpo.comfyui.taste import ClipVisionEncoder, choose_encoder
+    from treegrpo.taste_features import DemoEncoder
+
+    class Tower:
+        name = "hpsv2"
+
+        def image_features(self, images):
+            return images.flatten(1)
+
+    assert isinstance(choose_encoder(object(), {"hpsv2": Tower()}), ClipVisionEncoder)
+    assert choose_encoder(None, {"hpsv2": Tower()}).name == "reward:hpsv2"
+    assert isinstance(choose_encoder(None, {"demo_adherence": object()}, demo=True), DemoEncoder)
+    with pytest.raises(ValueError, match="connect a CLIP Vision model .* \\(connected: demo_adherence\\)"):
+        choose_encoder(None, {"demo_adherence": object()}, demo=False)
