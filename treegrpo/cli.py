@@ -138,6 +138,19 @@ def demo_config_dict() -> dict:
     }
 
 
+def check_output_dir(out: str, flag: str = "TrainConfig.output_dir") -> None:
+    """``out`` is (or can become) a folder this process writes in; ConfigError naming it otherwise."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ConfigError(f"{flag}: {out!r} is a file; choose a folder")
+    try:
+        os.makedirs(out, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{flag}: cannot write in {shorten(out)!r} ({e.strerror}); choose a folder you "
+                          "can write to (--output-dir)") from None
+
+
 def check_reward_names(cfg: TrainConfig) -> None:
     """Reward names and their options' names and types, before any model is built."""
     from .rewards.base import available, check_options
@@ -174,15 +187,7 @@ def preflight(cfg: TrainConfig, resume: bool = False, allow_changes: bool = Fals
     cfg.load_prompts()
     check_reward_names(cfg)
     out = cfg.output_dir
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ConfigError(f"TrainConfig.output_dir: {out!r} is a file; choose a folder")
-    try:
-        os.makedirs(out, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):
-            pass
-    except OSError as e:
-        raise ConfigError(f"TrainConfig.output_dir: cannot write in {out!r} ({e.strerror}); choose a folder you "
-                          "can write to") from None
+    check_output_dir(out)
     if cfg.lora.init_from and not os.path.isfile(cfg.lora.init_from):
         raise ConfigError(f"LoraConfig.init_from: no LoRA file at {cfg.lora.init_from!r}")
     if resume:
@@ -237,7 +242,7 @@ def cmd_demo(ns) -> int:
         print(json.dumps(cfg.to_dict(), indent=2))
         return 0
     out = cfg.output_dir
-    os.makedirs(out, exist_ok=True)
+    check_output_dir(out)
     torch.manual_seed(cfg.seed)
     t0 = time.perf_counter()
     print(f"[treegrpo demo] TreeGRPO: {cfg.iterations} iterations, tree k={cfg.tree.branch} w={cfg.tree.window_width} "
@@ -432,7 +437,9 @@ class Parser(argparse.ArgumentParser):
 
         m = re.match(r"unrecognized arguments: (.*)", message, re.S)
         if m:
-            known = sorted({o for q in getattr(self, "_all_parsers", [self]) for a in q._actions
+            parsers = getattr(self, "_all_parsers", {})
+            chosen = next((parsers[a] for a in getattr(self, "_argv", []) if a in parsers), None)
+            known = sorted({o for q in ([self, chosen] if chosen else [self, *parsers.values()]) for a in q._actions
                             for o in a.option_strings if o.startswith("--")})
             parts = []
             for arg in m.group(1).split(" "):
@@ -497,7 +504,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("rewards", help="list the registered reward models")
     r.set_defaults(func=cmd_rewards)
-    p._all_parsers = [p, *sub.choices.values()]
+    p._all_parsers = dict(sub.choices)      # the subcommands' flags, for Parser.error's suggestions
     return p
 
 
@@ -519,7 +526,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     previous_int = signal.signal(signal.SIGINT, on_sigint) if main_thread else None
     try:
-        ns = build_parser().parse_args(argv)
+        parser = build_parser()
+        parser._argv = list(sys.argv[1:] if argv is None else argv)
+        ns = parser.parse_args(argv)
         return ns.func(ns)
     except (ConfigError, ValueError, FileNotFoundError, FloatingPointError) as e:
         print(f"treegrpo: error: {short_message(str(e))}", file=sys.stderr)

@@ -528,6 +528,11 @@ class TrainConfig:
         _require(self.iterations >= 1, c, "iterations", f"must be >= 1, got {self.iterations}")
         _require(self.prompts_per_iter >= 1, c, "prompts_per_iter", f"must be >= 1, got {self.prompts_per_iter}")
         _require(self.trees_per_prompt >= 1, c, "trees_per_prompt", f"must be >= 1, got {self.trees_per_prompt}")
+        trees = self.prompts_per_iter * self.trees_per_prompt
+        _require(trees <= MAX_TREES_PER_ITERATION, c, "prompts_per_iter",
+                 f"{self.prompts_per_iter} prompts x {self.trees_per_prompt} trees = {trees} trees per iteration is "
+                 f"more than {MAX_TREES_PER_ITERATION} (the papers use 8-48); lower prompts_per_iter, and raise "
+                 "iterations for more data")
         _require(self.eval_every >= 0, c, "eval_every", f"must be >= 0, got {self.eval_every}")
         _require(math.isfinite(self.eval_every_s) and self.eval_every_s >= 0, c, "eval_every_s",
                  f"must be a number of seconds >= 0, got {self.eval_every_s}")
@@ -595,6 +600,11 @@ class TrainConfig:
         keep = ("prompts", "prompts_file", "negative_prompt", "cfg", "rewards", "tree", "advantage", "lora", "optim",
                 "prompts_per_iter", "trees_per_prompt", "seed", "video")
         return {k: d[k] for k in keep}
+
+
+#: trees one iteration may sample: far above any published setting (8-48 prompts), far below a size that takes hours
+#: per iteration on any machine
+MAX_TREES_PER_ITERATION = 4096
 
 
 def shorten(value: Any, limit: int = 80) -> str:
