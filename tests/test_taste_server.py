@@ -116,3 +116,34 @@ def test_the_reward_model_loader_scores_a_taste_file_as_the_cli_does(comfyui_pac
     m.save(root / "cv_taste.safetensors")
     with pytest.raises(ValueError, match="connect the same CLIP Vision model"):
         loader.execute(reward="taste", file="cv_taste.safetensors", options="{}")
+
+
+def test_a_taste_on_comfyuis_clip_vision_features(comfyui_pack, tmp_path):
+    """ComfyUI's own ClipVisionModel (a tiny config, random weights) as the taste features: unit-norm image_embeds
+    per image, and a taste saved on them scores through the loader path (taste_reward with that CLIP Vision) as the
+    model it was saved from."""
+    import comfy.clip_vision
+
+    from treegrpo.comfyui.taste import ClipVisionEncoder, taste_reward
+    from treegrpo.taste import TasteConfig, TasteModel
+
+    cfg = {"attention_dropout": 0.0, "dropout": 0.0, "hidden_act": "quick_gelu", "hidden_size": 32, "image_size": 28,
+           "initializer_factor": 1.0, "initializer_range": 0.02, "intermediate_size": 64, "layer_norm_eps": 1e-5,
+           "model_type": "clip_vision_model", "num_attention_heads": 2, "num_channels": 3, "num_hidden_layers": 2,
+           "patch_size": 14, "projection_dim": 16, "torch_dtype": "float32"}
+    (tmp_path / "tiny_clip_vision.json").write_text(json.dumps(cfg))
+    cv = comfy.clip_vision.ClipVisionModel(str(tmp_path / "tiny_clip_vision.json"))
+    g = torch.Generator().manual_seed(0)
+    cv.load_sd({k: (torch.randn(v.shape, generator=g) * 0.05 + (1.0 if "norm" in k and k.endswith("weight") else 0.0))
+                for k, v in cv.get_sd().items()})
+    enc = ClipVisionEncoder(cv)
+    imgs = torch.rand(8, 3, 32, 32, generator=g)
+    f = enc(imgs)
+    assert f.shape == (8, 16) and torch.isfinite(f).all() and torch.allclose(f.norm(dim=-1), torch.ones(8), atol=1e-4)
+    m = TasteModel(config=TasteConfig(heads=2), features=enc.name)
+    m.add(f[:4], [(0, 1), (0, 2), (0, 3)])
+    m.add(f[4:], [(2, 0), (2, 1), (2, 3)])
+    path = tmp_path / "cv_taste.safetensors"
+    m.save(path)
+    r = taste_reward(str(path), cv)
+    assert torch.allclose(r(imgs, ["p"] * 8), m.scores(f), atol=1e-4)
