@@ -446,3 +446,28 @@ def test_ctrl_c_at_any_moment_ends_with_one_line_and_the_interrupt_code(tmp_path
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert p.returncode == 130, err[-3000:]
     assert "Traceback" not in err and lines and lines[-1].startswith("treegrpo: interrupted"), err[-3000:]
+
+
+def _float_fields():
+    """(section or None, field) of every float setting of TrainConfig and its sections."""
+    import dataclasses
+    out = []
+    for f in dataclasses.fields(TrainConfig):
+        if f.name in cli._SUBS:
+            klass = TrainConfig.__dataclass_fields__[f.name].default_factory
+            out += [(f.name, g.name) for g in dataclasses.fields(klass) if "float" in str(g.type)]
+        elif "float" in str(f.type):
+            out.append((None, f.name))
+    return out
+
+
+def test_every_float_setting_refuses_nan_and_infinity(tmp_path):
+    """NaN passes every range comparison and infinity most: each float field of every section refuses both, naming
+    the field (TrainConfig.from_dict, the path of config files, flags and the nodes' configs alike)."""
+    fields = _float_fields()
+    assert len(fields) >= 20, fields
+    for sec, name in fields:
+        for bad in (float("nan"), float("inf")):
+            d = base(tmp_path, **{(f"{sec}.{name}" if sec else name): bad})
+            with pytest.raises(ConfigError, match=rf"\.{name}: must be a finite number"):
+                TrainConfig.from_dict(d)

@@ -71,6 +71,9 @@ def check_types(obj) -> None:
                 setattr(obj, f.name, int(v))
                 continue
             _require(_type_ok(kind, v), c, f.name, f"must be {_TYPES[kind]}, got {v!r} ({type(v).__name__})")
+            if kind == "float":
+                _require(math.isfinite(v), c, f.name, f"must be a finite number, got {v!r} (NaN and infinity are "
+                                                      f"not settings; the default is {default!r})")
         elif kind.endswith("Config"):   # a section: its fields as a mapping, or the dataclass itself
             _require(isinstance(v, dict) or dataclasses.is_dataclass(v), c, f.name,
                      f"must be a section ({{...}} with its fields), got {v!r} ({type(v).__name__})")
