@@ -534,10 +534,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"treegrpo: error: {short_message(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        return _report_interrupt()
+        return _report_interrupt(exit_now=argv is None)
     except ImportError:
         if interrupted:      # Ctrl-C while torch (or another library) was importing leaves it half-imported
-            return _report_interrupt()
+            return _report_interrupt(exit_now=argv is None)
         raise
     finally:
         if previous is not None:
@@ -555,12 +555,19 @@ def short_message(text: str, limit: int = 600) -> str:
     return shorten(text, limit)
 
 
-def _report_interrupt() -> int:
+def _report_interrupt(exit_now: bool = False) -> int:
+    """One line about the interrupt; 130. ``exit_now`` (the real command line): leave at once, as the shell expects
+    of Ctrl-C. Finalising the interpreter after an import was cut short (torch half-imported) sometimes ended the
+    process by SIGINT after this line; the checkpoint and the run lock are already dealt with by then."""
     trainer = sys.modules.get("treegrpo.trainer")     # never import here: an import may be what was interrupted
     saved = getattr(getattr(trainer, "Trainer", None), "last_checkpoint_written", None)
     print("treegrpo: interrupted" + (f"; the last finished iteration is saved in {saved} (resume with --resume)"
                                      if saved else " before any iteration finished: nothing to resume"),
           file=sys.stderr)
+    if exit_now:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
     return 130
 
 
