@@ -129,8 +129,10 @@ FLAG_CASES = [
     ("prompts_per_iter_absurd", ["train", "--prompts-per-iter", "100000"], ["100000 trees per iteration is more than"]),
     ("demo_output_dir_unwritable", ["demo", "--output-dir", "/proc/treegrpo"],
      ["TrainConfig.output_dir: cannot write in '/proc/treegrpo'"]),
-    ("suggest_from_the_command_only", ["export", "a.safetensors", "b.safetensors", "--output", "x"],
-     ["unrecognized arguments: --output"]),
+    ("suggest_from_the_command_only", ["export", "a.safetensors", "b.safetensors", "--prefixx", "x"],
+     ["unrecognized arguments: --prefixx (did you mean --prefix?)"]),
+    ("positional_given_as_flag", ["export", "a.safetensors", "b.safetensors", "--output", "x"],
+     ["--output (output is given without a flag: treegrpo export INPUT OUTPUT)"]),
 ]
 
 
@@ -155,7 +157,7 @@ def test_a_bad_flag_is_one_short_line_naming_it(tmp_path, capsys, monkeypatch, c
     assert len(lines) == 1 or lines[0].startswith("usage:"), lines        # argparse's usage, then the one line
     for f in fragments:
         assert f in lines[-1], lines[-1][:1000]
-    if case == "suggest_from_the_command_only":          # export has no --output: no other command's flag offered
+    if case == "positional_given_as_flag":         # sample's --output is not offered for export
         assert "did you mean" not in lines[-1], lines[-1]
     assert not (tmp_path / "treegrpo_demo_out").exists()
 

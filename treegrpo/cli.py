@@ -447,6 +447,13 @@ class Parser(argparse.ArgumentParser):
                     parts.append(f"{shorten(arg, 60)!r}")
                     continue
                 hint = nearest_flags(arg, known)
+                positional = [a.dest for a in (chosen._actions if chosen else []) if not a.option_strings]
+                name = arg.split("=", 1)[0].lstrip("-").replace("-", "_")
+                if not hint and name in positional:   # export's files: `treegrpo export IN OUT`, no flag
+                    usage = " ".join(d.upper() for d in positional)
+                    parts.append(f"{shorten(arg.split('=', 1)[0], 60)} ({name} is given without a flag: "
+                                 f"{chosen.prog} {usage})")
+                    continue
                 parts.append(shorten(arg.split('=', 1)[0], 60)
                              + (f" (did you mean {' or '.join(hint)}?)" if hint else ""))
             message = "unrecognized arguments: " + ", ".join(parts)
