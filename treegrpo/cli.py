@@ -537,14 +537,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         parser._argv = list(sys.argv[1:] if argv is None else argv)
         ns = parser.parse_args(argv)
         return ns.func(ns)
-    except (ConfigError, ValueError, FileNotFoundError, FloatingPointError) as e:
-        print(f"treegrpo: error: {short_message(str(e))}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return _report_interrupt(exit_now=argv is None)
-    except ImportError:
-        if interrupted:      # Ctrl-C while torch (or another library) was importing leaves it half-imported
-            return _report_interrupt(exit_now=argv is None)
+    except Exception as e:
+        if interrupted:      # Ctrl-C inside an import or a C call can surface as another error (ImportError from a
+            return _report_interrupt(exit_now=argv is None)      # half-imported torch, AttributeError, ...)
+        if isinstance(e, (ConfigError, ValueError, FileNotFoundError, FloatingPointError)):
+            print(f"treegrpo: error: {short_message(str(e))}", file=sys.stderr)
+            return 2
         raise
     finally:
         if previous is not None:
