@@ -2,7 +2,8 @@
 // Questions arrive as "treegrpo.artist.question" websocket events (only in the tab that queued the prompt) and are
 // fetched again from /treegrpo/artist/pending after a reload. Keys: digits toggle a leaf (favourites) or pick the
 // next one (ranking, best/worst), Shift+digit marks a leaf bad, Enter sends, 0 = no preference, Esc = skip the tree,
-// Z zooms the leaf under the mouse.
+// Z zooms the leaf under the mouse. Keys are taken on window in the capture phase, before the frontend's own dialogs
+// (the template browser that can open after a reload) see them.
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 
@@ -50,7 +51,7 @@ function close() {
   if (!current) return;
   clearInterval(current.timer);
   current.el.remove();
-  document.removeEventListener("keydown", onKey, true);
+  window.removeEventListener("keydown", onKey, true);
   current = null;
 }
 
@@ -173,7 +174,7 @@ function showNext() {
     if (left <= 0) { close(); showNext(); }
   };
   current.timer = setInterval(tick, 500); tick();
-  document.addEventListener("keydown", onKey, true);
+  window.addEventListener("keydown", onKey, true);
   render(current);
 }
 
