@@ -91,6 +91,38 @@ def test_cancel_stops_the_wait_and_an_unanswered_tree_times_out(comfyui_server):
     assert json.loads(entry["outputs"]["step"]["text"][0])["edges"] == 0
 
 
+def run_with_scripted_artist(srv, graph, score, timeout=900):
+    """Queue ``graph`` from a websocket client that answers every question it gets with the leaf ``score(srv, image
+    ref)`` rates highest (favourites), as the web dialog would. Returns (the history entry, [(iteration, tree,
+    pick)])."""
+    import threading
+
+    answered = []
+    with ch.EventClient(srv.port) as ws:
+        stop = threading.Event()
+
+        def artist():
+            seen = 0
+            while not stop.is_set():
+                qs = [e["data"] for e in ws.events if e["type"] == "treegrpo.artist.question"]
+                for q in qs[seen:]:
+                    best = max(range(len(q["images"])), key=lambda i: score(srv, q["images"][i]))
+                    answered.append((q["iteration"], q["tree"], best))
+                    post_answer(srv.port, q["id"], q["nonce"], {"mode": "favourites", "good": [best]})
+                seen = len(qs)
+                stop.wait(0.1)
+
+        t = threading.Thread(target=artist, daemon=True)
+        t.start()
+        try:
+            pid = ch.post_prompt(srv.port, graph, client_id=ws.client_id)
+            entry = ch.wait_history(srv.port, pid, timeout=timeout, check=True)
+        finally:
+            stop.set()
+            t.join(10)
+    return entry, answered
+
+
 def redness(srv, ref):
     """Mean red minus the other channels of a leaf image the dialog would show (fetched through ComfyUI's /view)."""
     import io
@@ -108,36 +140,12 @@ def redness(srv, ref):
 def test_the_train_node_asks_about_every_nth_tree_and_scores_the_others(comfyui_server):
     """artist_every=2 over 2 iterations of 2 trees: trees 0 and 2 of the run are asked (the redder leaf is the
     favourite, as a scripted artist who likes red), trees 1 and 3 come from the reward model; the run trains."""
-    import threading
-
     from test_comfy_nodes import train_graph
 
     srv, run = comfyui_server, "artist_train_node"
     g = train_graph(run, 2)
     g["train"]["inputs"].update(artist_every=2, artist_mode="favourites", artist_timeout_s=300)
-    answered = []
-    with ch.EventClient(srv.port) as ws:
-        stop = threading.Event()
-
-        def artist():
-            seen = 0
-            while not stop.is_set():
-                qs = [e["data"] for e in ws.events if e["type"] == "treegrpo.artist.question"]
-                for q in qs[seen:]:
-                    best = max(range(len(q["images"])), key=lambda i: redness(srv, q["images"][i]))
-                    answered.append((q["iteration"], q["tree"], best))
-                    post_answer(srv.port, q["id"], q["nonce"], {"mode": "favourites", "good": [best]})
-                seen = len(qs)
-                stop.wait(0.2)
-
-        t = threading.Thread(target=artist, daemon=True)
-        t.start()
-        try:
-            pid = ch.post_prompt(srv.port, g, client_id=ws.client_id)
-            ch.wait_history(srv.port, pid, timeout=900, check=True)
-        finally:
-            stop.set()
-            t.join(10)
+    _, answered = run_with_scripted_artist(srv, g, redness)
     assert [(i, tr) for i, tr, _ in answered] == [(0, 0), (1, 0)]      # run trees 0 and 2: 2 questions, 4 trees
     rec = labels(srv, run)
     assert [(r["iteration"], r["tree"], r["outcome"]) for r in rec] == [(0, 0, "answered"), (1, 0, "answered")]

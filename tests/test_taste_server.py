@@ -2,13 +2,11 @@
 a real server) asks about fewer trees than it trains on and still moves the samples the artist's way; the taste file
 it writes loads through the Reward Model Loader and scores as the CLI's load_reward does."""
 import json
-import threading
 from pathlib import Path
 
 import torch
 
-import comfy_harness as ch
-from test_artist_server import post_answer
+from test_artist_server import run_with_scripted_artist
 from test_comfy_nodes import train_graph
 
 ITERATIONS = 24          # 48 trees: 12 asked while warming up, then at most one in artist_every = 4
@@ -44,29 +42,7 @@ def test_the_train_node_asks_only_when_unsure_and_learns_the_taste(comfyui_serve
                                 window_schedule="fixed", lora_rank=8, lora_alpha=16.0, eval_every=ITERATIONS,
                                 antithetic=True, artist_every=4, artist_mode="favourites", artist_timeout_s=300,
                                 artist_ask="when unsure")
-    answered = []
-    with ch.EventClient(srv.port) as ws:
-        stop = threading.Event()
-
-        def artist():
-            seen = 0
-            while not stop.is_set():
-                qs = [e["data"] for e in ws.events if e["type"] == "treegrpo.artist.question"]
-                for q in qs[seen:]:
-                    best = max(range(len(q["images"])), key=lambda i: leaf_area(srv, q["images"][i]))
-                    answered.append((q["iteration"], q["tree"], best))
-                    post_answer(srv.port, q["id"], q["nonce"], {"mode": "favourites", "good": [best]})
-                seen = len(qs)
-                stop.wait(0.1)
-
-        t = threading.Thread(target=artist, daemon=True)
-        t.start()
-        try:
-            pid = ch.post_prompt(srv.port, g, client_id=ws.client_id)
-            entry = ch.wait_history(srv.port, pid, timeout=1800, check=True)
-        finally:
-            stop.set()
-            t.join(10)
+    entry, answered = run_with_scripted_artist(srv, g, leaf_area, timeout=1800)
     trees = 2 * ITERATIONS
     assert 12 <= len(answered) <= trees // 4 + 1, answered           # warm-up, then at most one tree in 4
     assert [(i, tr) for i, tr, _ in answered[:12]] == [(i, tr) for i in range(6) for tr in (0, 1)]
