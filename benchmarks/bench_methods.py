@@ -166,11 +166,12 @@ def set_steps(steps: int, tail: str = "fixed") -> None:
     ABLATIONS["tree_sliding"]["tree"]["window_max_start"] = s + 2
 
 
-def run_one(name: str, overrides: dict, seed: int, budget: float, out_dir: str) -> dict:
-    """One training run in a child process; returns its record (with the child's own peak RSS)."""
+def run_one(name: str, overrides: dict, seed: int, budget: float | None, out_dir: str, **extra) -> dict:
+    """One training run in a child process; returns its record (with the child's own peak RSS). ``extra`` goes into
+    the child's spec (``iterations``, ``eval_every``, ``eval_every_s``: see :func:`child`)."""
     spec = json.dumps({"overrides": overrides if BASE_CONFIG else merge(BASE, overrides), "seed": seed,
                        "budget": budget, "out": out_dir, "threads": THREADS, "base": BASE_CONFIG,
-                       "evals": EVALS})
+                       "evals": EVALS, **extra})
     p = subprocess.Popen([sys.executable, __file__, "--child", spec], stdout=subprocess.PIPE, text=True)
     _, status, usage = os.wait4(p.pid, 0)
     out = p.stdout.read()
@@ -206,9 +207,13 @@ def child(spec: dict) -> None:
     torch.set_num_threads(spec.get("threads", 1))
     base = spec.get("base")
     d = merge(base, spec["overrides"]) if base else merge(cli.demo_config_dict(), spec["overrides"])
-    d.update(seed=spec["seed"], iterations=100000, time_budget_s=spec["budget"], eval_every=0,
-             eval_every_s=spec["budget"] / spec.get("evals", 8), eval_seeds=4, checkpoint_every=0, output_dir=spec["out"],
-             run_name="bench")
+    # a time budget (``budget`` s, evaluated every budget/evals s), or a work budget (``iterations``, evaluated every
+    # ``eval_every`` iterations; bench_budget.py's baseline); ``eval_every_s`` overrides the time cadence
+    budget = spec.get("budget")
+    d.update(seed=spec["seed"], iterations=spec.get("iterations") or 100000, time_budget_s=budget or 0.0,
+             eval_every=spec.get("eval_every", 0),
+             eval_every_s=spec.get("eval_every_s") or (budget / spec.get("evals", 8) if budget else 0.0), eval_seeds=4,
+             checkpoint_every=0, output_dir=spec["out"], run_name="bench")
     d["signals"] = {**d.get("signals", {}), "kl_estimate": False}   # the tables do not use it; 20 % of an evaluation
     cfg = TrainConfig.from_dict(d)
     tr, summary = cli.run_training(cfg, progress=False, write_lora=False)

@@ -330,3 +330,98 @@ def test_bench_artist_counts_answers_to_the_taste(tmp_path):
     assert by["oracle"]["answers"] == 0 and 2 <= by["unsure"]["answers"] <= 6
     assert by["oracle"]["curve"][-1][1] > by["oracle"]["curve"][0][1]      # trained on big shapes: bigger shapes
     assert json.load(open(tmp_path / "artist.json"))["report"]["target_fraction"] == 0.7
+
+
+# ---------------------------------------------------------------------------------------------- budgets in work
+import bench_budget as bb  # noqa: E402
+
+
+def _curve(method, seed, pts, s_per_it):
+    """A run's record: (train_time, reward) points, one iteration every ``s_per_it`` seconds."""
+    return {"method": method, "seed": seed,
+            "evals": [{"train_time": t, "iteration": round(t / s_per_it), "total_nfe": t, "eval_reward": r}
+                      for t, r in pts]}
+
+
+def test_a_budget_is_the_baselines_first_n_iterations_and_the_time_they_took():
+    base = _curve("traj_window", 0, [(2.0 * i, 0.5 + 0.01 * i) for i in range(11)], 2.0)["evals"]
+    assert bb.budget_time(base, 4) == 8.0 and math.isnan(bb.budget_time(base, 11))
+    assert [e["iteration"] for e in bb.cut(base, "iteration", 4)] == [0, 1, 2, 3, 4]
+    assert [e["train_time"] for e in bb.cut(base, "train_time", 5.0)] == [0.0, 2.0, 4.0]
+
+
+def test_first_passage_on_both_sides_credits_a_plateau_with_its_early_time():
+    """A baseline that reaches 0.6 at 10 s and stays there to 40 s: the denominator is 10 s, not 40 s (the old
+    reading's whole-run time would give a ratio 4x smaller). Raw curves (smooth 1): closed forms."""
+    base = [{"train_time": t, "iteration": t, "eval_reward": r} for t, r in [(0, 0.5), (10, 0.6), (20, 0.6), (40, 0.6)]]
+    run = [{"train_time": t, "iteration": t / 2, "eval_reward": r} for t, r in [(0, 0.5), (4, 0.55), (8, 0.65)]]
+    assert bb.first_passage_ratio(run, base, 1) == pytest.approx(6 / 10)           # 0.6 at 6 s, by interpolation
+    assert bb.first_passage_ratio(run, base, 1, "iteration") == pytest.approx(3 / 10)
+    never = [{"train_time": t, "iteration": t, "eval_reward": 0.55} for t in (0, 10, 20)]
+    assert math.isnan(bb.first_passage_ratio(never, base, 1))
+    flat = [{"train_time": t, "iteration": t, "eval_reward": 0.5} for t in (0, 10, 20)]
+    assert math.isnan(bb.first_passage_ratio(run, flat, 1))                        # nothing to reach: no ratio
+
+
+def test_tables_read_every_budget_from_one_run_and_nothing_past_it():
+    """Per seed the baseline takes 2 s per iteration and rises 0.01 per iteration to 0.9, the tree twice as fast in
+    time. At N = 10 (T_N = 20 s) the tree reaches the baseline's 0.6 (at 20 s, first passage 20 s) at 10 s:
+    ratio 0.5. A second seed whose tree only gets there after T_N is not counted as reaching it at N = 10, but is at
+    N = 40, where the baseline ends at 0.9 (80 s) and that tree gets there at 70 s."""
+    recs = []
+    for seed in (0, 1):
+        recs.append(_curve("traj_window", seed, [(2.0 * i, 0.5 + 0.01 * i) for i in range(41)], 2.0))
+    recs.append(_curve("tree", 0, [(1.0 * i, min(1.0, 0.5 + 0.01 * i)) for i in range(81)], 0.5))
+    recs.append(_curve("tree", 1, [(1.0 * i, 0.5 if i <= 30 else min(0.95, 0.5 + 0.01 * (i - 30)))
+                                   for i in range(81)], 0.5))
+    res = bb.tables(recs, (10, 40), smooth=1)
+    at10 = res["10"]["references"]["traj_window"]["tree"]["time"]
+    assert at10["by_seed"][0] == pytest.approx(0.5) and math.isnan(at10["by_seed"][1])
+    assert at10["reached"] == "1/2" and at10["met_goal"] == "0/2" and at10["goal"] == 0.33
+    assert res["10"]["T_N_s"] == {0: 20.0, 1: 20.0}
+    at40 = res["40"]["references"]["traj_window"]["tree"]["time"]["by_seed"]
+    assert at40[0] == pytest.approx(40 / 80) and at40[1] == pytest.approx(70 / 80)
+    # in iterations: the tree makes 4 iterations in the time of one of the baseline's and learns half as much in
+    # each: 20 iterations to the baseline's 10
+    assert res["10"]["references"]["traj_window"]["tree"]["iterations"]["by_seed"][0] == pytest.approx(2.0)
+
+
+def test_the_schedule_runs_each_job_after_its_dependencies_in_the_listed_order():
+    import threading
+    order, lock = [], threading.Lock()
+
+    def job(key):
+        def fn():
+            with lock:
+                order.append(key)
+            return key
+        return fn
+
+    jobs = [("b0", (), job("b0")), ("b1", (), job("b1")), ("t0", ("b0",), job("t0")), ("t1", ("b1",), job("t1"))]
+    done = bb.schedule(jobs, 2)
+    assert done == {k: k for k in ("b0", "b1", "t0", "t1")}
+    assert order.index("t0") > order.index("b0") and order.index("t1") > order.index("b1")
+
+    def boom():
+        raise RuntimeError("run failed")
+    with pytest.raises(RuntimeError, match="run failed"):
+        bb.schedule([("a", (), boom), ("b", ("a",), job("b"))], 2)
+
+
+def test_one_tiny_work_budget_comparison_end_to_end(tmp_path):
+    """The baseline trains 2 iterations, evaluated after each; the tree trains for the time that took, evaluated as
+    often; the table reads budgets 1 and 2 from those two runs."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_budget.py"), "--seeds", "1",
+                        "--budgets", "2,3", "--methods", "tree", "--jobs", "1", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.load(open(tmp_path / "budget.json"))
+    by = {x["method"]: x for x in res["records"]}
+    base, tree = by["traj_window"], by["tree"]
+    assert base["iterations"] == 3 and [e["iteration"] for e in base["evals"]] == [0, 1, 2, 3]
+    assert tree["train_time"] >= base["train_time"] and len(tree["evals"]) >= 3   # ran the baseline's training time
+    assert set(res["budgets"]) == {"2", "3"} and res["budgets"]["3"]["T_N_s"]["0"] == pytest.approx(base["train_time"])
+    assert "tree ÷ traj_window" in r.stdout
+    bad = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_budget.py"), "--methods", "trees"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert bad.returncode != 0 and "--methods" in bad.stderr

@@ -1,0 +1,261 @@
+"""Budgets in work, not seconds: TreeGRPO and its peers against window-SDE GRPO at the same stage of its training,
+on any machine (issue 35).
+
+Per seed, window-SDE GRPO (MixGRPO-style, the baseline) trains ``N_max`` iterations and is evaluated after every one;
+every other method then trains for the training time that run took, on the same machine, and is evaluated as often
+(every ``N_max``-th of that time). Runs go two at a time in an interleaved schedule: the next seed's baseline beside
+this seed's other methods, their order rotated every seed. The learning rate is constant, so the first part of a run
+*is* a shorter run: one run per (method, seed) gives every budget ``N <= N_max``. The baseline's budget-N run is its
+first N iterations, which took ``T_N`` seconds; every other method's budget-N run is its first ``T_N`` seconds.
+
+At budget N, paired per seed, each curve cut at the budget (nothing past it is read) and then averaged over
+``--smooth`` consecutive evaluations:
+
+  target  the reference run's reward at the end of its budget (its last averaged point)
+  ratio   the method's first passage to that target over the reference's own first passage to it: first passage on
+          both sides, so a reference that got there early and stayed on a plateau is credited with the early time
+
+The references are window GRPO (cut at N iterations) and the flow-matching peers AWM and NFT (cut at ``T_N``).
+Beside the time ratio: the same ratio in iterations (every method samples 192 leaves per iteration, so it is the
+ratio in samples: what one iteration teaches).
+
+    python benchmarks/bench_budget.py [--seeds 8] [--first-seed 0] [--budgets 20,40,80] [--methods tree,awm,nft]
+    python benchmarks/bench_budget.py --report benchmarks/results/budget/budget.json   # read again, run nothing
+    python benchmarks/bench_budget.py --merge a/budget.json b/budget.json --out pooled  # pool seeds
+
+Writes budget.json (the records and the tables) and prints the tables.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import threading
+import time
+from typing import Callable
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import bench_methods as bm  # noqa: E402
+
+BASELINE = "traj_window"
+METHODS = ("tree", "awm", "nft")
+REFERENCES = (BASELINE, "awm", "nft")
+BUDGETS = (20, 40, 80)
+SMOOTH = 3   # the old protocol's reading: 3 consecutive evaluations (there ~3.3 baseline iterations, here 3)
+GOALS = {BASELINE: 0.33, "awm": 0.5, "nft": 0.5}   # the issue's per-seed goals for the tree
+
+
+# ------------------------------------------------------------------------------------------------ reading the runs
+def cut(evals: list[dict], key: str, limit: float) -> list[dict]:
+    """The evaluations with ``key`` (``iteration`` or ``train_time``) at most ``limit``: a run of that budget."""
+    return [e for e in evals if e[key] <= limit + 1e-9]
+
+
+def budget_time(base_evals: list[dict], n: int) -> float:
+    """T_N: the baseline's training time at iteration ``n`` (NaN where the run has no evaluation there)."""
+    return next((e["train_time"] for e in base_evals if e["iteration"] == n), math.nan)
+
+
+def first_passage_ratio(run: list[dict], ref: list[dict], smooth: int, key: str = "train_time") -> float:
+    """The run's first passage to the reference's final reward over the reference's own first passage to it, both
+    curves (already cut at their budgets) averaged over ``smooth`` evaluations first; ``key`` is the clock
+    (``train_time``, or ``iteration`` for what an iteration teaches). NaN where the run never gets there within its
+    budget, or where the reference never rose above its start (first passage 0)."""
+    r, b = bm.smooth_evals(run, smooth), bm.smooth_evals(ref, smooth)
+    target = b[-1]["eval_reward"]
+    t_ref = bm.time_to_reach(b, target, key)
+    if not t_ref > 0:
+        return math.nan
+    return bm.time_to_reach(r, target, key) / t_ref
+
+
+def summary(by_seed: dict[int, float], goal: float | None = None) -> dict:
+    """Mean ± std over the seeds that reached the target, how many did, the worst seed, and how many met ``goal``
+    (a seed that never reached the target does not meet it)."""
+    m, s, n = bm.mean_std(list(by_seed.values()))
+    vals = [v for v in by_seed.values() if not math.isnan(v)]
+    out = {"mean": m, "std": s, "reached": f"{n}/{len(by_seed)}", "max": max(vals) if vals else math.nan,
+           "by_seed": by_seed}
+    if goal is not None:
+        out["goal"] = goal
+        out["met_goal"] = f"{sum(v <= goal for v in vals)}/{len(by_seed)}"
+    return out
+
+
+def tables(records: list[dict], budgets: tuple[int, ...] = BUDGETS, smooth: int = SMOOTH) -> dict:
+    """{N: {reference: {method: {"time": summary, "iterations": summary}}}} plus each budget's T_N per seed, from the
+    runs' records (one per method and seed, as :func:`run` leaves them)."""
+    runs: dict[str, dict[int, list[dict]]] = {}
+    for r in records:
+        runs.setdefault(r["method"], {})[r["seed"]] = r["evals"]
+    base = runs[BASELINE]
+    out = {}
+    for n in budgets:
+        t_n = {seed: budget_time(ev, n) for seed, ev in base.items()}
+        cut_runs = {m: {seed: (cut(ev, "iteration", n) if m == BASELINE else cut(ev, "train_time", t_n[seed]))
+                        for seed, ev in by.items() if not math.isnan(t_n.get(seed, math.nan))}
+                    for m, by in runs.items()}
+        per_ref = {}
+        for ref in REFERENCES:
+            if ref not in cut_runs:
+                continue
+            row = {}
+            for m, by in cut_runs.items():
+                if m == ref:
+                    continue
+                seeds = sorted(set(by) & set(cut_runs[ref]))
+                row[m] = {clock: summary({s: first_passage_ratio(by[s], cut_runs[ref][s], smooth, key)
+                                          for s in seeds}, GOALS.get(ref) if m == "tree" and clock == "time" else None)
+                          for clock, key in (("time", "train_time"), ("iterations", "iteration"))}
+                row[m]["final_reward"] = bm.mean_std([bm.smooth_evals(by[s], smooth)[-1]["eval_reward"] for s in seeds])
+            per_ref[ref] = row
+        out[str(n)] = {"T_N_s": t_n, "references": per_ref,
+                       "final_reward": {m: bm.mean_std([bm.smooth_evals(ev, smooth)[-1]["eval_reward"]
+                                                       for ev in by.values()]) for m, by in cut_runs.items()}}
+    return out
+
+
+def print_tables(res: dict) -> None:
+    for n, t in res["budgets"].items():
+        tn = [v for v in t["T_N_s"].values() if not math.isnan(v)]
+        print(f"\nbudget N = {n} baseline iterations (T_N {min(tn):.1f}-{max(tn):.1f} s of training); final rewards: "
+              + ", ".join(f"{m} {v[0]:.3f}" for m, v in t["final_reward"].items()))
+        for ref, row in t["references"].items():
+            for m, r in row.items():
+                tt, it = r["time"], r["iterations"]
+                seeds = ", ".join("–" if math.isnan(v) else f"{v:.2f}" for v in tt["by_seed"].values())
+                goal = f"; goal ≤ {tt['goal']}: {tt['met_goal']}" if "goal" in tt else ""
+                print(f"  {m:>12} ÷ {ref:<12} time {tt['mean']:.2f} ± {tt['std']:.2f} (max {tt['max']:.2f}, reached "
+                      f"{tt['reached']}{goal})  iterations {it['mean']:.2f} ± {it['std']:.2f}  [{seeds}]")
+
+
+# ------------------------------------------------------------------------------------------------ running them
+def schedule(jobs: list[tuple[str, tuple[str, ...], Callable[[], dict]]], n_par: int) -> dict[str, dict]:
+    """Run ``(key, dependencies, fn)`` jobs ``n_par`` at a time: each worker takes the first job in the list whose
+    dependencies are done (so the list's order is the schedule). Returns {key: fn()}; the first error is raised."""
+    pending, done, errors = list(jobs), {}, []
+    cond = threading.Condition()
+
+    def worker():
+        while True:
+            with cond:
+                while True:
+                    if errors or not pending:
+                        return
+                    ready = next((j for j in pending if all(d in done for d in j[1])), None)
+                    if ready:
+                        pending.remove(ready)
+                        break
+                    cond.wait()
+            try:
+                value = ready[2]()
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                with cond:
+                    errors.append(e)
+                    cond.notify_all()
+                return
+            with cond:
+                done[ready[0]] = value
+                cond.notify_all()
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(n_par)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return done
+
+
+def run(seeds: list[int], methods: tuple[str, ...], n_max: int, out_dir: str, n_par: int) -> list[dict]:
+    """Every seed's baseline for ``n_max`` iterations, then each other method for the training time it took."""
+    t0 = time.time()
+    base: dict[int, dict] = {}
+
+    def log(rec):
+        print(f"[{time.time() - t0:6.0f}s] {rec['method']} seed {rec['seed']}: {rec['iterations']} it in "
+              f"{rec['train_time']:.1f} s, final {rec['evals'][-1]['eval_reward']:.3f}", flush=True)
+        return rec
+
+    def baseline_job(seed):
+        def fn():
+            rec = bm.run_one(BASELINE, bm.METHODS[BASELINE], seed, None, os.path.join(out_dir, "runs", f"{BASELINE}_{seed}"),
+                             iterations=n_max, eval_every=1)
+            base[seed] = rec
+            return log(rec)
+        return fn
+
+    def method_job(name, seed):
+        def fn():
+            t = base[seed]["train_time"]
+            return log(bm.run_one(name, bm.METHODS[name], seed, t, os.path.join(out_dir, "runs", f"{name}_{seed}"),
+                                  eval_every_s=t / n_max))
+        return fn
+
+    jobs = []
+    for i, seed in enumerate(seeds):
+        jobs.append((f"{BASELINE}/{seed}", (), baseline_job(seed)))
+        if i:   # the previous seed's methods beside this seed's baseline
+            prev = seeds[i - 1]
+            rot = methods[prev % len(methods):] + methods[:prev % len(methods)]
+            jobs += [(f"{m}/{prev}", (f"{BASELINE}/{prev}",), method_job(m, prev)) for m in rot]
+    last = seeds[-1]
+    rot = methods[last % len(methods):] + methods[:last % len(methods)]
+    jobs += [(f"{m}/{last}", (f"{BASELINE}/{last}",), method_job(m, last)) for m in rot]
+    done = schedule(jobs, n_par)
+    return [done[k] for k, _, _ in jobs]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, default=8)
+    ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)), help="baseline iterations to read the ratios "
+                    "at; the baseline trains the largest")
+    ap.add_argument("--methods", default=",".join(METHODS), help="what trains beside the baseline (bench_methods.py's "
+                    "names)")
+    ap.add_argument("--smooth", type=int, default=SMOOTH, help="average each curve over this many consecutive "
+                    "evaluations after cutting it at the budget (1: the raw curve)")
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="runs at a time, one thread each")
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "budget"))
+    ap.add_argument("--report", metavar="BUDGET_JSON", help="read the tables again from an earlier budget.json")
+    ap.add_argument("--merge", nargs="+", metavar="BUDGET_JSON", help="pool the seeds of earlier budget.json files")
+    ns = ap.parse_args(argv)
+    try:
+        budgets = tuple(sorted({int(x) for x in ns.budgets.split(",")}))
+    except ValueError:
+        raise SystemExit(f"--budgets {ns.budgets!r}: whole numbers of baseline iterations, e.g. 20,40,80") from None
+    if not budgets or budgets[0] < 2:
+        raise SystemExit(f"--budgets {ns.budgets!r}: at least 2 baseline iterations each")
+    methods = tuple(m for m in ns.methods.split(",") if m)
+    unknown = [m for m in methods if m not in bm.METHODS or m == BASELINE]
+    if unknown:
+        raise SystemExit(f"--methods: {unknown} are not methods beside the baseline; choose from "
+                         f"{sorted(set(bm.METHODS) - {BASELINE})}")
+    from treegrpo.io import atomic_write_json
+
+    if ns.report or ns.merge:
+        parts = [json.load(open(p, encoding="utf-8")) for p in (ns.merge or [ns.report])]
+        records = [r for p in parts for r in p["records"]]
+        budgets = tuple(b for b in budgets if b <= min(p["n_max"] for p in parts))
+        n_max = min(p["n_max"] for p in parts)
+    else:
+        bm.THREADS = 1
+        n_max = budgets[-1]
+        records = run(list(range(ns.first_seed, ns.first_seed + ns.seeds)), methods, n_max, ns.out, ns.jobs)
+    res = {"budgets": tables(records, budgets, ns.smooth), "smooth": ns.smooth, "n_max": n_max,
+           "protocol": "work budget: the baseline trains N iterations, every other method the time that took",
+           "records": records}
+    print_tables(res)
+    if not ns.report:
+        os.makedirs(ns.out, exist_ok=True)
+        atomic_write_json(os.path.join(ns.out, "budget.json"), res)
+        print(f"wrote {os.path.join(ns.out, 'budget.json')}")
+
+
+if __name__ == "__main__":
+    main()
