@@ -29,6 +29,8 @@ const STYLE = `
 const QUESTION = "treegrpo.artist.question";
 const queue = [];          // questions for this tab, oldest first
 let current = null;        // {q, state, el, timer, shownAt}
+const finished = new Set(); // nonces of the showings answered, closed or expired here: a /pending response fetched
+                            // before the answer reached the server, arriving after it, must not show them again
 
 function viewUrl(ref) {
   const p = new URLSearchParams({ filename: ref.filename, subfolder: ref.subfolder || "", type: ref.type || "temp" });
@@ -42,13 +44,15 @@ function badge(text) {
 }
 
 function enqueue(q) {
-  if (queue.some((x) => x.id === q.id && x.nonce === q.nonce) || (current && current.q.nonce === q.nonce)) return;
+  if (finished.has(q.nonce) || queue.some((x) => x.id === q.id && x.nonce === q.nonce)
+      || (current && current.q.nonce === q.nonce)) return;
   queue.push(q);
   if (!current) showNext();
 }
 
 function close() {
   if (!current) return;
+  finished.add(current.q.nonce);
   clearInterval(current.timer);
   current.el.remove();
   window.removeEventListener("keydown", onKey, true);
@@ -67,8 +71,10 @@ async function send(answer) {
     c.el.querySelector(".msg").textContent = j.message || "the answer was refused";
     return;
   }
-  close();
-  showNext();
+  finished.add(c.q.nonce);
+  // the server's "closed" event may have closed this dialog already and the next question may be showing: close only
+  // the question this answer was for
+  if (current === c) { close(); showNext(); }
 }
 
 function answerOf(c) {
@@ -194,12 +200,12 @@ app.registerExtension({
     api.addEventListener(QUESTION, (e) => enqueue(e.detail));
     api.addEventListener("treegrpo.artist.closed", (e) => {
       const id = e.detail && e.detail.id;
-      for (let k = queue.length - 1; k >= 0; k--) if (queue[k].id === id) queue.splice(k, 1);
+      for (let k = queue.length - 1; k >= 0; k--) if (queue[k].id === id) finished.add(queue.splice(k, 1)[0].nonce);
       if (current && current.q.id === id) { close(); showNext(); }
     });
     api.addEventListener("treegrpo.artist.waiting", () => refresh());
     api.addEventListener("status", () => refresh());       // also after a reconnect
-    window.__treegrpoArtist = { queue, get current() { return current; } };   // for the browser tests
+    window.__treegrpoArtist = { queue, refresh, get current() { return current; } };   // for the browser tests
     refresh();
   },
 });
