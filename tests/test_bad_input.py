@@ -235,13 +235,52 @@ def test_treegrpo_config_refuses_an_unknown_reward(tmp_path, capsys):
     assert "unknown reward model(s) ['nosuch']" in _run(["config", "--config", cfg], capsys)
 
 
-def test_a_batch_too_large_for_memory_is_refused_before_allocation(tmp_path, capsys, monkeypatch):
-    """On the CPU no plan is measured, but the latents the trees keep must fit in the available memory."""
+def test_a_batch_too_large_for_memory_is_refused_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    """The latents the trees keep must fit in the available memory: checked from the model's configuration alone,
+    before any weight loads, naming the smallest change. The demo's latent is 3x16x16 float32 (3 KiB) and a k=2, w=3
+    tree keeps 1 + 2 + 4 + 2*8 = 23 of them (70,656 B): 2 MB hold 28 trees."""
     from treegrpo import memory
+    _no_model(monkeypatch)
     monkeypatch.setattr(memory, "available_ram", lambda: 2e6)
     cfg = write(tmp_path, "c.json", base(tmp_path, prompts_per_iter=4000))   # under the 4096-tree cap
     err = _run(["train", "--config", cfg], capsys)
-    assert "latents" in err and "prompts_per_iter" in err, err
+    assert "92,000 latents of 3 KiB for its 4,000 trees" in err and "lower prompts_per_iter to at most 28" in err, err
+    # one prompt of 4 trees is already too many for 150 kB: at most 2 trees
+    monkeypatch.setattr(memory, "available_ram", lambda: 150e3)
+    cfg = write(tmp_path, "c.json", base(tmp_path, prompts_per_iter=1, trees_per_prompt=4))
+    assert "set prompts_per_iter to 1 and trees_per_prompt to at most 2" in _run(["train", "--config", cfg], capsys)
+    # a k=8, w=4 tree keeps 1 + 8 + 64 + 512 + 2*4096 = 8,777 latents (27 MB); w=3 keeps 1,097 (3.4 MB), w=2 137
+    monkeypatch.setattr(memory, "available_ram", lambda: 2e6)
+    cfg = write(tmp_path, "c.json", base(tmp_path, prompts_per_iter=1, **{"tree.branch": 8, "tree.window_width": 4,
+                                                                          "tree.max_leaves": 4096}))
+    assert "a window of 2 steps (--tree.window_width 2: 64 leaves per tree)" in _run(["train", "--config", cfg], capsys)
+    assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+def test_a_resolution_too_large_for_memory_is_refused_from_the_model_folders_configs(tmp_path, capsys, monkeypatch):
+    """A diffusers folder's JSON configs give the latent shape (the VAE's channels and scale, the denoiser's default
+    size): at 8192x8192 an SD latent is 4x1024x1024 float32 (16 MiB) and the smallest tree (k=2, w=1) keeps 5 of
+    them; in 20 MB the advice is a resolution at most sqrt(20e6 / (5 * 16 MiB)) = 0.49x. No weight file exists: the
+    check reads none."""
+    from treegrpo import memory
+    _no_model(monkeypatch)
+    folder = tmp_path / "sd"
+    for sub, conf in {"": {"_class_name": "StableDiffusionPipeline"},
+                      "vae": {"latent_channels": 4, "block_out_channels": [8, 8, 8, 8]},
+                      "unet": {"sample_size": 64}}.items():
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+        write(folder / sub, "model_index.json" if not sub else "config.json", conf)
+    monkeypatch.setattr(memory, "available_ram", lambda: 20e6)
+    over = {"backend": "diffusers", "model": str(folder), "prompts_per_iter": 1, "tree.branch": 2,
+            "tree.window_width": 1, "tree.window_start": 0, "pipeline.height": 8192, "pipeline.width": 8192}
+    err = _run(["train", "--config", write(tmp_path, "c.json", base(tmp_path, **over))], capsys)
+    assert "5 latents of 16384 KiB for its 1 tree (0.1 GB)" in err and "lower the resolution to at most 0.49x" in err
+    # at the model's own 512x512 (sample_size 64 x 8: 64 KiB latents) the same tree fits
+    over.pop("pipeline.height"), over.pop("pipeline.width")
+    cfg = TrainConfig.from_dict(base(tmp_path, **over))
+    from treegrpo.backends import latent_shape_from_config
+    assert latent_shape_from_config(cfg) == (4, 64, 64)
+    cli.check_size(cfg)
 
 
 # ------------------------------------------------------------------------------------------- runs and resuming

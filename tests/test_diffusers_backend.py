@@ -197,3 +197,19 @@ def test_gradient_checkpointing_gives_the_same_update(saved, tmp_path, family):
     assert a.keys() == b.keys()
     assert any(v.abs().max() > 0 for k, v in a.items() if "lora_up" in k)
     assert all(torch.allclose(a[k], b[k], atol=1e-7, rtol=1e-5) for k in a)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_latent_shape_read_from_the_folders_configs_is_the_loaded_models(saved, tmp_path, family):
+    """cli.check_size reads a leaf's latent shape from the JSON configs before any weight loads: the same as the
+    loaded policy's, at the default size and at a chosen one."""
+    from treegrpo.backends import latent_shape_from_config
+
+    for h, w in ((0, 0), (64, 128)):
+        cfg = TrainConfig.from_dict({"backend": "diffusers", "model": saved[family], "prompts": ["a cat"],
+                                     "pipeline": {**PC.__dict__, "height": h, "width": w}})
+        policy = DiffusersPolicy.load(saved[family], cfg.pipeline)
+        assert latent_shape_from_config(cfg) == tuple(policy.latent_shape()), (family, h, w)
+    demo = TrainConfig.from_dict(cli.demo_config_dict())
+    from treegrpo.backends import load_policy
+    assert latent_shape_from_config(demo) == tuple(load_policy(demo)[0].latent_shape())

@@ -194,6 +194,36 @@ def preflight(cfg: TrainConfig, resume: bool = False, allow_changes: bool = Fals
         ckpt.check_resume(out, cfg, allow_changes=allow_changes)
     elif not overwrite:
         ckpt.check_fresh_start(out, cfg.run_name)
+    check_size(cfg)
+
+
+def check_size(cfg: TrainConfig) -> None:
+    """The latents one iteration keeps must fit in the memory of the device they live on, from the model's
+    configuration alone: refused before any weights load (minutes for SDXL or Flux), naming the smallest change that
+    fits. A lower bound: the measured plan after loading adds the activations (the GPU) and checks again."""
+    import math
+
+    from . import memory
+    from .backends import latent_shape_from_config, resolve_device
+
+    if cfg.memory.plan == "off":
+        return
+    try:
+        shape = latent_shape_from_config(cfg)
+    except Exception:  # noqa: BLE001 - a model folder that cannot be read is the loader's to explain
+        shape = None
+    if shape is None:
+        return
+    device = resolve_device(cfg.device)
+    available = memory.accelerator_budget(device) if device.type == "cuda" else memory.available_ram()
+    world = max(1, int(os.environ.get("WORLD_SIZE", "1") or 1))   # torchrun / accelerate: each rank keeps its share
+    wl = memory.Workload(trees=-(-cfg.prompts_per_iter * cfg.trees_per_prompt // world),
+                         branching=tuple(cfg.tree.branching))
+    try:
+        memory.size_guard(wl, 4 * math.prod(shape), available, trees_per_prompt=cfg.trees_per_prompt,
+                          where="GPU memory" if device.type == "cuda" else "memory")
+    except memory.MemoryPlanError as e:
+        raise ConfigError(f"TrainConfig.prompts_per_iter / tree: {e}") from None
 
 
 def run_training(cfg: TrainConfig, resume: bool = False, progress: bool = True, write_lora: bool = True,

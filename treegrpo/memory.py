@@ -375,15 +375,42 @@ def available_ram() -> float:
             return 0.0
 
 
-def size_guard(wl: Workload, latent_bytes: int, available: float) -> None:
-    """Without a measured plan (the CPU), a lower bound: the latents one iteration's trees keep must fit in
-    ``available`` bytes; else MemoryPlanError before anything is allocated."""
+def size_guard(wl: Workload, latent_bytes: int, available: float, *, trees_per_prompt: int = 1,
+               where: str = "memory") -> None:
+    """Without a measured plan (the CPU, or before the model is loaded), a lower bound: the latents one iteration's
+    trees keep must fit in ``available`` bytes of ``where``; else MemoryPlanError before anything is allocated, naming
+    the smallest change that fits (:func:`latents_advice`)."""
     need = wl.stored_latents * latent_bytes
     if available and need > available:
         raise MemoryPlanError(
-            f"one iteration keeps {wl.stored_latents} latents of its {wl.trees} trees ({need / GB:.1f} GB) and only "
-            f"{available / GB:.1f} GB of memory are available: lower prompts_per_iter, trees_per_prompt, branch "
-            "or window_width")
+            f"one iteration keeps {wl.stored_latents:,} latents of {latent_bytes / 1024:.0f} KiB for its "
+            f"{wl.trees:,} tree{'s' if wl.trees > 1 else ''} ({need / GB:.1f} GB) and only {available / GB:.1f} GB of {where} are available: "
+            + latents_advice(wl, latent_bytes, available, trees_per_prompt))
+
+
+def latents_advice(wl: Workload, latent_bytes: int, available: float, trees_per_prompt: int = 1) -> str:
+    """The smallest change that makes one iteration's latents fit in ``available`` bytes: fewer prompts per iteration
+    (the most that fit), else one prompt and a narrower window (the widest that fits), else a lower resolution."""
+    per_tree = dataclasses.replace(wl, trees=1).stored_latents * latent_bytes
+    trees = int(available // per_tree)
+    if trees >= trees_per_prompt:
+        prompts = trees // trees_per_prompt
+        return (f"lower prompts_per_iter to at most {prompts:,} (--prompts-per-iter; {trees_per_prompt} tree"
+                f"{'s' if trees_per_prompt > 1 else ''} per prompt): the latents of more do not fit, before any "
+                "activation")
+    if trees >= 1:
+        return (f"set prompts_per_iter to 1 and trees_per_prompt to at most {trees}: the latents of more do not fit, "
+                "before any activation")
+    for width in range(len(wl.branching) - 1, 0, -1):
+        one = Workload(trees=1, branching=wl.branching[:width])
+        if one.stored_latents * latent_bytes <= available:
+            return (f"use 1 prompt per iteration and a window of {width} step{'s' if width > 1 else ''} "
+                    f"(--tree.window_width {width}: {math.prod(one.branching):,} leaves per tree), or a smaller "
+                    "branch")
+    one = Workload(trees=1, branching=wl.branching[:1])
+    side = math.sqrt(available / (one.stored_latents * latent_bytes))
+    return (f"even 1 prompt with a window of 1 step does not fit: lower the resolution to at most {side:.2f}x its width "
+            "and height as well")
 
 
 def accelerator_budget(device) -> float:

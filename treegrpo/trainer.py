@@ -566,7 +566,8 @@ class Trainer:
         budget = budget or self.memory_budget or mc.budget_gb * memory.GB or memory.accelerator_budget(self.policy.device)
         if not budget:   # the CPU: no measured plan, but a batch that cannot fit is refused before allocation
             latent = 4 * math.prod(self.policy.latent_shape())
-            memory.size_guard(self.workload(), latent, memory.available_ram())
+            memory.size_guard(self.workload(), latent, memory.available_ram(),
+                              trees_per_prompt=self.cfg.trees_per_prompt)
             return None
         fixed = mc.fixed()
         if self.cfg.pipeline.gradient_checkpointing:

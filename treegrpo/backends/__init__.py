@@ -30,6 +30,25 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
+def latent_shape_from_config(cfg) -> "tuple[int, int, int] | None":
+    """A leaf's latent shape (C, h, w) for ``cfg``'s model, read from its configuration alone (safetensors metadata,
+    JSON files), before any weight loads; None where only the loaded model can tell."""
+    if cfg.backend == "demo":
+        from ..demo.model import DEFAULT_FLOW_PATH, DemoConfig
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(cfg.model or DEFAULT_FLOW_PATH), framework="pt") as f:
+                c = DemoConfig.from_json((f.metadata() or {})["config"])
+        except Exception:  # noqa: BLE001 - the loader says what is wrong with the file
+            return None
+        return int(c.in_channels), int(c.resolution), int(c.resolution)
+    if cfg.backend == "diffusers" and cfg.model:
+        from .diffusers import latent_shape_from_files
+        return latent_shape_from_files(cfg.model, cfg.pipeline)
+    return None
+
+
 def load_policy(cfg, device=None) -> tuple[Policy, str]:
     """(policy, base-model name) for ``cfg.backend``; ``cfg.model`` is a local path or None.
     ``device`` overrides ``cfg.device`` (data-parallel ranks get their own GPU)."""

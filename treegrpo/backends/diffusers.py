@@ -110,6 +110,40 @@ def load_pipeline(path: str, pcfg: PipelineConfig, device: torch.device):
     return pipe, family
 
 
+def image_size(family: str, sample_size, vae_scale: int, pcfg: PipelineConfig) -> tuple[int, int]:
+    """(height, width) in pixels: the config's, else the denoiser's ``sample_size`` (in latents) times the VAE's
+    scale (Flux: 1024); ModelLoadError where they are not multiples of what the family needs."""
+    default = int(sample_size) * vae_scale if isinstance(sample_size, int) and family != "flux" else \
+        (1024 if family == "flux" else 512)
+    h, w = pcfg.height or default, pcfg.width or default
+    mult = vae_scale * (2 if family in ("sd3", "flux") else 1)
+    if h % mult or w % mult:
+        raise ModelLoadError(f"PipelineConfig.height/width: {h}x{w} must be multiples of {mult} for {family}")
+    return h, w
+
+
+def latent_shape_from_files(path: str, pcfg: PipelineConfig) -> Optional[tuple[int, int, int]]:
+    """A leaf's latent shape (C, h, w) from the folder's JSON configs alone (``vae/config.json`` and the denoiser's),
+    before any weight is read; None where the folder does not say (a single-file checkpoint without
+    ``pipeline.config``)."""
+    folder = path if os.path.isdir(path) else pcfg.config
+    if not folder or not os.path.isdir(folder):
+        return None
+    family = pcfg.family if pcfg.family != "auto" else detect_family(path, pcfg.config)
+    _, attr, _ = FAMILIES[family]
+
+    def read(sub):
+        f = os.path.join(folder, sub, "config.json")
+        return json.load(open(f, encoding="utf-8")) if os.path.isfile(f) else None
+
+    vae, den = read("vae"), read(attr)
+    if vae is None or den is None or "latent_channels" not in vae or "block_out_channels" not in vae:
+        return None
+    scale = 2 ** (len(vae["block_out_channels"]) - 1)
+    h, w = image_size(family, den.get("sample_size"), scale, pcfg)
+    return int(vae["latent_channels"]), h // scale, w // scale
+
+
 class DiffusersPolicy(Policy):
     """A diffusers pipeline behind the ``Policy`` protocol (see module docstring)."""
 
@@ -192,16 +226,7 @@ class DiffusersPolicy(Policy):
         return cls(pipe, family, pcfg, dev, guidance_hint)
 
     def _image_size(self) -> tuple[int, int]:
-        cfg = self.model.config
-        default = getattr(cfg, "sample_size", None)
-        default = int(default) * self.vae_scale if isinstance(default, int) and self.family != "flux" else \
-            (1024 if self.family == "flux" else 512)
-        h = self.pcfg.height or default
-        w = self.pcfg.width or default
-        mult = self.vae_scale * (2 if self.family in ("sd3", "flux") else 1)
-        if h % mult or w % mult:
-            raise ModelLoadError(f"PipelineConfig.height/width: {h}x{w} must be multiples of {mult} for {self.family}")
-        return h, w
+        return image_size(self.family, getattr(self.model.config, "sample_size", None), self.vae_scale, self.pcfg)
 
     # ------------------------------------------------------------------ Policy protocol
     def latent_shape(self) -> tuple[int, int, int]:
