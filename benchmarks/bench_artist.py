@@ -239,11 +239,33 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--l2", type=float, default=TasteConfig.l2)
     ap.add_argument("--max-ask-rate", type=float, default=TasteConfig.max_ask_rate)
     ap.add_argument("--report", default=None, help="only recompute the report of this results file")
+    ap.add_argument("--merge", nargs="+", metavar="ARTIST_JSON", help="pool the runs of these results files into "
+                    "--out (a later file's run replaces an earlier one of the same strategy and seed: e.g. d3po again "
+                    "for more iterations; the target stays 70 %% of the pooled oracle's gain); runs nothing")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "artist.json"))
     a = ap.parse_args(argv)
     strategies = a.only or list(STRATEGIES)
     if "random" in strategies and "unsure" not in strategies:
         ap.error("--only random needs --only unsure too (it asks at the rate unsure ended with)")
+    if a.merge:
+        import json
+        parts = []
+        for path in a.merge:
+            with open(path) as f:
+                parts.append(json.load(f))
+        pooled = {}
+        for part in parts:
+            for r in part["runs"]:
+                pooled[(r["strategy"], r["seed"])] = r
+        out = {**{k: v for k, v in parts[0].items() if k not in ("runs", "report")},
+               "merged_from": [os.path.abspath(p) for p in a.merge],
+               "iterations_by_strategy": {s: sorted({len(r["curve"]) - 1 for r in pooled.values() if r["strategy"] == s})
+                                          for s in STRATEGIES if any(r["strategy"] == s for r in pooled.values())},
+               "runs": sorted(pooled.values(), key=lambda r: (r["seed"], STRATEGIES.index(r["strategy"])))}
+        out["report"] = report(out["runs"])
+        atomic_write_json(a.out, out)
+        print_report(out["report"])
+        return out
     if a.report:
         import json
         with open(a.report) as f:
@@ -270,7 +292,11 @@ def main(argv: list[str] | None = None) -> dict:
            "runs": runs}
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     atomic_write_json(a.out, out)
-    rep = out["report"]
+    print_report(out["report"])
+    return out
+
+
+def print_report(rep: dict) -> None:
     for name, e in rep["strategies"].items():
         if name == "oracle":
             print(f"{name:>6}: gain {e['gain']['mean']:+.3f} ± {e['gain']['sd']:.3f}; target "
@@ -283,7 +309,6 @@ def main(argv: list[str] | None = None) -> dict:
         if v:
             print(f"{k}: {v['mean']:.2f} ± {v['sd']:.2f} (seeds {v['reached']}, min {v['min']:.2f}, max {v['max']:.2f}"
                   + (f"; {v['bounded']} upper bounds: the second never reached the target" if v["bounded"] else "") + ")")
-    return out
 
 
 if __name__ == "__main__":

@@ -332,6 +332,28 @@ def test_bench_artist_counts_answers_to_the_taste(tmp_path):
     assert json.load(open(tmp_path / "artist.json"))["report"]["target_fraction"] == 0.7
 
 
+def test_bench_artist_merge_runs_one_strategy_longer_against_the_same_target(tmp_path):
+    """--merge pools results files, a later file's run replacing the same strategy and seed: D3PO-style pairs run
+    again for more answers reach the target the 40-iteration oracle set (70 % of its +0.4), and the every/d3po ratio
+    becomes a measured one instead of an upper bound."""
+    import bench_artist as ba
+
+    first = {"iterations": 2, "runs": [
+        {"strategy": "oracle", "seed": 0, "curve": [(0, 0.3), (0, 0.5), (0, 0.7)], "answers": 0},
+        {"strategy": "every", "seed": 0, "curve": [(0, 0.3), (10, 0.5), (20, 0.7)], "answers": 20, "ask_rate": 1.0},
+        {"strategy": "d3po", "seed": 0, "curve": [(0, 0.3), (20, 0.35)], "answers": 20, "ask_rate": 1.0}]}
+    longer = {"iterations": 4, "runs": [{"strategy": "d3po", "seed": 0, "answers": 80, "ask_rate": 1.0,
+                                         "curve": [(0, 0.3), (20, 0.35), (40, 0.45), (60, 0.6), (80, 0.7)]}]}
+    for name, d in (("a.json", first), ("b.json", longer)):
+        (tmp_path / name).write_text(json.dumps(d))
+    out = ba.main(["--merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out", str(tmp_path / "m.json")])
+    assert [r["strategy"] for r in out["runs"]] == ["oracle", "every", "d3po"]
+    assert out["iterations_by_strategy"] == {"oracle": [2], "every": [2], "d3po": [4]}
+    ratio = out["report"]["ratios"]["every/d3po"]
+    assert ratio["values"] == [pytest.approx(20 / 60)] and ratio["bounded"] == 0        # 0.28 of gain first at 60
+    assert json.load(open(tmp_path / "m.json"))["report"] == json.loads(json.dumps(out["report"]))
+
+
 # ---------------------------------------------------------------------------------------------- budgets in work
 import bench_budget as bb  # noqa: E402
 
