@@ -2,8 +2,9 @@
 // Questions arrive as "treegrpo.artist.question" websocket events (only in the tab that queued the prompt) and are
 // fetched again from /treegrpo/artist/pending after a reload. Keys: digits toggle a leaf (favourites) or pick the
 // next one (ranking, best/worst), Shift+digit marks a leaf bad, Enter sends, 0 = no preference, Esc = skip the tree,
-// Z zooms the leaf under the mouse. Keys are taken on window in the capture phase, before the frontend's own dialogs
-// (the template browser that can open after a reload) see them.
+// Z zooms the leaf under the mouse. Keys are taken on window in the capture phase by one listener added when the
+// extension is set up: window listeners of a phase run in the order they were added, and frontend popups that open
+// later add theirs then (ComfyUI's ComfyPopup stops Escape there), so the dialog sees its keys first.
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 
@@ -55,7 +56,6 @@ function close() {
   finished.add(current.q.nonce);
   clearInterval(current.timer);
   current.el.remove();
-  window.removeEventListener("keydown", onKey, true);
   current = null;
 }
 
@@ -180,7 +180,6 @@ function showNext() {
     if (left <= 0) { close(); showNext(); }
   };
   current.timer = setInterval(tick, 500); tick();
-  window.addEventListener("keydown", onKey, true);
   render(current);
 }
 
@@ -197,6 +196,7 @@ async function refresh() {
 app.registerExtension({
   name: "treegrpo.artist",
   async setup() {
+    window.addEventListener("keydown", onKey, true);        // first in line (see the note at the top)
     api.addEventListener(QUESTION, (e) => enqueue(e.detail));
     api.addEventListener("treegrpo.artist.closed", (e) => {
       const id = e.detail && e.detail.id;
