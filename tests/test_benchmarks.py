@@ -447,3 +447,47 @@ def test_one_tiny_work_budget_comparison_end_to_end(tmp_path):
     bad = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_budget.py"), "--methods", "trees"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert bad.returncode != 0 and "--methods" in bad.stderr
+
+
+def test_gradient_noise_statistics_against_a_known_distribution():
+    """bench_gradient.noise_stats on draws g = μ + σ·ε (P = 50 coordinates, ||μ||² = 2, σ² = 0.04 per coordinate):
+    SNR = ||μ||² / (P σ²) = 1.0, estimated without bias (||ḡ||² alone would add P σ² / R); identical draws have no
+    noise; the leave-one-out cosine of pure noise is about 0."""
+    import torch
+
+    import bench_gradient as bg
+
+    g = torch.Generator().manual_seed(0)
+    p, r = 50, 4000
+    mu = torch.zeros(p, dtype=torch.float64)
+    mu[:2] = 1.0
+    draws = mu + 0.2 * torch.randn(r, p, generator=g, dtype=torch.float64)
+    st = bg.noise_stats(draws)
+    # the noise estimate has relative sd sqrt(2 / (R P)) = 0.3 %; the signal's about 2 % here
+    assert st["noise"] == pytest.approx(p * 0.04, rel=0.02) and st["snr"] == pytest.approx(1.0, rel=0.06)
+    few = bg.noise_stats(draws[:6])
+    assert few["signal"] < float(draws[:6].mean(0).pow(2).sum())          # the mean's own noise is taken off
+    pure = bg.noise_stats(0.2 * torch.randn(400, p, generator=g, dtype=torch.float64))
+    assert abs(pure["cos_loo"]) < 0.05 and pure["snr"] < 0.05
+    same = bg.noise_stats(mu.expand(5, p).clone())
+    assert same["noise"] == 0 and math.isnan(same["snr"]) and same["cos_loo"] == pytest.approx(1.0)
+
+
+def test_bench_gradient_measures_each_methods_gradient_at_the_base_model(tmp_path):
+    """Three independent iterations per method at the base model, no optimiser step in between: the same policy for
+    every draw, so the draws differ only by their samples; the flow-matching objectives and too few draws are
+    refused."""
+    import bench_gradient as bg
+
+    out = bg.main(["--draws", "3", "--methods", "tree,traj_window", "--out", str(tmp_path / "g.json")])
+    rows = out["methods"]
+    assert set(rows) == {"tree", "traj_window"} and rows["traj_window"]["snr_vs_window"] == pytest.approx(1.0)
+    for r in rows.values():
+        assert -1 <= r["cos_loo"] <= 1 and r["noise"] > 0 and r["s_per_iter"] > 0
+    # 24 prompts: a tree has 2 + 4 + 8 edges, a window-GRPO group 8 trajectories x 3 window steps
+    assert rows["tree"]["edges"] <= 24 * 14 and rows["traj_window"]["edges"] <= 24 * 24
+    assert json.load(open(tmp_path / "g.json"))["draws"] == 3
+    with pytest.raises(SystemExit, match="at least 3"):
+        bg.main(["--draws", "2"])
+    with pytest.raises(SystemExit, match="GRPO gradient"):
+        bg.main(["--draws", "3", "--methods", "awm", "--out", str(tmp_path / "a.json")])
