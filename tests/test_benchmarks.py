@@ -431,8 +431,8 @@ def test_the_schedule_runs_each_job_after_its_dependencies_in_the_listed_order()
 
 
 def test_one_tiny_work_budget_comparison_end_to_end(tmp_path):
-    """The baseline trains 2 iterations, evaluated after each; the tree trains for the time that took, evaluated as
-    often; the table reads budgets 1 and 2 from those two runs."""
+    """The baseline trains 3 iterations, evaluated after each; the tree trains for the time that took, evaluated as
+    often; the table reads budgets 2 and 3 from those two runs; an unknown method is refused."""
     r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_budget.py"), "--seeds", "1",
                         "--budgets", "2,3", "--methods", "tree", "--jobs", "1", "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=600, cwd=ROOT)
