@@ -115,20 +115,24 @@ def main(argv: list[str] | None = None) -> dict:
     ns = ap.parse_args(argv)
     if ns.draws < 3:
         raise SystemExit(f"--draws {ns.draws}: at least 3 (a variance and a leave-one-out mean need them)")
-    torch.set_num_threads(1)
-    rows = {}
-    for item in [m for m in ns.methods.split(",") if m]:
-        name, _, js = item.partition("=")
-        ov = json.loads(js) if js else method_overrides(name)
-        d = gradient_draws(ov, ns.draws, ns.seed)
-        st = noise_stats(d["grads"])
-        s_it = sum(d["seconds"]) / len(d["seconds"])
-        rows[name] = {**st, "s_per_iter": s_it, "snr_per_s": st["snr"] / s_it,
-                      "adv_sd": sum(d["adv_sd"]) / len(d["adv_sd"]), "edges": sum(d["edges"]) / len(d["edges"]),
-                      "overrides": ov}
-        print(f"{name:<22} SNR {st['snr']:.3f}  cos(loo) {st['cos_loo']:+.3f} ± {st['cos_loo_sd']:.3f}  "
-              f"{s_it:.2f} s/it  SNR/s {rows[name]['snr_per_s']:.3f}  edges {rows[name]['edges']:.0f}  "
-              f"adv sd {rows[name]['adv_sd']:.2f}", flush=True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # one core per draw, as bench_methods' runs; restored: tests call main in-process
+    try:
+        rows = {}
+        for item in [m for m in ns.methods.split(",") if m]:
+            name, _, js = item.partition("=")
+            ov = json.loads(js) if js else method_overrides(name)
+            d = gradient_draws(ov, ns.draws, ns.seed)
+            st = noise_stats(d["grads"])
+            s_it = sum(d["seconds"]) / len(d["seconds"])
+            rows[name] = {**st, "s_per_iter": s_it, "snr_per_s": st["snr"] / s_it,
+                          "adv_sd": sum(d["adv_sd"]) / len(d["adv_sd"]), "edges": sum(d["edges"]) / len(d["edges"]),
+                          "overrides": ov}
+            print(f"{name:<22} SNR {st['snr']:.3f}  cos(loo) {st['cos_loo']:+.3f} ± {st['cos_loo_sd']:.3f}  "
+                  f"{s_it:.2f} s/it  SNR/s {rows[name]['snr_per_s']:.3f}  edges {rows[name]['edges']:.0f}  "
+                  f"adv sd {rows[name]['adv_sd']:.2f}", flush=True)
+    finally:
+        torch.set_num_threads(threads)
     base = rows.get("traj_window")
     if base:
         for name, r in rows.items():

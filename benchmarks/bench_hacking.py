@@ -144,17 +144,21 @@ def main(argv=None) -> dict:
         print(markdown(json.load(open(args.out))))
         return {}
     import torch
-    torch.set_num_threads(2)
-    kls = [float(k) for k in args.kl.split(",")]
-    runs = []
-    for seed in range(args.seeds):
-        for kl in kls:
-            r = run_one(kl, seed, args)
-            runs.append(r)
-            print(f"kl_beta {kl:g} seed {seed}: reward {r['base']['eval_reward']:.3f} -> {r['final']['eval_reward']:.3f}, "
-                  f"judge {r['base']['eval_judge']:.3f} -> {r['final']['eval_judge']:.3f} (best "
-                  f"{r['best']['eval_judge']:.3f} @ {r['best']['iteration']}), HF x{r['final']['hf_ratio']:.2f}, "
-                  f"diversity x{r['final']['diversity_ratio']:.2f}, {r['seconds']:.0f} s", flush=True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)   # restored after: tests call main in-process
+    try:
+        kls = [float(k) for k in args.kl.split(",")]
+        runs = []
+        for seed in range(args.seeds):
+            for kl in kls:
+                r = run_one(kl, seed, args)
+                runs.append(r)
+                print(f"kl_beta {kl:g} seed {seed}: reward {r['base']['eval_reward']:.3f} -> {r['final']['eval_reward']:.3f}, "
+                      f"judge {r['base']['eval_judge']:.3f} -> {r['final']['eval_judge']:.3f} (best "
+                      f"{r['best']['eval_judge']:.3f} @ {r['best']['iteration']}), HF x{r['final']['hf_ratio']:.2f}, "
+                      f"diversity x{r['final']['diversity_ratio']:.2f}, {r['seconds']:.0f} s", flush=True)
+    finally:
+        torch.set_num_threads(threads)
     if args.merge and os.path.exists(args.out):
         old = json.load(open(args.out))
         if (old["lr"], old["iterations"], old["eval_every"]) != (args.lr, args.iterations, args.eval_every):

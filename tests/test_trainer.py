@@ -161,20 +161,36 @@ def test_interrupted_run_with_lr_schedule_resumes_to_the_same_lora_bytes(tmp_pat
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_lr_schedule_follows_the_time_budget_when_it_ends_the_run_first(tmp_path):
+class _StepClock:
+    """A stand-in for the trainer's ``time`` module: every ``perf_counter()`` call advances ``step`` seconds, so an
+    iteration's measured time is the same on every machine and under any load (t_sample, t_decode, t_reward and
+    t_assign one step each, t_update two: 1.25 s at step 0.25)."""
+
+    def __init__(self, step: float):
+        self.t, self.step = 0.0, step
+
+    def perf_counter(self) -> float:
+        self.t += self.step
+        return self.t
+
+
+def test_lr_schedule_follows_the_time_budget_when_it_ends_the_run_first(tmp_path, monkeypatch):
     """cosine over a run stopped by ``time_budget_s``: each iteration's lr is set from the training time
     used before it (the iteration count, 10⁶, is far away), so the schedule ends with the budget."""
     import math
 
-    # the budget in this machine's iterations (about 6 of them), so a slow or busy machine runs the same test
+    from treegrpo import trainer
+
+    monkeypatch.setattr(trainer, "time", _StepClock(0.25))
     warm = cli.run_training(_cfg(tmp_path / "warm", iterations=2, prompts_per_iter=2), progress=False,
                             write_lora=False)[0].history[-1]["t_iter"]
-    budget = 6 * warm
+    assert warm == pytest.approx(1.25)
+    budget = 6 * warm - 0.1                         # ends in the 6th iteration
     cfg = _cfg(tmp_path, iterations=10 ** 6, prompts_per_iter=2, time_budget_s=budget,
                optim={"lr_schedule": "cosine"})
     tr, _ = cli.run_training(cfg, progress=False, write_lora=False)
     h = tr.history
-    assert len(h) >= 3 and h[-2]["train_time"] < budget <= h[-1]["train_time"]
+    assert len(h) == 6 and h[-2]["train_time"] < budget <= h[-1]["train_time"]
     before = [0.0] + [x["train_time"] for x in h[:-1]]
     for x, t in zip(h, before):
         assert x["lr"] == pytest.approx(cfg.optim.lr * 0.5 * (1 + math.cos(math.pi * t / budget)), rel=1e-9)
