@@ -3,8 +3,10 @@
 #   1. the paper's comparison at SD3.5-Medium size: time per iteration (and its split) of TreeGRPO k=2, w=3
 #      vs window-SDE and all-step-SDE trajectory GRPO, same 8 leaves per prompt, random weights at 512 px;
 #   2. the per-family split at the published sizes (SD1.5, SDXL, SD3.5-M, Flux-dev), TreeGRPO only;
-#   3. training a Dynamic VRAM patcher of ComfyUI 0.33+ (benchmarks/gpu_dynamic_vram.py).
-# Results land in $OUT (or benchmarks/results) as families_gpu_methods.json and families_gpu.json.
+#   3. training a Dynamic VRAM patcher of ComfyUI 0.33+ (benchmarks/gpu_dynamic_vram.py);
+#   4. the cost of one iteration through the ComfyUI path, whole at the published depth (benchmarks/bench_iteration.py).
+# Results land in $OUT (or benchmarks/results) as families_gpu_methods.json, families_gpu.json, dynamic_vram.json and
+# iteration_gpu.json.
 #   bash benchmarks/gpu_session.sh            # DEVICE=cuda HEIGHT=512 ITERS=2 by default
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,3 +30,8 @@ timeout "${T_FAMILIES:-180}" $PY benchmarks/bench_families.py --random-size real
 #    Needs the newest ComfyUI tree extracted in .cache/ (carry .cache/comfyui-<version>) with its requirements.
 timeout "${T_DYNAMIC:-100}" $PY benchmarks/gpu_dynamic_vram.py --device "$DEVICE" --out "$DEST/dynamic_vram.json" \
     || echo "dynamic VRAM check failed or stopped (see above)"
+# 4. The cost of one iteration through the ComfyUI path (issue 35): tree, window GRPO and all-step GRPO on the
+#    published architectures, composed from per-row costs and, with --whole, run whole at the published depth.
+timeout "${T_ITERATION:-240}" $PY benchmarks/bench_iteration.py --gpu --whole --px "$HEIGHT" \
+    --models "${ITER_MODELS:-sd15,sdxl,sd35m}" --out "$DEST/iteration_gpu.json" \
+    || echo "iteration timings stopped (time limit)"

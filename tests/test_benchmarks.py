@@ -491,3 +491,75 @@ def test_bench_gradient_measures_each_methods_gradient_at_the_base_model(tmp_pat
         bg.main(["--draws", "2"])
     with pytest.raises(SystemExit, match="GRPO gradient"):
         bg.main(["--draws", "3", "--methods", "awm", "--out", str(tmp_path / "a.json")])
+
+
+def test_block_costs_are_fitted_exactly_and_evaluated_at_the_published_depth():
+    """bench_iteration's extrapolation of a model too large for this machine: cost = fixed + Σ per-block cost ×
+    blocks, solved from as many depths as unknowns, recovers the coefficients (float64 solve: to 1e-12)."""
+    import bench_iteration as bi
+
+    fixed, double, single = 0.3, 0.11, 0.05
+    pts = [(b, fixed + double * b[0] + single * b[1]) for b in ([2, 4], [4, 4], [2, 8])]
+    assert bi.fit_blocks(pts) == pytest.approx([fixed, double, single], rel=1e-12)
+
+
+TINY_SD15 = {"use_checkpoint": False, "image_size": 8, "out_channels": 4, "use_spatial_transformer": True,
+             "legacy": False, "adm_in_channels": None, "in_channels": 4, "model_channels": 32,
+             "num_res_blocks": [1, 1], "transformer_depth": [1, 1], "channel_mult": [1, 2],
+             "transformer_depth_middle": 1, "use_linear_in_transformer": False, "context_dim": 32,
+             "transformer_depth_output": [1, 1, 1, 1], "use_temporal_attention": False, "use_temporal_resblock": False}
+TINY_FLUX = {"image_model": "flux", "guidance_embed": True, "in_channels": 16, "out_channels": 16, "vec_in_dim": 32,
+             "context_in_dim": 32, "hidden_size": 64, "mlp_ratio": 2.0, "num_heads": 2, "depth": 1,
+             "depth_single_blocks": 1, "axes_dim": [8, 12, 12], "theta": 10000, "patch_size": 2, "qkv_bias": True}
+
+
+def test_bench_iteration_times_each_method_through_the_comfyui_path(comfyui_pack, tmp_path, monkeypatch):
+    """ComfyUI's own classes at tiny widths (the published ones are the benchmark's), the decode through ComfyUI's
+    VAE: each method's iteration is composed from the per-row costs with the NFE and trained parents hand-counted
+    here at the workflows' settings (T = 20 with CFG, Flux T = 16 without; window at step 1 of width 3, k = 2, 8
+    leaves, 2 prompts); SD1.5's iterations, run whole through the Trainer, count the same; Flux's published-depth
+    costs come from the block fit."""
+    import bench_iteration as bi
+
+    monkeypatch.setattr(bi, "architectures", lambda: {"sd15": ("SD15", TINY_SD15, (8, 32), None, "sd"),
+                                                      "flux_dev": ("Flux", TINY_FLUX, (8, 32), 32, "sd3")})
+    monkeypatch.setattr(bi, "ITERATE", {"sd15": None})
+    monkeypatch.setattr(bi, "FITS", {"flux_dev": {"blocks": ("depth", "depth_single_blocks"), "published": (3, 4),
+                                                  "depths": ({"depth": 1, "depth_single_blocks": 1},
+                                                             {"depth": 2, "depth_single_blocks": 1},
+                                                             {"depth": 1, "depth_single_blocks": 2})}})
+    monkeypatch.setattr(bi, "VAE_CH", 32)
+    out = bi.main(["--models", "sd15,flux_dev", "--px", "32", "--no-hps", "--out", str(tmp_path / "it.json")])
+
+    def hand(method, t, s=1, w=3, k=2):
+        leaves, tail = k ** w, t - s - w
+        return {"tree": s + sum(k ** j for j in range(w)) + leaves * tail,
+                "window_grpo": s + 1 + leaves * (w - 1) + leaves * tail,
+                "all_step_grpo": 1 + leaves * (t - 2) + leaves}[method]   # the window: every step but the last
+
+    by = {r["model"]: r for r in out["models"]}
+    for model, t, cfg_rows in (("sd15", 20, 2), ("flux_dev", 16, 1)):
+        costs = by[model]["costs"]
+        for m, r in by[model]["methods"].items():
+            w = t - 1 if m == "all_step_grpo" else 3
+            # the update's parents (one forward with backward each): the tree's window nodes, a trajectory group's
+            # shared first window step and each trajectory's later ones
+            assert (r["nfe"], r["parents"]) == (2 * cfg_rows * hand(m, t), 2 * (7 if m == "tree" else 1 + 8 * (w - 1)))
+            assert r["t_sample"] == pytest.approx(r["nfe"] / cfg_rows * costs["forward_s_per_row"])
+            assert r["t_update"] == pytest.approx(r["parents"] * costs["forward_backward_s_per_row"])
+            assert r["t_decode"] == by[model]["decode_s"] > 0 and r["t_reward"] == 0.0
+    for m, c in by["sd15"]["check"]["methods"].items():       # the whole iterations run: counts as composed
+        run = c["measured"]
+        assert (run["nfe"], run["parents"]) == (c["composed"]["nfe"], c["composed"]["parents"]), m
+        assert run["nfe"] == run["nfe_closed_form"] and min(run["t_sample"], run["t_update"]) > 0
+    fit = by["flux_dev"]["fit"]["forward_s_per_row"]
+    assert by["flux_dev"]["costs"]["forward_s_per_row"] == pytest.approx(fit[0] + 3 * fit[1] + 4 * fit[2])
+    s = out["summary"]["flux_dev"]
+    it = s["iteration_s"]
+    assert s["tree_over_window_grpo"] == pytest.approx(it["tree"] / it["window_grpo"])
+    assert "composed ÷ measured" in bi.markdown(out)
+    assert json.load(open(tmp_path / "it.json"))["px"] == 32
+    with pytest.raises(SystemExit, match="--px"):
+        bi.main(["--px", "40"])
+    with pytest.raises(SystemExit, match="unknown"):
+        bi.main(["--models", "sd14"])
