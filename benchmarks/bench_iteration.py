@@ -11,11 +11,13 @@ An iteration of these models takes hours on a CPU (SD1.5 at 128 px: 1.2 s per de
 tree iteration), so each iteration is *composed* from measured unit costs and the closed-form counts, and the
 composition is checked against iterations run whole:
 
-- **Per-row costs** of the published architecture at ``--px`` (default 64 px; the width and depth are the
-  published ones): one denoiser forward per row and one forward + backward to the LoRA per trained parent (both
-  CFG rows). SD1.5 and SDXL are measured at their published depth; SD3.5-Medium and Flux.1-dev (too slow, and Flux
-  too large: 48 GB in float32) from reduced depths fitted as fixed + Σ per-block cost × blocks (``FITS``).
-- **Composed iteration**: sample = NFE × forward per row; update = parents trained × forward + backward; decode =
+- **Unit costs** of the published architecture at ``--px`` (default 64 px; the width and depth are the published
+  ones): a denoiser call as per call + per row × rows, from calls of 1 and ``BATCH`` rows (each x row carries both
+  CFG conds), for a forward and for a forward + backward to the LoRA. SD1.5 and SDXL are measured at their published
+  depth; SD3.5-Medium and Flux.1-dev (too slow, and Flux too large: 48 GB in float32) from reduced depths fitted as
+  fixed + Σ per-block cost × blocks (``FITS``).
+- **Composed iteration**: sample = T calls + NFE rows; update = ⌈parents ÷ microbatch⌉ calls + parents trained
+  (forward + backward); decode =
   ComfyUI's ``VAE`` (random SD / SD3 weights) on the 16 latents; reward = HPS v2.1's network (open_clip ViT-H-14,
   random weights) on 16 images, timed once (it resizes to 224 px: the same for every model and method).
 - **Check**: SD1.5 at reduced depth (``ITERATE``) runs each method's whole iteration through the Train node's
@@ -175,7 +177,7 @@ def iteration_phases(patcher, conds, shape, vae, name: str, method: str) -> dict
         tr = Trainer(cfg, pol, {"stand_in": _stand_in_reward}, progress=False, base_model_name=name)
         tr.log = lambda *_: None
         stats = tr.train_step()
-    return {**{k: stats[k] for k in ("t_sample", "t_decode", "t_update")}, "nfe": stats["nfe"],
+    return {**{k: stats[k] for k in ("t_sample", "t_decode", "t_update")}, "nfe": stats["nfe"], "calls": stats["calls"],
             "parents": stats["parents"], "edges": stats["edges"],
             "nfe_closed_form": PROMPTS_PER_ITER * expected_nfe(cfg.tree, guidance=cfg.cfg)}
 
@@ -189,36 +191,48 @@ def _clock() -> float:
     return time.perf_counter()
 
 
+#: rows of the larger batch the per-row costs are measured at (beside 1 row): the sampler's tail calls carry the
+#: 16 leaves of an iteration, the update's the parents of a microbatch
+BATCH = 8
+
+
 def row_costs(patcher, conds, shape, guidance: float, reps: int = 1) -> dict:
-    """Seconds per row of one denoiser forward (no grad; with CFG ComfyUI batches both conds: 2 denoiser rows) and of
-    one forward + backward to the LoRA, after a warm-up, the best of ``reps``."""
+    """Seconds of one denoiser call as ``per_call + per_row × rows``, fitted through 1 and :data:`BATCH` rows
+    (x rows; with CFG each carries both conds), for a forward without grad and a forward + backward to the LoRA;
+    each point after a warm-up, the best of ``reps``."""
     import torch
 
     from treegrpo.comfyui.policy import ComfyPolicy
     from treegrpo.config import LoraConfig
 
+    out = {}
     with torch.inference_mode(False):
         pol = ComfyPolicy(patcher, ["p"], [conds], shape, lora_cfg=LoraConfig(rank=RANK, alpha=2.0 * RANK,
                                                                                 targets=["auto"]))
         params = list(pol.lora.parameters())
-        x, sigma, c = torch.randn(1, *shape).to(pol.device), pol.sigmas(20)[[3]].to(pol.device), \
-            pol.encode_prompts(["p"])
+        for rows in (1, BATCH):
+            x, sigma = torch.randn(rows, *shape).to(pol.device), pol.sigmas(20)[[3] * rows].to(pol.device)
+            c = pol.encode_prompts(["p"] * rows)
 
-        def fwd():
-            with torch.no_grad():
-                t = _clock()
-                pol.denoise(x, sigma, c, guidance)
-                return _clock() - t
+            def fwd():
+                with torch.no_grad():
+                    t = _clock()
+                    pol.denoise(x, sigma, c, guidance)
+                    return _clock() - t
 
-        def fwd_bwd():
-            with torch.enable_grad():
-                t = _clock()
-                torch.autograd.grad(pol.denoise(x, sigma, c, guidance).square().sum(), params, allow_unused=True)
-                return _clock() - t
+            def fwd_bwd():
+                with torch.enable_grad():
+                    t = _clock()
+                    torch.autograd.grad(pol.denoise(x, sigma, c, guidance).square().sum(), params, allow_unused=True)
+                    return _clock() - t
 
-        f = min([pol.run(fwd) for _ in range(reps + 1)][1:])
-        fb = min([pol.run(fwd_bwd) for _ in range(reps + 1)][1:])
-    return {"forward_s_per_row": f, "forward_backward_s_per_row": fb}
+            out[rows] = (min([pol.run(fwd) for _ in range(reps + 1)][1:]),
+                         min([pol.run(fwd_bwd) for _ in range(reps + 1)][1:]))
+    res = {}
+    for i, key in enumerate(("forward", "forward_backward")):
+        per_row = (out[BATCH][i] - out[1][i]) / (BATCH - 1)
+        res[key] = {"per_call": out[1][i] - per_row, "per_row": per_row, "at_1": out[1][i], f"at_{BATCH}": out[BATCH][i]}
+    return res
 
 
 def hps_seconds(images: int = PROMPTS_PER_ITER * LEAVES) -> float:
@@ -282,8 +296,9 @@ def _blocks(name: str, ov: dict) -> list[int]:
 
 
 def counts(name: str, method: str) -> dict:
-    """Closed-form work of one iteration: denoiser rows sampled (NFE, CFG rows included) and parents trained (one
-    forward + backward each, of both CFG rows)."""
+    """Closed-form work of one iteration: denoiser rows sampled (NFE, CFG rows included) in T batched calls (one per
+    step: every tree's nodes at that step, both CFG conds), and parents trained (a forward + backward each, both
+    CFG rows) in calls of the microbatch."""
     import bench_steps
     from treegrpo.config import TrainConfig
     from treegrpo.tree import expected_nfe
@@ -291,17 +306,20 @@ def counts(name: str, method: str) -> dict:
     w = WORKFLOW[name]
     cfg = TrainConfig.from_dict(dict(backend="comfy", prompts=["p"], cfg=w["cfg"], prompts_per_iter=PROMPTS_PER_ITER,
                                      tree=method_trees(w["steps"])[method]))
-    return {"nfe": PROMPTS_PER_ITER * expected_nfe(cfg.tree, guidance=cfg.cfg),
-            "parents": PROMPTS_PER_ITER * bench_steps.trained_parents(cfg)}
+    parents = PROMPTS_PER_ITER * bench_steps.trained_parents(cfg)
+    return {"nfe": PROMPTS_PER_ITER * expected_nfe(cfg.tree, guidance=cfg.cfg), "calls": cfg.tree.steps,
+            "parents": parents, "update_calls": math.ceil(parents / cfg.optim.microbatch)}
 
 
 def composed(name: str, method: str, costs: dict, decode_s: float, reward_s: float) -> dict:
-    """One iteration's phases in seconds from the closed-form counts and per-row costs: sampling = NFE × forward
-    per denoiser row, the update = parents × forward + backward per parent; decode and reward as measured."""
+    """One iteration's phases in seconds from the closed-form counts and the per-call and per-row costs: sampling =
+    calls × per call + x rows (NFE ÷ CFG rows) × per row; the update likewise with forward + backward per parent;
+    decode and reward as measured."""
     c = counts(name, method)
-    rows = 2 if WORKFLOW[name]["cfg"] > 1 else 1
-    return {"t_sample": c["nfe"] * costs["forward_s_per_row"] / rows, "t_decode": decode_s, "t_reward": reward_s,
-            "t_update": c["parents"] * costs["forward_backward_s_per_row"], **c}
+    cfg_rows = 2 if WORKFLOW[name]["cfg"] > 1 else 1
+    f, fb = costs["forward"], costs["forward_backward"]
+    return {"t_sample": c["calls"] * f["per_call"] + c["nfe"] / cfg_rows * f["per_row"], "t_decode": decode_s,
+            "t_reward": reward_s, "t_update": c["update_calls"] * fb["per_call"] + c["parents"] * fb["per_row"], **c}
 
 
 def decode_seconds(vae, shape, images: int = PROMPTS_PER_ITER * LEAVES) -> float:
@@ -332,9 +350,11 @@ def published_costs(name: str, px: int) -> dict:
         _free(p)
         print(f"{name} at {ov}: {pts[-1][1]}", flush=True)
     out = {"costs": {}, "fit": {}, "points": [{"blocks": b, **r} for b, r in pts]}
-    for key in ("forward_s_per_row", "forward_backward_s_per_row"):
-        out["fit"][key] = coef = fit_blocks([(b, r[key]) for b, r in pts])
-        out["costs"][key] = coef[0] + sum(c * n for c, n in zip(coef[1:], FITS[name]["published"]))
+    for key in ("forward", "forward_backward"):
+        out["costs"][key], out["fit"][key] = {}, {}
+        for part in ("per_call", "per_row"):
+            out["fit"][key][part] = coef = fit_blocks([(b, r[key][part]) for b, r in pts])
+            out["costs"][key][part] = coef[0] + sum(c * n for c, n in zip(coef[1:], FITS[name]["published"]))
     return out
 
 

@@ -545,15 +545,17 @@ def test_bench_iteration_times_each_method_through_the_comfyui_path(comfyui_pack
             # the update's parents (one forward with backward each): the tree's window nodes, a trajectory group's
             # shared first window step and each trajectory's later ones
             assert (r["nfe"], r["parents"]) == (2 * cfg_rows * hand(m, t), 2 * (7 if m == "tree" else 1 + 8 * (w - 1)))
-            assert r["t_sample"] == pytest.approx(r["nfe"] / cfg_rows * costs["forward_s_per_row"])
-            assert r["t_update"] == pytest.approx(r["parents"] * costs["forward_backward_s_per_row"])
+            f, fb = costs["forward"], costs["forward_backward"]
+            assert r["t_sample"] == pytest.approx(t * f["per_call"] + r["nfe"] / cfg_rows * f["per_row"])
+            assert r["t_update"] == pytest.approx(math.ceil(r["parents"] / 64) * fb["per_call"] + r["parents"] * fb["per_row"])
             assert r["t_decode"] == by[model]["decode_s"] > 0 and r["t_reward"] == 0.0
     for m, c in by["sd15"]["check"]["methods"].items():       # the whole iterations run: counts as composed
         run = c["measured"]
-        assert (run["nfe"], run["parents"]) == (c["composed"]["nfe"], c["composed"]["parents"]), m
+        assert (run["nfe"], run["calls"], run["parents"]) == \
+            (c["composed"]["nfe"], c["composed"]["calls"], c["composed"]["parents"]), m
         assert run["nfe"] == run["nfe_closed_form"] and min(run["t_sample"], run["t_update"]) > 0
-    fit = by["flux_dev"]["fit"]["forward_s_per_row"]
-    assert by["flux_dev"]["costs"]["forward_s_per_row"] == pytest.approx(fit[0] + 3 * fit[1] + 4 * fit[2])
+    fit = by["flux_dev"]["fit"]["forward"]["per_row"]
+    assert by["flux_dev"]["costs"]["forward"]["per_row"] == pytest.approx(fit[0] + 3 * fit[1] + 4 * fit[2])
     s = out["summary"]["flux_dev"]
     it = s["iteration_s"]
     assert s["tree_over_window_grpo"] == pytest.approx(it["tree"] / it["window_grpo"])
