@@ -171,6 +171,14 @@ def schedule(jobs: list[tuple[str, tuple[str, ...], Callable[[], dict]]], n_par:
     return done
 
 
+def overrides(name: str) -> dict:
+    """A method's config overrides: bench_methods' methods, its tree ablations and the tree shapes of
+    bench_gradient.py (each "tree" with these changes)."""
+    import bench_gradient
+
+    return bench_gradient.method_overrides(name)
+
+
 def run(seeds: list[int], methods: tuple[str, ...], n_max: int, out_dir: str, n_par: int) -> list[dict]:
     """Every seed's baseline for ``n_max`` iterations, then each other method for the training time it took."""
     t0 = time.time()
@@ -192,7 +200,7 @@ def run(seeds: list[int], methods: tuple[str, ...], n_max: int, out_dir: str, n_
     def method_job(name, seed):
         def fn():
             t = base[seed]["train_time"]
-            return log(bm.run_one(name, bm.METHODS[name], seed, t, os.path.join(out_dir, "runs", f"{name}_{seed}"),
+            return log(bm.run_one(name, overrides(name), seed, t, os.path.join(out_dir, "runs", f"{name}_{seed}"),
                                   eval_every_s=t / n_max))
         return fn
 
@@ -232,10 +240,13 @@ def main(argv: list[str] | None = None) -> None:
     if not budgets or budgets[0] < 2:
         raise SystemExit(f"--budgets {ns.budgets!r}: at least 2 baseline iterations each")
     methods = tuple(m for m in ns.methods.split(",") if m)
-    unknown = [m for m in methods if m not in bm.METHODS or m == BASELINE]
+    import bench_gradient
+
+    known = set(bm.METHODS) | set(bm.ABLATIONS) | set(bench_gradient.SHAPES)
+    unknown = [m for m in methods if m not in known or m == BASELINE]
     if unknown:
         raise SystemExit(f"--methods: {unknown} are not methods beside the baseline; choose from "
-                         f"{sorted(set(bm.METHODS) - {BASELINE})}")
+                         f"{sorted(known - {BASELINE})}")
     from treegrpo.io import atomic_write_json
 
     if ns.report or ns.merge:

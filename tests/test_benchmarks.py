@@ -408,6 +408,18 @@ def test_tables_read_every_budget_from_one_run_and_nothing_past_it():
     assert res["10"]["references"]["traj_window"]["tree"]["iterations"]["by_seed"][0] == pytest.approx(2.0)
 
 
+def test_bench_budget_runs_tree_variants_as_the_tree_with_their_changes():
+    """--methods takes bench_methods' ablations and bench_gradient's window positions: each is the tree's config
+    with only its change."""
+    import bench_budget as bb
+
+    start0 = bb.overrides("tree_start0")
+    assert start0["tree"] == {**bm.METHODS["tree"]["tree"], "window_start": 0}
+    assert start0["advantage"] == bm.METHODS["tree"]["advantage"]
+    assert bb.overrides("tree_independent")["tree"]["antithetic"] is False
+    assert bb.overrides("awm") is bm.METHODS["awm"]
+
+
 def test_the_schedule_runs_each_job_after_its_dependencies_in_the_listed_order():
     import threading
     order, lock = [], threading.Lock()
