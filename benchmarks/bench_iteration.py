@@ -261,8 +261,14 @@ def _free(*objs) -> None:
     import gc
 
     import comfy.model_management as mm
+    # only this benchmark's models leave ComfyUI's loaded list (unload_all_models would also unload what others in
+    # the process loaded, e.g. a test's models on fake tensors, which cannot be moved); on the CPU their weights
+    # already sit where they would be offloaded to, so dropping the references frees them
+    mine = {id(o) for o in objs} | {id(getattr(o, "patcher", None)) for o in objs}
+    for i in reversed(range(len(mm.current_loaded_models))):
+        if id(getattr(mm.current_loaded_models[i], "model", None)) in mine:
+            mm.current_loaded_models.pop(i)
     del objs
-    mm.unload_all_models()
     gc.collect()
 
 
