@@ -33,7 +33,6 @@ prepared GPU script measures whole iterations at full resolution.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
