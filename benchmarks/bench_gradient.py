@@ -16,6 +16,7 @@ plus the spread of the edge advantages the update weighs. Methods are bench_meth
 192 leaves per iteration), and tree shapes at the same leaves per iteration can be given as NAME=JSON overrides.
 
     python benchmarks/bench_gradient.py [--draws 24] [--methods tree,traj_window,traj_window_mirrored,tree_k8_w1]
+    python benchmarks/bench_gradient.py --per-step --methods tree,traj_window     # each window step's share
 """
 from __future__ import annotations
 
@@ -34,8 +35,11 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 import bench_methods as bm  # noqa: E402
 
 DEFAULT_METHODS = "tree,traj_window,traj_window_mirrored,tree_k8_w1"
-#: where to branch, at the same 8 leaves per prompt: the window's first step (the default starts at step 1 of 10)
-SHAPES = {"tree_start0": {"tree": {"window_start": 0}}, "tree_start3": {"tree": {"window_start": 3}}}
+#: where and how to branch, at the same 8 leaves per prompt: the window's first step (the default starts at step 1 of
+#: 10), and the children per node at each window step (a binary tree has 7 mirrored pairs, [4, 2] 6, [8] 4)
+SHAPES = {"tree_start0": {"tree": {"window_start": 0}}, "tree_start3": {"tree": {"window_start": 3}},
+          "tree_42_start0": {"tree": {"window_start": 0, "window_width": 2, "branch_schedule": [4, 2]}},
+          "tree_k8_w1_start0": {"tree": {"window_start": 0, "window_width": 1, "branch": 8}}}
 
 
 def method_overrides(name: str) -> dict:
@@ -49,9 +53,24 @@ def method_overrides(name: str) -> dict:
     raise SystemExit(f"unknown method {name!r}: one of {sorted({*bm.METHODS, *bm.ABLATIONS, *SHAPES})} or NAME=JSON")
 
 
-def gradient_draws(overrides: dict, draws: int, seed: int = 0) -> dict:
+def edge_levels(batch, skip_zero_adv: bool):
+    """(E,) window step (0..w-1) of each edge of ``collect_edges(batch, skip_zero_adv)``, in its order."""
+    import torch
+
+    trainable = batch.trainable if batch.trainable is not None else torch.ones(batch.n_trees, dtype=torch.bool)
+    out = []
+    for j in range(batch.width):
+        keep = trainable.to(batch.parents[j].device)[batch.tree_of(j + 1)]
+        if skip_zero_adv:
+            keep &= batch.advantages[j] != 0
+        out.append(torch.full((int(keep.sum()),), j, dtype=torch.long))
+    return torch.cat(out)
+
+
+def gradient_draws(overrides: dict, draws: int, seed: int = 0, per_step: bool = False) -> dict:
     """The flattened LoRA gradient of ``draws`` independent iterations at the base model, with timings and the
-    edge advantages' spread."""
+    edge advantages' spread. ``per_step``: also each window step's share of it, (draws, w, P) under "steps"
+    (the gradient is linear in the edge weights, so the shares add up to the gradient)."""
     import torch
 
     from treegrpo import cli
@@ -68,7 +87,7 @@ def gradient_draws(overrides: dict, draws: int, seed: int = 0) -> dict:
         raise SystemExit("bench_gradient measures the GRPO gradient; the flow-matching peers have another objective")
     policy, _ = load_policy(cfg)
     tr = Trainer(cfg, policy, cli.build_rewards(cfg, policy.device), progress=False)
-    grads, secs, adv_sd, edges_n = [], [], [], []
+    grads, secs, adv_sd, edges_n, shares = [], [], [], [], []
     for it in range(draws):
         tr.iteration = it
         t0 = time.perf_counter()
@@ -86,7 +105,61 @@ def gradient_draws(overrides: dict, draws: int, seed: int = 0) -> dict:
                                 for p in tr.params]))
         adv_sd.append(float(edges.adv.double().std()) if edges.n_edges > 1 else 0.0)
         edges_n.append(edges.n_edges)
-    return {"grads": torch.stack(grads), "seconds": secs, "adv_sd": adv_sd, "edges": edges_n}
+        if per_step:
+            levels = edge_levels(batch, cfg.optim.kl_beta == 0)
+            weight, parts = edges.weight.clone(), []
+            for j in range(batch.width):
+                for p in tr.params:
+                    p.grad = None
+                edges.weight = torch.where(levels.to(weight.device) == j, weight, torch.zeros_like(weight))
+                policy.model.train()
+                backward_edges(policy, batch, edges, cfg.optim, guidance=cfg.cfg)
+                policy.model.eval()
+                parts.append(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten().double()
+                                        for p in tr.params]))
+            edges.weight = weight
+            shares.append(torch.stack(parts))
+    return {"grads": torch.stack(grads), "seconds": secs, "adv_sd": adv_sd, "edges": edges_n,
+            "per_step": torch.stack(shares) if per_step else None}
+
+
+def step_mix(shares) -> dict:
+    """What each window step's share of the gradient carries, and the step weights that maximise the SNR.
+
+    ``shares`` (R, w, P): draws × window steps. With μ_j the mean share of step j and C the (w, w) matrix of
+    E[(g_j − μ_j)·(g_l − μ_l)], a reweighted gradient Σ_j a_j g_j has SNR (aᵀ M a) / (aᵀ C a), M_jl = μ_j·μ_l
+    (estimated without bias: the cross-products of the means less C / R). The best a is the top generalized
+    eigenvector of (M, C); it is returned scaled so that its weights sum to w (a = 1 everywhere is "steps")."""
+    import torch
+
+    r, w, _ = shares.shape
+    mu = shares.mean(0)                                            # (w, P)
+    dev = shares - mu
+    cov = torch.einsum("rjp,rlp->jl", dev, dev) / (r - 1)          # (w, w)
+    m = mu @ mu.T - cov / r
+    lc = torch.linalg.cholesky(cov)
+    li = torch.linalg.inv(lc)
+    vals, vecs = torch.linalg.eigh(li @ m @ li.T)
+    a = li.T @ vecs[:, -1]
+    a = a * (w / a.sum())
+    one = torch.ones(w, dtype=shares.dtype)
+    snr = lambda v: float(v @ m @ v / (v @ cov @ v))               # noqa: E731
+    return {"snr_each_step": [float(m[j, j] / cov[j, j]) for j in range(w)], "snr_steps": snr(one),
+            "best_weights": [float(x) for x in a], "snr_best": float(vals[-1]),
+            "noise_corr": (cov / torch.sqrt(torch.outer(cov.diag(), cov.diag()))).tolist()}
+
+
+def split_methods(spec: str) -> list[str]:
+    """``--methods`` items: commas separate them except inside a NAME=JSON override's braces."""
+    items, depth, cur = [], 0, ""
+    for ch in spec:
+        depth += (ch in "{[") - (ch in "}]")
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return [m for m in items + [cur] if m]
 
 
 def noise_stats(g) -> dict:
@@ -111,6 +184,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--draws", type=int, default=24, help="independent iterations per method")
     ap.add_argument("--methods", default=DEFAULT_METHODS)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--per-step", action="store_true",
+                    help="also each window step's share of the gradient and the step weights that maximise its SNR")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "gradient.json"))
     ns = ap.parse_args(argv)
     if ns.draws < 3:
@@ -119,10 +194,10 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(1)   # one core per draw, as bench_methods' runs; restored: tests call main in-process
     try:
         rows = {}
-        for item in [m for m in ns.methods.split(",") if m]:
+        for item in split_methods(ns.methods):
             name, _, js = item.partition("=")
             ov = json.loads(js) if js else method_overrides(name)
-            d = gradient_draws(ov, ns.draws, ns.seed)
+            d = gradient_draws(ov, ns.draws, ns.seed, per_step=ns.per_step)
             st = noise_stats(d["grads"])
             s_it = sum(d["seconds"]) / len(d["seconds"])
             rows[name] = {**st, "s_per_iter": s_it, "snr_per_s": st["snr"] / s_it,
@@ -131,6 +206,11 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{name:<22} SNR {st['snr']:.3f}  cos(loo) {st['cos_loo']:+.3f} ± {st['cos_loo_sd']:.3f}  "
                   f"{s_it:.2f} s/it  SNR/s {rows[name]['snr_per_s']:.3f}  edges {rows[name]['edges']:.0f}  "
                   f"adv sd {rows[name]['adv_sd']:.2f}", flush=True)
+            if ns.per_step:
+                rows[name]["steps"] = step_mix(d["per_step"])
+                print(f"{'':<22} per step SNR {[round(x, 3) for x in rows[name]['steps']['snr_each_step']]}, "
+                      f"best weights {[round(x, 2) for x in rows[name]['steps']['best_weights']]} -> SNR "
+                      f"{rows[name]['steps']['snr_best']:.3f}", flush=True)
     finally:
         torch.set_num_threads(threads)
     base = rows.get("traj_window")

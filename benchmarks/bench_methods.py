@@ -166,15 +166,25 @@ def set_steps(steps: int, tail: str = "fixed") -> None:
     ABLATIONS["tree_sliding"]["tree"]["window_max_start"] = s + 2
 
 
+def run_child(argv: list[str]) -> tuple[str, int, "os.struct_rusage"]:
+    """Run ``argv`` to the end: its whole stdout, its wait status and its own resource usage (peak RSS). The output
+    is read to its end before the wait: a record longer than the pipe's buffer (64 KiB: a run of ~270 iterations)
+    would otherwise block the child in its last write while the parent waits for it to exit."""
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    out = p.stdout.read()
+    p.stdout.close()
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = status   # reaped here: Popen must not wait for it again
+    return out, status, usage
+
+
 def run_one(name: str, overrides: dict, seed: int, budget: float | None, out_dir: str, **extra) -> dict:
     """One training run in a child process; returns its record (with the child's own peak RSS). ``extra`` goes into
     the child's spec (``iterations``, ``eval_every``, ``eval_every_s``: see :func:`child`)."""
     spec = json.dumps({"overrides": overrides if BASE_CONFIG else merge(BASE, overrides), "seed": seed,
                        "budget": budget, "out": out_dir, "threads": THREADS, "base": BASE_CONFIG,
                        "evals": EVALS, **extra})
-    p = subprocess.Popen([sys.executable, __file__, "--child", spec], stdout=subprocess.PIPE, text=True)
-    _, status, usage = os.wait4(p.pid, 0)
-    out = p.stdout.read()
+    out, status, usage = run_child([sys.executable, __file__, "--child", spec])
     if status != 0:
         raise RuntimeError(f"run {name} seed {seed} failed (status {status})")
     rec = json.loads(out.strip().splitlines()[-1])

@@ -68,6 +68,17 @@ def test_merge_pools_the_seeds_of_two_runs(tmp_path):
     assert (tmp_path / "out" / "reward_vs_time.png").exists()
 
 
+def test_a_run_whose_record_outgrows_the_pipe_does_not_block():
+    """run_child reads a child's whole output before it waits: a 300 kB record (a long run's, past the 64 KiB pipe
+    buffer) comes back whole with the child's status and its own peak RSS; a failing child's status is kept."""
+    code = "import json, sys; sys.stdout.write('x' * 300000 + chr(10) + json.dumps({'ok': 1}) + chr(10))"
+    out, status, usage = bm.run_child([sys.executable, "-c", code])
+    assert status == 0 and len(out) == 300000 + 11 and json.loads(out.strip().splitlines()[-1]) == {"ok": 1}
+    assert usage.ru_maxrss > 0
+    _, status, _ = bm.run_child([sys.executable, "-c", "raise SystemExit(3)"])
+    assert os.waitstatus_to_exitcode(status) == 3
+
+
 def test_one_tiny_comparison_end_to_end(tmp_path):
     r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_methods.py"), "--seeds", "1",
                         "--budget", "1.5", "--only", "tree", "--only", "traj_window", "--first-seed", "3",
@@ -417,6 +428,8 @@ def test_bench_budget_runs_tree_variants_as_the_tree_with_their_changes():
     assert start0["tree"] == {**bm.METHODS["tree"]["tree"], "window_start": 0}
     assert start0["advantage"] == bm.METHODS["tree"]["advantage"]
     assert bb.overrides("tree_independent")["tree"]["antithetic"] is False
+    shaped = bb.overrides("tree_42_start0")["tree"]
+    assert shaped == {**bm.METHODS["tree"]["tree"], "window_start": 0, "window_width": 2, "branch_schedule": [4, 2]}
     assert bb.overrides("awm") is bm.METHODS["awm"]
 
 
@@ -503,6 +516,50 @@ def test_bench_gradient_measures_each_methods_gradient_at_the_base_model(tmp_pat
         bg.main(["--draws", "2"])
     with pytest.raises(SystemExit, match="GRPO gradient"):
         bg.main(["--draws", "3", "--methods", "awm", "--out", str(tmp_path / "a.json")])
+
+
+def test_step_mix_finds_the_snr_maximising_step_weights_of_a_known_distribution():
+    """Two window steps with orthogonal noise: step 0's share is μ0 + σ0 ε, step 1's μ0 + σ1 ε' (the same mean
+    direction, P = 40 coordinates). Each alone has SNR ||μ0||² / (P σ_j²); a weighted sum a0 g0 + a1 g1 has
+    SNR (a0 + a1)² ||μ0||² / (P (a0² σ0² + a1² σ1²)), largest at a_j ∝ 1 / σ_j² (inverse-variance weighting), where it
+    is the sum of the two SNRs; "steps" (a = 1, 1) gives 4 ||μ0||² / (P (σ0² + σ1²))."""
+    import torch
+
+    import bench_gradient as bg
+
+    g = torch.Generator().manual_seed(1)
+    p, r, s0, s1 = 40, 6000, 0.1, 0.2
+    mu = torch.zeros(p, dtype=torch.float64)
+    mu[0] = 1.0
+    shares = torch.stack([mu + s0 * torch.randn(r, p, generator=g, dtype=torch.float64),
+                          mu + s1 * torch.randn(r, p, generator=g, dtype=torch.float64)], dim=1)
+    mix = bg.step_mix(shares)
+    snr0, snr1 = 1 / (p * s0 ** 2), 1 / (p * s1 ** 2)
+    # relative sd of the estimates here: signal ~1 %, noise ~0.3 %
+    assert mix["snr_each_step"] == pytest.approx([snr0, snr1], rel=0.03)
+    assert mix["snr_steps"] == pytest.approx(4 / (p * (s0 ** 2 + s1 ** 2)), rel=0.03)
+    assert mix["snr_best"] == pytest.approx(snr0 + snr1, rel=0.03)
+    # a ∝ (1/σ0², 1/σ1²) = (4, 1) up to scale, returned summing to the number of steps: (1.6, 0.4)
+    assert mix["best_weights"] == pytest.approx([1.6, 0.4], abs=0.05)
+    assert abs(mix["noise_corr"][0][1]) < 0.05
+
+
+def test_bench_gradient_splits_the_gradient_by_window_step(tmp_path):
+    """--per-step: each window step's share of the gradient (the loss is linear in the edge weights, so the shares
+    add up to the whole gradient to float32 rounding), for a tree with its own branching per step."""
+    import bench_gradient as bg
+
+    d = bg.gradient_draws(bg.method_overrides("tree_42_start0"), 3, per_step=True)
+    assert d["per_step"].shape[:2] == (3, 2)
+    scale = float(d["grads"].abs().max())
+    assert float((d["per_step"].sum(1) - d["grads"]).abs().max()) <= 1e-4 * scale
+    assert all(float(d["per_step"][:, j].abs().max()) > 0 for j in range(2))   # both steps carry a gradient
+    out = bg.main(["--draws", "3", "--per-step", "--methods",
+                   'tree_k8_w1_start0,wide={"tree":{"window_start":0,"branch_schedule":[2,2,2]}}',
+                   "--out", str(tmp_path / "g.json")])
+    assert set(out["methods"]) == {"tree_k8_w1_start0", "wide"}
+    assert len(out["methods"]["wide"]["steps"]["best_weights"]) == 3
+    assert sum(out["methods"]["wide"]["steps"]["best_weights"]) == pytest.approx(3.0)
 
 
 def test_block_costs_are_fitted_exactly_and_evaluated_at_the_published_depth():

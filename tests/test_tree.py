@@ -150,6 +150,43 @@ def test_mirrored_siblings_by_default_for_trees_only():
     assert torch.allclose(tb.logp_old[1][0::2], tb.logp_old[1][1::2], atol=1e-6)   # mirrored pairs: equal density
 
 
+@pytest.mark.parametrize("schedule", [[4, 2], [2, 4], [8], [3, 1, 2]])
+def test_branch_schedule_shapes_each_window_step(schedule):
+    """``branch_schedule`` gives each window step its own k_j: level sizes are the running products, the NFE is
+    the formula's with Σ_j Π_{i<j} k_i window rows, parents are tree-major, and mirrored pairs sit inside each
+    parent's k_j children (an odd last child keeps its own draw)."""
+    w = len(schedule)
+    cfg = TreeConfig(steps=6, window_start=1, window_width=w, branch_schedule=schedule)
+    sizes = [math.prod(schedule[:j]) for j in range(w + 1)]
+    assert cfg.branching == schedule and cfg.leaves == cfg.leaves_full == sizes[-1]
+    pol = AnalyticPolicy("flow", shape=(4, 1, 1))
+    tb = sample_trees(pol, ["p0", "p1"], cfg, generator=torch.Generator().manual_seed(0))
+    assert tb.nfe == 2 * (1 + sum(sizes[:-1]) + sizes[-1] * (6 - 1 - w)) == 2 * expected_nfe(cfg)
+    assert [x.shape[0] for x in tb.latents] == [2 * n for n in sizes]
+    for j, b in enumerate(schedule):
+        par, x, lp = tb.parents[j], tb.latents[j + 1], tb.logp_old[j]
+        assert par.tolist() == [i // b for i in range(2 * sizes[j + 1])]
+        if b == 1:   # an only child: nothing to mirror
+            continue
+        rank = torch.arange(x.shape[0]) % b
+        first, second = (rank % 2 == 0) & (rank + 1 < b), rank % 2 == 1
+        assert torch.equal(par[first], par[second]) and not torch.allclose(x[first], x[second])
+        assert torch.allclose(lp[first], lp[second], atol=1e-6)   # ε and −ε: the same density
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(window_width=3, branch_schedule=[4, 2]), "one entry per window step (3)"),
+    (dict(window_width=2, branch_schedule=[4, 0]), "whole numbers >= 1"),
+    (dict(window_width=2, branch_schedule=[4, 2.5]), "branch_schedule"),
+    (dict(window_width=2, branch_schedule=[4, 2], method="trajectory"), "only shapes trees"),
+    (dict(window_width=2, branch_schedule=[64, 8]), "512 leaves per tree exceed max_leaves=256"),
+])
+def test_branch_schedule_bad_values_are_named(kw, msg):
+    with pytest.raises(ConfigError, match="branch_schedule" if "max_leaves" not in msg else "branch") as e:
+        TreeConfig(steps=6, window_start=0, **kw)
+    assert msg in str(e.value)
+
+
 def test_window_schedules():
     fixed = TreeConfig(steps=10, window_start=1, window_width=3)
     assert {window_start_at(fixed, i) for i in range(20)} == {1}

@@ -45,7 +45,10 @@ def _parse_value(text: str, default: Any):
         return v
     if isinstance(default, list):
         text = text.strip()
-        return json.loads(text) if text.startswith("[") else [t.strip() for t in text.split(",") if t.strip()]
+        if text.startswith("["):
+            return json.loads(text)
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        return [int(t) if t.lstrip("-").isdigit() else t for t in items]   # --tree.branch_schedule 4,2
     if default is None:
         try:
             return json.loads(text)

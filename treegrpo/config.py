@@ -93,6 +93,9 @@ class TreeConfig:
     window_start: int = _f(2, "first SDE (branching) step s; steps < s are shared ODE steps")
     window_width: int = _f(3, "number of SDE steps w in the window")
     branch: int = _f(2, "children per node at every window step k (tree method)")
+    branch_schedule: list = _f([], "tree method: children per node at each window step, one entry per step (e.g. "
+                                    "[4, 2]: two mirrored pairs at the first step, one at the second); [] = branch "
+                                    "at every step")
     method: str = _f("tree", "tree | trajectory (the GRPO baseline run by the same code) | ode (G deterministic "
                              "samples per prompt from independent noises, for optim.loss nft / awm)")
     group_size: int = _f(0, "trajectory / ode methods: samples per group G (0 = branch**window_width)")
@@ -118,6 +121,14 @@ class TreeConfig:
         _require(self.window_width >= 1, c, "window_width", f"must be >= 1, got {self.window_width}")
         _require(self.branch >= 1, c, "branch", f"must be >= 1, got {self.branch}")
         _require(self.window_start >= 0, c, "window_start", f"must be >= 0, got {self.window_start}")
+        if self.branch_schedule:
+            _require(self.method == "tree", c, "branch_schedule",
+                     f"only shapes trees (method='tree'), got {self.branch_schedule} with method={self.method!r}; "
+                     "set it to []")
+            _require(len(self.branch_schedule) == self.window_width, c, "branch_schedule",
+                     f"needs one entry per window step ({self.window_width}), got {self.branch_schedule}")
+            _require(all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in self.branch_schedule),
+                     c, "branch_schedule", f"entries must be whole numbers >= 1, got {self.branch_schedule}")
         _require(self.window_start + self.window_width <= self.steps, c, "window_start",
                  f"window_start + window_width must be <= steps ({self.steps}), got "
                  f"{self.window_start} + {self.window_width}; allowed window_start: 0..{self.steps - self.window_width}"
@@ -164,7 +175,7 @@ class TreeConfig:
 
     @property
     def leaves_full(self) -> int:
-        return self.branch ** self.window_width
+        return math.prod(self.branch_schedule) if self.branch_schedule else self.branch ** self.window_width
 
     @property
     def branching(self) -> list[int]:
@@ -172,7 +183,7 @@ class TreeConfig:
         if self.method == "trajectory":
             g = self.group_size or self.leaves_full
             return [g] + [1] * (self.window_width - 1)
-        return [self.branch] * self.window_width
+        return list(self.branch_schedule) if self.branch_schedule else [self.branch] * self.window_width
 
     @property
     def leaves(self) -> int:
