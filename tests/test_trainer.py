@@ -221,3 +221,21 @@ def test_eval_every_seconds_of_training_time(tmp_path):
     assert evals(1e6, tmp_path / "b") == [0, 3]             # only the start and the end
     with pytest.raises(ConfigError, match="eval_every_s"):
         _cfg(tmp_path, eval_every_s=-1.0)
+
+
+def test_a_tree_shaped_per_step_trains_and_its_lora_says_so(tmp_path):
+    """tree.branch_schedule [4, 2] through the whole loop: the NFE per prompt is the formula's (1 prefix + 1 + 4
+    window rows + 8 leaves × 3 tail steps), the update trains 1 + 4 parents per tree, and the LoRA's metadata records
+    the schedule; a uniform tree's metadata has no such key (as LoRAs written before the option existed)."""
+    cfg = _cfg(tmp_path / "shaped", iterations=2, prompts_per_iter=4,
+               tree={"window_width": 2, "branch_schedule": [4, 2]})
+    trainer, summary = cli.run_training(cfg, progress=False)
+    log = json.load(open(tmp_path / "shaped" / "log.json"))
+    assert [h["nfe"] for h in log["train"]] == [4 * (1 + 1 + 4 + 8 * 3)] * 2
+    trained = [h for h in log["train"] if h["flat_trees"] == 0]
+    assert trained and all(h["parents"] == 4 * (1 + 4) and h["edges"] == 4 * (4 + 8) for h in trained)
+    meta = json.loads(read_lora_file(summary["lora"])[1]["treegrpo.tree_config"])
+    assert meta["branch_schedule"] == [4, 2] and meta["window_width"] == 2
+    plain = _cfg(tmp_path / "plain", iterations=1, prompts_per_iter=2)
+    _, s2 = cli.run_training(plain, progress=False)
+    assert "branch_schedule" not in json.loads(read_lora_file(s2["lora"])[1]["treegrpo.tree_config"])

@@ -400,7 +400,10 @@ class Trainer:
         return self.policy.comfy_lora_state_dict(w) if fmt == "comfy" else to_peft(w)
 
     def metadata(self) -> dict:
-        return {"treegrpo.method": self.cfg.tree.method, "treegrpo.tree_config": self.cfg.tree.__dict__,
+        tree = dict(self.cfg.tree.__dict__)
+        if not tree["branch_schedule"]:   # a uniform tree is described as before the field existed
+            del tree["branch_schedule"]
+        return {"treegrpo.method": self.cfg.tree.method, "treegrpo.tree_config": tree,
                 "treegrpo.step": str(self.iteration), "treegrpo.base_model": self.base_model_name,
                 "treegrpo.run_name": self.cfg.run_name, "treegrpo.lora_alpha": str(self.cfg.lora.alpha),
                 "treegrpo.lora_rank": str(self.cfg.lora.rank), "treegrpo.backend": self.cfg.backend}
