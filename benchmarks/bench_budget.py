@@ -17,7 +17,8 @@ At budget N, paired per seed, each curve cut at the budget (nothing past it is r
 
 The references are window GRPO (cut at N iterations) and the flow-matching peers AWM and NFT (cut at ``T_N``).
 Beside the time ratio: the same ratio in iterations (every method samples 192 leaves per iteration, so it is the
-ratio in samples: what one iteration teaches).
+ratio in samples: what one iteration teaches). And each method's iteration in the baseline's iterations, phase by
+phase (sampling, update, decode + reward), paired per seed: at per-sample parity the time ratio is that cost ratio.
 
     python benchmarks/bench_budget.py [--seeds 8] [--first-seed 0] [--budgets 20,40,80] [--methods tree,awm,nft]
     python benchmarks/bench_budget.py --report benchmarks/results/budget/budget.json   # read again, run nothing
@@ -116,6 +117,31 @@ def tables(records: list[dict], budgets: tuple[int, ...] = BUDGETS, smooth: int 
                        "final_reward": {m: bm.mean_std([bm.smooth_evals(ev, smooth)[-1]["eval_reward"]
                                                        for ev in by.values()]) for m, by in cut_runs.items()}}
     return out
+
+
+PHASES = ("t_sample", "t_update", "t_score")   # t_score: the decode and the reward together
+
+
+def cost_split(records: list[dict]) -> dict:
+    """What an iteration of each method costs, in iterations of the baseline, phase by phase, paired per seed:
+    {method: {"t_iter" | phase: summary}} from the records' mean phase times (``split``; ``t_update`` holds the
+    advantage assignment too). At per-sample parity (a method that needs as many iterations as the baseline) the
+    time ratio *is* the ``t_iter`` ratio; its parts say which phase a cheaper method would have to shrink."""
+    split = {(r["method"], r["seed"]): dict(r["split"], t_score=r["split"]["t_decode"] + r["split"]["t_reward"])
+             for r in records}
+    out = {}
+    for m in [BASELINE] + sorted({m for m, _ in split} - {BASELINE}):
+        seeds = sorted(s for mm, s in split if mm == m and (BASELINE, s) in split)
+        out[m] = {k: summary({s: split[(m, s)][k] / split[(BASELINE, s)]["t_iter"] for s in seeds})
+                  for k in ("t_iter",) + PHASES}
+    return out
+
+
+def print_cost_split(cost: dict) -> None:
+    print("\nan iteration in the baseline's iterations (paired per seed; at per-sample parity the time ratio is this):")
+    for m, c in cost.items():
+        parts = " + ".join(f"{k[2:]} {c[k]['mean']:.2f}" for k in PHASES)
+        print(f"  {m:>18}: {c['t_iter']['mean']:.2f} ± {c['t_iter']['std']:.2f} = {parts} (+ the rest)")
 
 
 def print_tables(res: dict) -> None:
@@ -258,10 +284,12 @@ def main(argv: list[str] | None = None) -> None:
         bm.THREADS = 1
         n_max = budgets[-1]
         records = run(list(range(ns.first_seed, ns.first_seed + ns.seeds)), methods, n_max, ns.out, ns.jobs)
-    res = {"budgets": tables(records, budgets, ns.smooth), "smooth": ns.smooth, "n_max": n_max,
+    res = {"budgets": tables(records, budgets, ns.smooth), "cost": cost_split(records), "smooth": ns.smooth,
+           "n_max": n_max,
            "protocol": "work budget: the baseline trains N iterations, every other method the time that took",
            "records": records}
     print_tables(res)
+    print_cost_split(res["cost"])
     if not ns.report:
         os.makedirs(ns.out, exist_ok=True)
         atomic_write_json(os.path.join(ns.out, "budget.json"), res)

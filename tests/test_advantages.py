@@ -190,3 +190,39 @@ def test_excluded_trees_are_not_trained_on():
     assert torch.equal(tb.advantages[-1][:8], ref.advantages[-1][:8])
     kept = collect_edges(tb, skip_zero_adv=False)
     assert kept.n_edges < collect_edges(ref, skip_zero_adv=False).n_edges and 1 not in set(kept.parent_tree.tolist())
+
+
+def _probe_rank(schedule, antithetic=True):
+    """Rank of the linear map from one tree's leaf advantages to the policy-gradient directions at its parents,
+    ``Σ_children A_c·(x_c − μ_p)`` stacked over parents (A from the mean backup and the sibling baseline; μ_p the
+    mean of p's mirrored children, which is the SDE mean exactly): how many independent probes of the reward the
+    tree's leaves give the update. 16-dim latents, so no tree here is short of directions."""
+    pol = AnalyticPolicy("flow", shape=(16, 1, 1))
+    cfg = TreeConfig(steps=6, window_start=1, window_width=len(schedule), branch=2, branch_schedule=list(schedule),
+                     antithetic=antithetic)
+    tb = sample_trees(pol, ["p0"], cfg, generator=torch.Generator().manual_seed(0))
+    n_leaves = tb.leaves.shape[0]
+    cols = []
+    for i in range(n_leaves):
+        adv = sibling_baseline(tb.parents, backup(tb.parents, tb.logp_old, torch.eye(n_leaves)[i], "mean"))
+        dirs = []
+        for j, (par, a) in enumerate(zip(tb.parents, adv)):
+            x = tb.latents[j + 1].flatten(1).double()
+            n_p = tb.latents[j].shape[0]
+            mu = torch.zeros(n_p, x.shape[1], dtype=x.dtype).index_add_(0, par, x) / torch.bincount(par, minlength=n_p)[:, None]
+            dirs.append(torch.zeros_like(mu).index_add_(0, par, a.double()[:, None] * (x - mu[par])).flatten())
+        cols.append(torch.cat(dirs))
+    # a genuine probe's singular value is O(1); a cancelled pair leaves the float32 latents' rounding (~1e-7)
+    return n_leaves, int(torch.linalg.matrix_rank(torch.stack(cols, 1), rtol=1e-4))
+
+
+def test_a_mirrored_tree_gives_one_clean_probe_per_pair_and_the_binary_tree_all_l_minus_1():
+    """L leaf rewards less their mean span L − 1 contrasts, the most any group of L samples can teach from a scalar
+    reward (docs/design.md §1). The binary mirrored tree uses all of them (a Haar transform of its rewards: 7 for
+    8 leaves); wider nodes lose the contrasts between their pairs, whose ±ε cancel in the gradient: [4, 2] keeps 6,
+    [2, 4] 5, [8] 4 — the order of their measured gradient SNR. Independent siblings keep all 7, each noisier."""
+    assert _probe_rank([2, 2, 2]) == (8, 7)
+    assert _probe_rank([4, 2]) == (8, 6)
+    assert _probe_rank([2, 4]) == (8, 5)
+    assert _probe_rank([8]) == (8, 4)
+    assert _probe_rank([8], antithetic=False) == (8, 7)

@@ -419,6 +419,28 @@ def test_tables_read_every_budget_from_one_run_and_nothing_past_it():
     assert res["10"]["references"]["traj_window"]["tree"]["iterations"]["by_seed"][0] == pytest.approx(2.0)
 
 
+def test_cost_split_gives_each_phase_in_the_baselines_iterations_paired_per_seed():
+    """Seed 0: the baseline's iteration takes 2.0 s, the tree's 0.9 s (sample 0.5, update 0.36, decode 0.01,
+    reward 0.03): 0.45 of it = 0.25 + 0.18 + 0.02. Seed 1: the baseline is slower (2.5 s) and the tree costs
+    1.0 s: 0.40. Each seed is divided by its own baseline, so the mean is 0.425, not the pooled 1.9 / 4.5."""
+    def rec(method, seed, sample, update, decode, reward):
+        split = {"t_sample": sample, "t_update": update, "t_decode": decode, "t_reward": reward,
+                 "t_iter": sample + update + decode + reward}
+        return {"method": method, "seed": seed, "split": split}
+    recs = [rec("traj_window", 0, 0.75, 1.2, 0.01, 0.04), rec("tree", 0, 0.5, 0.36, 0.01, 0.03),
+            rec("traj_window", 1, 1.0, 1.45, 0.01, 0.04), rec("tree", 1, 0.6, 0.36, 0.01, 0.03)]
+    cost = bb.cost_split(recs)
+    assert list(cost) == ["traj_window", "tree"]
+    assert cost["traj_window"]["t_iter"]["by_seed"] == {0: pytest.approx(1.0), 1: pytest.approx(1.0)}
+    tree = cost["tree"]
+    assert tree["t_iter"]["by_seed"] == {0: pytest.approx(0.45), 1: pytest.approx(0.40)}
+    assert tree["t_iter"]["mean"] == pytest.approx(0.425)
+    assert tree["t_sample"]["by_seed"][0] == pytest.approx(0.25) and tree["t_update"]["by_seed"][0] == pytest.approx(0.18)
+    assert tree["t_score"]["by_seed"][0] == pytest.approx(0.02) and tree["t_score"]["by_seed"][1] == pytest.approx(0.016)
+    # a method whose seed has no baseline record is not divided by another seed's
+    assert set(bb.cost_split(recs + [rec("tree", 2, 0.5, 0.3, 0.0, 0.0)])["tree"]["t_iter"]["by_seed"]) == {0, 1}
+
+
 def test_bench_budget_runs_tree_variants_as_the_tree_with_their_changes():
     """--methods takes bench_methods' ablations and bench_gradient's window positions: each is the tree's config
     with only its change."""
@@ -469,6 +491,7 @@ def test_one_tiny_work_budget_comparison_end_to_end(tmp_path):
     assert tree["train_time"] >= base["train_time"] and len(tree["evals"]) >= 3   # ran the baseline's training time
     assert set(res["budgets"]) == {"2", "3"} and res["budgets"]["3"]["T_N_s"]["0"] == pytest.approx(base["train_time"])
     assert "tree ÷ traj_window" in r.stdout
+    assert res["cost"]["tree"]["t_iter"]["by_seed"]["0"] == pytest.approx(tree["split"]["t_iter"] / base["split"]["t_iter"])
     bad = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_budget.py"), "--methods", "trees"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert bad.returncode != 0 and "--methods" in bad.stderr
