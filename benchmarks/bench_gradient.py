@@ -35,11 +35,16 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 import bench_methods as bm  # noqa: E402
 
 DEFAULT_METHODS = "tree,traj_window,traj_window_mirrored,tree_k8_w1"
-#: where and how to branch, at the same 8 leaves per prompt: the window's first step (the default starts at step 1 of
-#: 10), and the children per node at each window step (a binary tree has 7 mirrored pairs, [4, 2] 6, [8] 4)
+#: where and how to branch, at the same 192 leaves per iteration (8 per prompt unless stated): the window's first step
+#: (the default starts at step 1 of 10), and the children per node at each window step (a binary tree has 7 mirrored
+#: pairs, [4, 2] 6, [8] 4)
 SHAPES = {"tree_start0": {"tree": {"window_start": 0}}, "tree_start3": {"tree": {"window_start": 3}},
           "tree_42_start0": {"tree": {"window_start": 0, "window_width": 2, "branch_schedule": [4, 2]}},
-          "tree_k8_w1_start0": {"tree": {"window_start": 0, "window_width": 1, "branch": 8}}}
+          "tree_k8_w1_start0": {"tree": {"window_start": 0, "window_width": 1, "branch": 8}},
+          # the lowest cost per clean probe of the small shapes (10 probes and 5 parents per 16 leaves): 16 leaves
+          # per prompt, so 12 prompts keep the 192 leaves per iteration
+          "tree_44_start0": {"tree": {"window_start": 0, "window_width": 2, "branch_schedule": [4, 4]},
+                             "prompts_per_iter": 12}}
 
 
 def method_overrides(name: str) -> dict:

@@ -220,9 +220,10 @@ def test_a_mirrored_tree_gives_one_clean_probe_per_pair_and_the_binary_tree_all_
     """L leaf rewards less their mean span L − 1 contrasts, the most any group of L samples can teach from a scalar
     reward (docs/design.md §1). The binary mirrored tree uses all of them (a Haar transform of its rewards: 7 for
     8 leaves); wider nodes lose the contrasts between their pairs, whose ±ε cancel in the gradient: [4, 2] keeps 6,
-    [2, 4] 5, [8] 4 — the order of their measured gradient SNR. Independent siblings keep all 7, each noisier."""
+    [2, 4] 5, [8] 4 — the order of their measured gradient SNR — and [4, 4] 10 of 15. Independent siblings keep all 7, each noisier."""
     assert _probe_rank([2, 2, 2]) == (8, 7)
     assert _probe_rank([4, 2]) == (8, 6)
     assert _probe_rank([2, 4]) == (8, 5)
     assert _probe_rank([8]) == (8, 4)
+    assert _probe_rank([4, 4]) == (16, 10)      # 2 at the root, 2 under each of its 4 children
     assert _probe_rank([8], antithetic=False) == (8, 7)

@@ -452,6 +452,8 @@ def test_bench_budget_runs_tree_variants_as_the_tree_with_their_changes():
     assert bb.overrides("tree_independent")["tree"]["antithetic"] is False
     shaped = bb.overrides("tree_42_start0")["tree"]
     assert shaped == {**bm.METHODS["tree"]["tree"], "window_start": 0, "window_width": 2, "branch_schedule": [4, 2]}
+    wide = bb.overrides("tree_44_start0")     # 16 leaves per prompt: half the prompts, the same 192 leaves
+    assert wide["tree"]["branch_schedule"] == [4, 4] and wide["prompts_per_iter"] * 16 == bm.LEAVES_PER_ITER
     assert bb.overrides("awm") is bm.METHODS["awm"]
 
 
