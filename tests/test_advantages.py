@@ -209,7 +209,8 @@ def _probe_rank(schedule, antithetic=True):
         for j, (par, a) in enumerate(zip(tb.parents, adv)):
             x = tb.latents[j + 1].flatten(1).double()
             n_p = tb.latents[j].shape[0]
-            mu = torch.zeros(n_p, x.shape[1], dtype=x.dtype).index_add_(0, par, x) / torch.bincount(par, minlength=n_p)[:, None]
+            count = torch.bincount(par, minlength=n_p)[:, None]
+            mu = torch.zeros(n_p, x.shape[1], dtype=x.dtype).index_add_(0, par, x) / count
             dirs.append(torch.zeros_like(mu).index_add_(0, par, a.double()[:, None] * (x - mu[par])).flatten())
         cols.append(torch.cat(dirs))
     # a genuine probe's singular value is O(1); a cancelled pair leaves the float32 latents' rounding (~1e-7)
@@ -220,7 +221,8 @@ def test_a_mirrored_tree_gives_one_clean_probe_per_pair_and_the_binary_tree_all_
     """L leaf rewards less their mean span L − 1 contrasts, the most any group of L samples can teach from a scalar
     reward (docs/design.md §1). The binary mirrored tree uses all of them (a Haar transform of its rewards: 7 for
     8 leaves); wider nodes lose the contrasts between their pairs, whose ±ε cancel in the gradient: [4, 2] keeps 6,
-    [2, 4] 5, [8] 4 — the order of their measured gradient SNR — and [4, 4] 10 of 15. Independent siblings keep all 7, each noisier."""
+    [2, 4] 5, [8] 4 — the order of their measured gradient SNR — and [4, 4] 10 of 15. Independent siblings keep
+    all 7, each noisier."""
     assert _probe_rank([2, 2, 2]) == (8, 7)
     assert _probe_rank([4, 2]) == (8, 6)
     assert _probe_rank([2, 4]) == (8, 5)
