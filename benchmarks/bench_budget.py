@@ -16,11 +16,13 @@ At budget N, paired per seed, each curve cut at the budget (nothing past it is r
           both sides, so a reference that got there early and stayed on a plateau is credited with the early time
 
 The references are window GRPO (cut at N iterations) and the flow-matching peers AWM and NFT (cut at ``T_N``).
-Beside the time ratio: the same ratio in iterations (every method samples 192 leaves per iteration, so it is the
-ratio in samples: what one iteration teaches). And each method's iteration in the baseline's iterations, phase by
+Beside the time ratio: the same ratio in iterations (what one iteration teaches) and in samples (leaves scored: the
+two agree where a method samples the baseline's 192 leaves per iteration; a ``_p<N>`` variant trains N prompts per
+iteration, so its iterations are smaller). And each method's iteration in the baseline's iterations, phase by
 phase (sampling, update, decode + reward), paired per seed: at per-sample parity the time ratio is that cost ratio.
 
     python benchmarks/bench_budget.py [--seeds 8] [--first-seed 0] [--budgets 20,40,80] [--methods tree,awm,nft]
+    python benchmarks/bench_budget.py --seeds 4 --methods tree,tree_p12,traj_window_p12   # the batch: 12 prompts
     python benchmarks/bench_budget.py --report benchmarks/results/budget/budget.json   # read again, run nothing
     python benchmarks/bench_budget.py --merge a/budget.json b/budget.json --out pooled  # pool seeds
 
@@ -32,6 +34,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import threading
 import time
@@ -73,6 +76,11 @@ def first_passage_ratio(run: list[dict], ref: list[dict], smooth: int, key: str 
     return bm.time_to_reach(r, target, key) / t_ref
 
 
+def is_tree(method: str) -> bool:
+    """TreeGRPO or one of its variants (``tree_*``), whose ratios the issue's goals apply to."""
+    return method == "tree" or method.startswith("tree_")
+
+
 def summary(by_seed: dict[int, float], goal: float | None = None) -> dict:
     """Mean ± std over the seeds that reached the target, how many did, the worst seed, and how many met ``goal``
     (a seed that never reached the target does not meet it)."""
@@ -90,8 +98,9 @@ def tables(records: list[dict], budgets: tuple[int, ...] = BUDGETS, smooth: int 
     """{N: {reference: {method: {"time": summary, "iterations": summary}}}} plus each budget's T_N per seed, from the
     runs' records (one per method and seed, as :func:`run` leaves them)."""
     runs: dict[str, dict[int, list[dict]]] = {}
-    for r in records:
-        runs.setdefault(r["method"], {})[r["seed"]] = r["evals"]
+    for r in records:   # each evaluation also on the samples clock (records before it was kept: 192 per iteration)
+        per = r.get("leaves_per_iter", bm.LEAVES_PER_ITER)
+        runs.setdefault(r["method"], {})[r["seed"]] = [dict(e, samples=e["iteration"] * per) for e in r["evals"]]
     base = runs[BASELINE]
     out = {}
     for n in budgets:
@@ -109,8 +118,8 @@ def tables(records: list[dict], budgets: tuple[int, ...] = BUDGETS, smooth: int 
                     continue
                 seeds = sorted(set(by) & set(cut_runs[ref]))
                 row[m] = {clock: summary({s: first_passage_ratio(by[s], cut_runs[ref][s], smooth, key)
-                                          for s in seeds}, GOALS.get(ref) if m == "tree" and clock == "time" else None)
-                          for clock, key in (("time", "train_time"), ("iterations", "iteration"))}
+                                          for s in seeds}, GOALS.get(ref) if is_tree(m) and clock == "time" else None)
+                          for clock, key in (("time", "train_time"), ("iterations", "iteration"), ("samples", "samples"))}
                 row[m]["final_reward"] = bm.mean_std([bm.smooth_evals(by[s], smooth)[-1]["eval_reward"] for s in seeds])
             per_ref[ref] = row
         out[str(n)] = {"T_N_s": t_n, "references": per_ref,
@@ -151,11 +160,12 @@ def print_tables(res: dict) -> None:
               + ", ".join(f"{m} {v[0]:.3f}" for m, v in t["final_reward"].items()))
         for ref, row in t["references"].items():
             for m, r in row.items():
-                tt, it = r["time"], r["iterations"]
+                tt, it, sa = r["time"], r["iterations"], r.get("samples")
                 seeds = ", ".join("–" if math.isnan(v) else f"{v:.2f}" for v in tt["by_seed"].values())
                 goal = f"; goal ≤ {tt['goal']}: {tt['met_goal']}" if "goal" in tt else ""
                 print(f"  {m:>12} ÷ {ref:<12} time {tt['mean']:.2f} ± {tt['std']:.2f} (max {tt['max']:.2f}, reached "
-                      f"{tt['reached']}{goal})  iterations {it['mean']:.2f} ± {it['std']:.2f}  [{seeds}]")
+                      f"{tt['reached']}{goal})  iterations {it['mean']:.2f} ± {it['std']:.2f}"
+                      + (f"  samples {sa['mean']:.2f}" if sa else "") + f"  [{seeds}]")
 
 
 # ------------------------------------------------------------------------------------------------ running them
@@ -269,10 +279,11 @@ def main(argv: list[str] | None = None) -> None:
     import bench_gradient
 
     known = set(bm.METHODS) | set(bm.ABLATIONS) | set(bench_gradient.SHAPES)
-    unknown = [m for m in methods if m not in known or m == BASELINE]
+    unknown = [m for m in methods if re.sub(r"_p[1-9][0-9]*$", "", m) not in known or m == BASELINE]
     if unknown:
         raise SystemExit(f"--methods: {unknown} are not methods beside the baseline; choose from "
-                         f"{sorted(known - {BASELINE})}")
+                         f"{sorted(known - {BASELINE})}, each optionally ending in _p<N> (N prompts per iteration; "
+                         f"{BASELINE}_p12 is the baseline's own run at 12)")
     from treegrpo.io import atomic_write_json
 
     if ns.report or ns.merge:

@@ -24,6 +24,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 import time
@@ -48,14 +49,20 @@ SHAPES = {"tree_start0": {"tree": {"window_start": 0}}, "tree_start3": {"tree": 
 
 
 def method_overrides(name: str) -> dict:
-    """bench_methods.py's configuration of ``name`` (a method, an ablation, or a tree shape of SHAPES)."""
+    """bench_methods.py's configuration of ``name`` (a method, an ablation, or a tree shape of SHAPES); a name
+    ending in ``_p<N>`` is that method with N prompts per iteration (the batch: ``tree_p12`` trains 12 prompts'
+    trees per iteration instead of the demo's 24)."""
+    m = re.fullmatch(r"(.+)_p([1-9][0-9]*)", name)
+    if m:
+        return bm.merge(method_overrides(m.group(1)), {"prompts_per_iter": int(m.group(2))})
     if name in bm.METHODS:
         return bm.METHODS[name]
     if name in bm.ABLATIONS:
         return bm.merge(bm.METHODS["tree"], bm.ABLATIONS[name])
     if name in SHAPES:
         return bm.merge(bm.METHODS["tree"], SHAPES[name])
-    raise SystemExit(f"unknown method {name!r}: one of {sorted({*bm.METHODS, *bm.ABLATIONS, *SHAPES})} or NAME=JSON")
+    raise SystemExit(f"unknown method {name!r}: one of {sorted({*bm.METHODS, *bm.ABLATIONS, *SHAPES})} (each may end "
+                     "in _p<N>: N prompts per iteration) or NAME=JSON")
 
 
 def edge_levels(batch, skip_zero_adv: bool):

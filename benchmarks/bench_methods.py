@@ -230,6 +230,7 @@ def child(spec: dict) -> None:
     hist = tr.history
     split = {k: sum(h[k] for h in hist) / len(hist) for k in ("t_sample", "t_decode", "t_reward", "t_update", "t_iter")}
     print(json.dumps({"evals": tr.evals, "iterations": tr.iteration, "train_time": tr.train_time,
+                      "leaves_per_iter": cfg.prompts_per_iter * cfg.trees_per_prompt * cfg.tree.leaves,
                       "total_nfe": tr.total_nfe, "split": split, "nfe_per_iter": hist[0]["nfe"],
                       "flat_trees": sum(h["flat_trees"] for h in hist)}))
 

@@ -417,6 +417,14 @@ def test_tables_read_every_budget_from_one_run_and_nothing_past_it():
     # in iterations: the tree makes 4 iterations in the time of one of the baseline's and learns half as much in
     # each: 20 iterations to the baseline's 10
     assert res["10"]["references"]["traj_window"]["tree"]["iterations"]["by_seed"][0] == pytest.approx(2.0)
+    # in samples: a record without leaves_per_iter samples the baseline's 192 per iteration, so the ratio is the same
+    assert res["10"]["references"]["traj_window"]["tree"]["samples"]["by_seed"][0] == pytest.approx(2.0)
+    # a smaller batch (tree_p12: 96 leaves per iteration) on the same curve: twice the iterations' ratio in
+    # iterations, the same in samples halved: 20 iterations of 96 leaves against 10 of 192
+    half = dict(recs[2], method="tree_p12", leaves_per_iter=96)
+    row = bb.tables(recs + [half], (10,), smooth=1)["10"]["references"]["traj_window"]["tree_p12"]
+    assert row["iterations"]["by_seed"][0] == pytest.approx(2.0) and row["samples"]["by_seed"][0] == pytest.approx(1.0)
+    assert row["time"]["goal"] == 0.33 and row["time"]["met_goal"] == "0/1"    # a tree variant: the issue's goal (0.5)
 
 
 def test_cost_split_gives_each_phase_in_the_baselines_iterations_paired_per_seed():
@@ -455,6 +463,13 @@ def test_bench_budget_runs_tree_variants_as_the_tree_with_their_changes():
     wide = bb.overrides("tree_44_start0")     # 16 leaves per prompt: half the prompts, the same 192 leaves
     assert wide["tree"]["branch_schedule"] == [4, 4] and wide["prompts_per_iter"] * 16 == bm.LEAVES_PER_ITER
     assert bb.overrides("awm") is bm.METHODS["awm"]
+    # _p<N>: any of them with N prompts per iteration (the batch), nothing else changed
+    assert bb.overrides("tree_p12") == {**bm.METHODS["tree"], "prompts_per_iter": 12}
+    assert bb.overrides("traj_window_p12") == {**bm.METHODS["traj_window"], "prompts_per_iter": 12}
+    assert bb.overrides("tree_44_start0_p6") == {**wide, "prompts_per_iter": 6}
+    for bad in ("tree_p0", "trees_p12", "tree_p"):
+        with pytest.raises(SystemExit, match="unknown method"):
+            bb.overrides(bad)
 
 
 def test_the_schedule_runs_each_job_after_its_dependencies_in_the_listed_order():
@@ -491,12 +506,14 @@ def test_one_tiny_work_budget_comparison_end_to_end(tmp_path):
     base, tree = by["traj_window"], by["tree"]
     assert base["iterations"] == 3 and [e["iteration"] for e in base["evals"]] == [0, 1, 2, 3]
     assert tree["train_time"] >= base["train_time"] and len(tree["evals"]) >= 3   # ran the baseline's training time
+    assert tree["leaves_per_iter"] == base["leaves_per_iter"] == bm.LEAVES_PER_ITER   # 24 prompts x 8 leaves
     assert set(res["budgets"]) == {"2", "3"} and res["budgets"]["3"]["T_N_s"]["0"] == pytest.approx(base["train_time"])
     assert "tree ÷ traj_window" in r.stdout
     assert res["cost"]["tree"]["t_iter"]["by_seed"]["0"] == pytest.approx(tree["split"]["t_iter"] / base["split"]["t_iter"])
-    bad = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_budget.py"), "--methods", "trees"],
-                         capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert bad.returncode != 0 and "--methods" in bad.stderr
+    for methods in ("trees", "trees_p12", "traj_window"):   # the baseline itself is no method beside it
+        bad = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_budget.py"), "--methods", methods],
+                             capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert bad.returncode != 0 and "--methods" in bad.stderr and "_p<N>" in bad.stderr
 
 
 def test_gradient_noise_statistics_against_a_known_distribution():
