@@ -34,7 +34,6 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 import threading
 import time
@@ -279,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
     import bench_gradient
 
     known = set(bm.METHODS) | set(bm.ABLATIONS) | set(bench_gradient.SHAPES)
-    unknown = [m for m in methods if re.sub(r"_p[1-9][0-9]*$", "", m) not in known or m == BASELINE]
+    unknown = [m for m in methods if bench_gradient.split_batch(m)[0] not in known or m == BASELINE]
     if unknown:
         raise SystemExit(f"--methods: {unknown} are not methods beside the baseline; choose from "
                          f"{sorted(known - {BASELINE})}, each optionally ending in _p<N> (N prompts per iteration; "

@@ -48,13 +48,24 @@ SHAPES = {"tree_start0": {"tree": {"window_start": 0}}, "tree_start3": {"tree": 
                              "prompts_per_iter": 12}}
 
 
-def method_overrides(name: str) -> dict:
-    """bench_methods.py's configuration of ``name`` (a method, an ablation, or a tree shape of SHAPES); a name
-    ending in ``_p<N>`` is that method with N prompts per iteration (the batch: ``tree_p12`` trains 12 prompts'
-    trees per iteration instead of the demo's 24)."""
+def split_batch(name: str) -> tuple[str, int | None]:
+    """``"tree_p12"`` -> ``("tree", 12)``: a name ending in ``_p<N>`` is that method with N prompts per iteration
+    (the batch); any other name -> ``(name, None)``."""
     m = re.fullmatch(r"(.+)_p([1-9][0-9]*)", name)
-    if m:
-        return bm.merge(method_overrides(m.group(1)), {"prompts_per_iter": int(m.group(2))})
+    return (m.group(1), int(m.group(2))) if m else (name, None)
+
+
+def method_overrides(name: str) -> dict:
+    """bench_methods.py's configuration of ``name`` (a method, an ablation, or a tree shape of SHAPES), with
+    ``prompts_per_iter`` set where the name ends in ``_p<N>`` (:func:`split_batch`: ``tree_p12`` trains 12 prompts'
+    trees per iteration instead of the demo's 24)."""
+    base, prompts = split_batch(name)
+    if prompts is not None:
+        return bm.merge(_plain_overrides(base), {"prompts_per_iter": prompts})
+    return _plain_overrides(name)
+
+
+def _plain_overrides(name: str) -> dict:
     if name in bm.METHODS:
         return bm.METHODS[name]
     if name in bm.ABLATIONS:
