@@ -20,9 +20,12 @@ Beside the time ratio: the same ratio in iterations (what one iteration teaches)
 two agree where a method samples the baseline's 192 leaves per iteration; a ``_p<N>`` variant trains N prompts per
 iteration, so its iterations are smaller). And each method's iteration in the baseline's iterations, phase by
 phase (sampling, update, decode + reward), paired per seed: at per-sample parity the time ratio is that cost ratio.
+And the ratio at equal reward, which no budget cuts: on the whole runs, each method's first passage to each reward
+level (every 0.02 above the base model's) over the baseline's, paired per seed (:func:`level_table`).
 
     python benchmarks/bench_budget.py [--seeds 8] [--first-seed 0] [--budgets 20,40,80] [--methods tree,awm,nft]
     python benchmarks/bench_budget.py --seeds 4 --methods tree,tree_p12,traj_window_p12   # the batch: 12 prompts
+    python benchmarks/bench_budget.py --seeds 4 --methods tree_p12_lr3e-3,tree_p12_lr1.2e-2   # its lr
     python benchmarks/bench_budget.py --report benchmarks/results/budget/budget.json   # read again, run nothing
     python benchmarks/bench_budget.py --merge a/budget.json b/budget.json --out pooled  # pool seeds
 
@@ -125,6 +128,75 @@ def tables(records: list[dict], budgets: tuple[int, ...] = BUDGETS, smooth: int 
                        "final_reward": {m: bm.mean_std([bm.smooth_evals(ev, smooth)[-1]["eval_reward"]
                                                        for ev in by.values()]) for m, by in cut_runs.items()}}
     return out
+
+
+LEVEL_STEP = 0.02   # reward levels of the equal-reward view: about twice the evaluation's noise (3-point average)
+
+
+def _median(xs: list[float]) -> float:
+    """The median, NaN (never reached) counted as +inf; inf where half or more are."""
+    xs = sorted(math.inf if math.isnan(x) else x for x in xs)
+    if not xs:
+        return math.nan
+    h = len(xs) // 2
+    return xs[h] if len(xs) % 2 else (xs[h - 1] + xs[h]) / 2
+
+
+def reward_levels(base_runs: dict[int, list[dict]], smooth: int, step: float = LEVEL_STEP) -> list[float]:
+    """The multiples of ``step`` above the base model's reward (the baseline's first evaluation) up to the highest
+    that more than half of the baseline's seeds reach on their whole (smoothed) runs (its median passage is then
+    finite)."""
+    starts = [ev[0]["eval_reward"] for ev in base_runs.values()]
+    best = sorted((max(e["eval_reward"] for e in bm.smooth_evals(ev, smooth)) for ev in base_runs.values()),
+                  reverse=True)
+    top = best[len(best) // 2]                  # reached by more than half of the seeds
+    k = math.floor(max(starts) / step + 1e-9) + 1
+    levels = []
+    while k * step <= top + 1e-9:
+        levels.append(round(k * step, 6))
+        k += 1
+    return levels
+
+
+def level_table(records: list[dict], n_max: int, smooth: int = SMOOTH, step: float = LEVEL_STEP) -> dict:
+    """The ratio at equal reward, free of where a budget cuts the curves: each run whole (the baseline's ``n_max``
+    iterations, the others the time those took), each reward level L of :func:`reward_levels`, paired per seed,
+    the method's first passage to L over the baseline's (summary, with the goal for tree variants), and the median
+    first passage in baseline iterations (training time / the seed's baseline time per iteration). Medians count a
+    seed that never reached a level as infinitely slow (the median is then of all seeds, not of the quick ones)."""
+    runs: dict[str, dict[int, list[dict]]] = {}
+    for r in records:
+        runs.setdefault(r["method"], {})[r["seed"]] = r["evals"]
+    base = runs[BASELINE]
+    unit = {s: budget_time(ev, n_max) / n_max for s, ev in base.items()}
+    levels = reward_levels(base, smooth, step)
+    passage = {m: {s: [bm.time_to_reach(bm.smooth_evals(ev, smooth), lv) / unit[s] for lv in levels]
+                   for s, ev in by.items() if s in unit and unit[s] > 0}
+               for m, by in runs.items()}
+    out = {"levels": levels, "step": step, "baseline_iterations": [
+        _median([p[i] for p in passage[BASELINE].values()]) for i in range(len(levels))], "methods": {}}
+    for m, by in passage.items():
+        if m == BASELINE:
+            continue
+        seeds = sorted(set(by) & set(passage[BASELINE]))
+        out["methods"][m] = {
+            "ratio": [summary({s: by[s][i] / passage[BASELINE][s][i] for s in seeds},
+                              GOALS[BASELINE] if is_tree(m) else None) for i in range(len(levels))],
+            "iterations": [_median([by[s][i] for s in seeds]) for i in range(len(levels))]}
+    return out
+
+
+def print_levels(lv: dict) -> None:
+    if not lv["levels"]:
+        print(f"\nat equal reward: the baseline's median run rose less than {lv['step']} above the base model")
+        return
+    print("\nat equal reward (whole runs; median over seeds of the paired first-passage ratio, ÷ " + BASELINE + "):")
+    print(f"  {'level':>18}: " + " ".join(f"{x:5.2f}" for x in lv["levels"]))
+    print(f"  {BASELINE + ' it.':>18}: " + " ".join(f"{x:5.1f}" for x in lv["baseline_iterations"]))
+    for m, r in lv["methods"].items():
+        print(f"  {m:>18}: " + " ".join(f"{_median(list(s['by_seed'].values())):5.2f}" for s in r["ratio"]))
+        if "goal" in r["ratio"][0]:
+            print(f"  {'≤ ' + str(GOALS[BASELINE]):>18}: " + " ".join(f"{s['met_goal']:>5}" for s in r["ratio"]))
 
 
 PHASES = ("t_sample", "t_update", "t_score")   # t_score: the decode and the reward together
@@ -278,11 +350,12 @@ def main(argv: list[str] | None = None) -> None:
     import bench_gradient
 
     known = set(bm.METHODS) | set(bm.ABLATIONS) | set(bench_gradient.SHAPES)
-    unknown = [m for m in methods if bench_gradient.split_batch(m)[0] not in known or m == BASELINE]
+    unknown = [m for m in methods if bench_gradient.split_variant(m)[0] not in known or m == BASELINE]
     if unknown:
         raise SystemExit(f"--methods: {unknown} are not methods beside the baseline; choose from "
                          f"{sorted(known - {BASELINE})}, each optionally ending in _p<N> (N prompts per iteration; "
-                         f"{BASELINE}_p12 is the baseline's own run at 12)")
+                         f"{BASELINE}_p12 is the baseline's own run at 12) and then _lr<X> (learning rate X: "
+                         "tree_p12_lr3e-3)")
     from treegrpo.io import atomic_write_json
 
     if ns.report or ns.merge:
@@ -294,11 +367,13 @@ def main(argv: list[str] | None = None) -> None:
         bm.THREADS = 1
         n_max = budgets[-1]
         records = run(list(range(ns.first_seed, ns.first_seed + ns.seeds)), methods, n_max, ns.out, ns.jobs)
-    res = {"budgets": tables(records, budgets, ns.smooth), "cost": cost_split(records), "smooth": ns.smooth,
+    res = {"budgets": tables(records, budgets, ns.smooth), "cost": cost_split(records),
+           "levels": level_table(records, n_max, ns.smooth), "smooth": ns.smooth,
            "n_max": n_max,
            "protocol": "work budget: the baseline trains N iterations, every other method the time that took",
            "records": records}
     print_tables(res)
+    print_levels(res["levels"])
     print_cost_split(res["cost"])
     if not ns.report:
         os.makedirs(ns.out, exist_ok=True)

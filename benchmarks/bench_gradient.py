@@ -48,21 +48,35 @@ SHAPES = {"tree_start0": {"tree": {"window_start": 0}}, "tree_start3": {"tree": 
                              "prompts_per_iter": 12}}
 
 
-def split_batch(name: str) -> tuple[str, int | None]:
-    """``"tree_p12"`` -> ``("tree", 12)``: a name ending in ``_p<N>`` is that method with N prompts per iteration
-    (the batch); any other name -> ``(name, None)``."""
-    m = re.fullmatch(r"(.+)_p([1-9][0-9]*)", name)
-    return (m.group(1), int(m.group(2))) if m else (name, None)
+#: a method name's optional suffixes, in this order: ``_p<N>`` (N prompts per iteration) and ``_lr<X>`` (AdamW lr X)
+VARIANT = re.compile(r"(?P<base>.+?)(?:_p(?P<prompts>[1-9][0-9]*))?(?:_lr(?P<lr>[0-9]+(?:\.[0-9]+)?(?:e-?[0-9]+)?))?")
+
+
+def split_variant(name: str) -> tuple[str, dict]:
+    """``"tree_p12_lr3e-3"`` -> ``("tree", {"prompts_per_iter": 12, "optim": {"lr": 0.003}})``: a name may end in
+    ``_p<N>`` (that method with N prompts per iteration, the batch) and then ``_lr<X>`` (learning rate X); any
+    other name -> ``(name, {})``. The base name is not checked here (:func:`method_overrides` does)."""
+    m = VARIANT.fullmatch(name)
+    if m is None:
+        return name, {}
+    change: dict = {}
+    if m.group("prompts"):
+        change["prompts_per_iter"] = int(m.group("prompts"))
+    if m.group("lr"):
+        lr = float(m.group("lr"))
+        if not lr > 0:
+            return name, {}
+        change["optim"] = {"lr": lr}
+    return m.group("base"), change
 
 
 def method_overrides(name: str) -> dict:
     """bench_methods.py's configuration of ``name`` (a method, an ablation, or a tree shape of SHAPES), with
-    ``prompts_per_iter`` set where the name ends in ``_p<N>`` (:func:`split_batch`: ``tree_p12`` trains 12 prompts'
-    trees per iteration instead of the demo's 24)."""
-    base, prompts = split_batch(name)
-    if prompts is not None:
-        return bm.merge(_plain_overrides(base), {"prompts_per_iter": prompts})
-    return _plain_overrides(name)
+    ``prompts_per_iter`` and the lr set where the name ends in ``_p<N>`` / ``_lr<X>`` (:func:`split_variant`:
+    ``tree_p12`` trains 12 prompts' trees per iteration instead of the demo's 24, ``tree_p12_lr3e-3`` does so at
+    lr 3e-3)."""
+    base, change = split_variant(name)
+    return bm.merge(_plain_overrides(base), change) if change else _plain_overrides(name)
 
 
 def _plain_overrides(name: str) -> dict:
@@ -73,7 +87,7 @@ def _plain_overrides(name: str) -> dict:
     if name in SHAPES:
         return bm.merge(bm.METHODS["tree"], SHAPES[name])
     raise SystemExit(f"unknown method {name!r}: one of {sorted({*bm.METHODS, *bm.ABLATIONS, *SHAPES})} (each may end "
-                     "in _p<N>: N prompts per iteration) or NAME=JSON")
+                     "in _p<N>: N prompts per iteration, then _lr<X>: learning rate X) or NAME=JSON")
 
 
 def edge_levels(batch, skip_zero_adv: bool):

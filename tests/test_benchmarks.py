@@ -449,6 +449,34 @@ def test_cost_split_gives_each_phase_in_the_baselines_iterations_paired_per_seed
     assert set(bb.cost_split(recs + [rec("tree", 2, 0.5, 0.3, 0.0, 0.0)])["tree"]["t_iter"]["by_seed"]) == {0, 1}
 
 
+def test_the_ratio_at_equal_reward_pairs_first_passages_per_level_over_whole_runs():
+    """Three seeds; the baseline takes 2 s per iteration and rises 0.01 per iteration from 0.5, seed 2's stops at
+    0.7. The levels are 0.52, 0.54, ... up to the highest that 2 of 3 baseline seeds reach (0.9). The tree rises
+    0.01 per second (seeds 0 and 2: ratio 0.5 at every level) or 0.02 (seed 1: 0.25). Above 0.7 seed 2's baseline
+    never gets there: no ratio for that seed, and its passage counts as infinite in the baseline's median."""
+    recs = []
+    for seed in (0, 1, 2):
+        top = 0.7 if seed == 2 else 0.9
+        recs.append(_curve("traj_window", seed, [(2.0 * i, min(top, 0.5 + 0.01 * i)) for i in range(41)], 2.0))
+        rate = 0.02 if seed == 1 else 0.01
+        recs.append(_curve("tree", seed, [(1.0 * i, min(0.95, 0.5 + rate * i)) for i in range(81)], 0.5))
+    lv = bb.level_table(recs, 40, smooth=1)
+    assert lv["levels"] == pytest.approx([0.52 + 0.02 * i for i in range(20)])
+    i06, i08 = lv["levels"].index(pytest.approx(0.6)), lv["levels"].index(pytest.approx(0.8))
+    assert lv["baseline_iterations"][i06] == pytest.approx(10) and lv["baseline_iterations"][i08] == pytest.approx(30)
+    tree = lv["methods"]["tree"]
+    at06, at08 = tree["ratio"][i06], tree["ratio"][i08]
+    assert at06["by_seed"] == {0: pytest.approx(0.5), 1: pytest.approx(0.25), 2: pytest.approx(0.5)}
+    assert at06["met_goal"] == "1/3" and at06["reached"] == "3/3"
+    assert at08["by_seed"][0] == pytest.approx(0.5) and math.isnan(at08["by_seed"][2]) and at08["reached"] == "2/3"
+    # the tree's own passage in baseline iterations (time / 2 s): 5, 2.5, 5 at 0.6 -> median 5
+    assert tree["iterations"][i06] == pytest.approx(5)
+    # a baseline whose median run never rises 0.02: no level
+    flat = [_curve("traj_window", s, [(2.0 * i, 0.5 + 0.001 * i) for i in range(11)], 2.0) for s in (0, 1)]
+    assert bb.level_table(flat, 10, smooth=1)["levels"] == []
+    assert bb._median([30.0, 30.0, math.nan]) == 30.0 and bb._median([1.0, math.nan]) == math.inf
+
+
 def test_bench_budget_runs_tree_variants_as_the_tree_with_their_changes():
     """--methods takes bench_methods' ablations and bench_gradient's window positions: each is the tree's config
     with only its change."""
@@ -468,8 +496,12 @@ def test_bench_budget_runs_tree_variants_as_the_tree_with_their_changes():
     assert bb.overrides("traj_window_p12") == {**bm.METHODS["traj_window"], "prompts_per_iter": 12}
     assert bb.overrides("tree_44_start0_p6") == {**wide, "prompts_per_iter": 6}
     assert bb.overrides("tree_k8_w1_p12") == {**bb.overrides("tree_k8_w1"), "prompts_per_iter": 12}
-    for bad in ("tree_p0", "trees_p12", "tree_p", "tree_p12_p6"):   # one suffix, on a known name
-        with pytest.raises(SystemExit, match="unknown method"):
+    # _lr<X>: the learning rate, after the batch if both
+    assert bb.overrides("tree_p12_lr3e-3") == bm.merge(bm.METHODS["tree"], {"prompts_per_iter": 12,
+                                                                           "optim": {"lr": 3e-3}})
+    assert bb.overrides("tree_lr1.2e-2") == bm.merge(bm.METHODS["tree"], {"optim": {"lr": 1.2e-2}})
+    for bad in ("tree_p0", "trees_p12", "tree_p", "tree_p12_p6", "tree_lr0", "tree_lr", "tree_lr3e-3_p12"):
+        with pytest.raises(SystemExit, match="unknown method"):   # one suffix of each, in order, on a known name
             bb.overrides(bad)
 
 
@@ -509,7 +541,8 @@ def test_one_tiny_work_budget_comparison_end_to_end(tmp_path):
     assert tree["train_time"] >= base["train_time"] and len(tree["evals"]) >= 3   # ran the baseline's training time
     assert tree["leaves_per_iter"] == base["leaves_per_iter"] == bm.LEAVES_PER_ITER   # 24 prompts x 8 leaves
     assert set(res["budgets"]) == {"2", "3"} and res["budgets"]["3"]["T_N_s"]["0"] == pytest.approx(base["train_time"])
-    assert "tree ÷ traj_window" in r.stdout
+    assert "tree ÷ traj_window" in r.stdout and "at equal reward" in r.stdout
+    assert set(res["levels"]) >= {"levels", "baseline_iterations", "methods"}
     assert res["cost"]["tree"]["t_iter"]["by_seed"]["0"] == pytest.approx(tree["split"]["t_iter"] / base["split"]["t_iter"])
     for methods in ("trees", "trees_p12", "traj_window"):   # the baseline itself is no method beside it
         bad = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_budget.py"), "--methods", methods],
