@@ -96,13 +96,20 @@ def summary(by_seed: dict[int, float], goal: float | None = None) -> dict:
     return out
 
 
+def runs_by_method(records: list[dict]) -> dict[str, dict[int, list[dict]]]:
+    """{method: {seed: evaluations}} from the records, each evaluation also on the samples clock (``samples``: leaves
+    scored so far; records from before ``leaves_per_iter`` was kept sampled 192 per iteration)."""
+    runs: dict[str, dict[int, list[dict]]] = {}
+    for r in records:
+        per = r.get("leaves_per_iter", bm.LEAVES_PER_ITER)
+        runs.setdefault(r["method"], {})[r["seed"]] = [dict(e, samples=e["iteration"] * per) for e in r["evals"]]
+    return runs
+
+
 def tables(records: list[dict], budgets: tuple[int, ...] = BUDGETS, smooth: int = SMOOTH) -> dict:
     """{N: {reference: {method: {"time": summary, "iterations": summary}}}} plus each budget's T_N per seed, from the
     runs' records (one per method and seed, as :func:`run` leaves them)."""
-    runs: dict[str, dict[int, list[dict]]] = {}
-    for r in records:   # each evaluation also on the samples clock (records before it was kept: 192 per iteration)
-        per = r.get("leaves_per_iter", bm.LEAVES_PER_ITER)
-        runs.setdefault(r["method"], {})[r["seed"]] = [dict(e, samples=e["iteration"] * per) for e in r["evals"]]
+    runs = runs_by_method(records)
     base = runs[BASELINE]
     out = {}
     for n in budgets:
@@ -166,9 +173,7 @@ def level_table(records: list[dict], n_max: int, smooth: int = SMOOTH, step: flo
     the method's first passage to L over the baseline's (summary, with the goal for tree variants), and the median
     first passage in baseline iterations (training time / the seed's baseline time per iteration). Medians count a
     seed that never reached a level as infinitely slow (the median is then of all seeds, not of the quick ones)."""
-    runs: dict[str, dict[int, list[dict]]] = {}
-    for r in records:
-        runs.setdefault(r["method"], {})[r["seed"]] = r["evals"]
+    runs = runs_by_method(records)
     base = runs[BASELINE]
     unit = {s: budget_time(ev, n_max) / n_max for s, ev in base.items()}
     levels = reward_levels(base, smooth, step)

@@ -76,7 +76,7 @@ def method_overrides(name: str) -> dict:
     ``tree_p12`` trains 12 prompts' trees per iteration instead of the demo's 24, ``tree_p12_lr3e-3`` does so at
     lr 3e-3)."""
     base, change = split_variant(name)
-    return bm.merge(_plain_overrides(base), change) if change else _plain_overrides(name)
+    return bm.merge(_plain_overrides(base), change) if change else _plain_overrides(base)
 
 
 def _plain_overrides(name: str) -> dict:
