@@ -20,6 +20,8 @@ Beside the time ratio: the same ratio in iterations (what one iteration teaches)
 two agree where a method samples the baseline's 192 leaves per iteration; a ``_p<N>`` variant trains N prompts per
 iteration, so its iterations are smaller). And each method's iteration in the baseline's iterations, phase by
 phase (sampling, update, decode + reward), paired per seed: at per-sample parity the time ratio is that cost ratio.
+Beside the time ratio, the same protocol on the steady clock (each run's iterations × its median cost of one;
+:func:`steady_ratios`), which takes out load that the machine carried while a run was young; never instead of it.
 And the ratio at equal reward, which no budget cuts: on the whole runs, each method's first passage to each reward
 level (every 0.02 above the base model's) over the baseline's, paired per seed (:func:`level_table`).
 
@@ -60,9 +62,22 @@ def cut(evals: list[dict], key: str, limit: float) -> list[dict]:
     return [e for e in evals if e[key] <= limit + 1e-9]
 
 
-def budget_time(base_evals: list[dict], n: int) -> float:
-    """T_N: the baseline's training time at iteration ``n`` (NaN where the run has no evaluation there)."""
-    return next((e["train_time"] for e in base_evals if e["iteration"] == n), math.nan)
+def budget_time(base_evals: list[dict], n: int, key: str = "train_time") -> float:
+    """T_N: the baseline's training time at iteration ``n`` (NaN where the run has no evaluation there); ``key``
+    ``steady_time`` reads it on the steady clock (:func:`runs_by_method`)."""
+    return next((e[key] for e in base_evals if e["iteration"] == n), math.nan)
+
+
+def steady_seconds_per_iteration(evals: list[dict]) -> float:
+    """A run's steady cost of one iteration (s): the median over its evaluation intervals of Δtrain_time ÷
+    Δiteration, so load on the machine during less than half of the run does not move it. NaN without an interval
+    that holds an iteration."""
+    rates = sorted((b["train_time"] - a["train_time"]) / (b["iteration"] - a["iteration"])
+                   for a, b in zip(evals, evals[1:]) if b["iteration"] > a["iteration"])
+    if not rates:
+        return math.nan
+    h = len(rates) // 2
+    return rates[h] if len(rates) % 2 else (rates[h - 1] + rates[h]) / 2
 
 
 def first_passage_ratio(run: list[dict], ref: list[dict], smooth: int, key: str = "train_time") -> float:
@@ -98,11 +113,15 @@ def summary(by_seed: dict[int, float], goal: float | None = None) -> dict:
 
 def runs_by_method(records: list[dict]) -> dict[str, dict[int, list[dict]]]:
     """{method: {seed: evaluations}} from the records, each evaluation also on the samples clock (``samples``: leaves
-    scored so far; records from before ``leaves_per_iter`` was kept sampled 192 per iteration)."""
+    scored so far; records from before ``leaves_per_iter`` was kept sampled 192 per iteration) and on the steady
+    clock (``steady_time``: iterations so far × the run's :func:`steady_seconds_per_iteration`, the training time
+    the run would have taken at its steady speed throughout)."""
     runs: dict[str, dict[int, list[dict]]] = {}
     for r in records:
         per = r.get("leaves_per_iter", bm.LEAVES_PER_ITER)
-        runs.setdefault(r["method"], {})[r["seed"]] = [dict(e, samples=e["iteration"] * per) for e in r["evals"]]
+        spi = steady_seconds_per_iteration(r["evals"])
+        runs.setdefault(r["method"], {})[r["seed"]] = [dict(e, samples=e["iteration"] * per,
+                                                            steady_time=e["iteration"] * spi) for e in r["evals"]]
     return runs
 
 
@@ -131,10 +150,27 @@ def tables(records: list[dict], budgets: tuple[int, ...] = BUDGETS, smooth: int 
                           for clock, key in (("time", "train_time"), ("iterations", "iteration"), ("samples", "samples"))}
                 row[m]["final_reward"] = bm.mean_std([bm.smooth_evals(by[s], smooth)[-1]["eval_reward"] for s in seeds])
             per_ref[ref] = row
+        steady_ratios(runs, n, smooth, per_ref)
         out[str(n)] = {"T_N_s": t_n, "references": per_ref,
                        "final_reward": {m: bm.mean_std([bm.smooth_evals(ev, smooth)[-1]["eval_reward"]
                                                        for ev in by.values()]) for m, by in cut_runs.items()}}
     return out
+
+
+def steady_ratios(runs: dict[str, dict[int, list[dict]]], n: int, smooth: int, per_ref: dict) -> None:
+    """Add the time ratio on the steady clock (``steady``) to each row of ``per_ref`` (one budget's table): the
+    whole protocol again with every run's training time replaced by its iterations × its steady cost of one, the
+    budget being the baseline's N iterations at its steady speed (every run cut there). Per seed it is the
+    iteration ratio × the steady cost ratio: the wall-clock ratio without the load the machine carried while a run
+    was young (a short budget's target is reached then). Reported beside the wall-clock ratio, never instead."""
+    t_n = {seed: budget_time(ev, n, "steady_time") for seed, ev in runs[BASELINE].items()}
+    cut_runs = {m: {seed: cut(ev, "steady_time", t_n[seed]) for seed, ev in by.items()
+                    if not math.isnan(t_n.get(seed, math.nan))} for m, by in runs.items()}
+    for ref, row in per_ref.items():
+        for m in row:
+            seeds = sorted(set(cut_runs[m]) & set(cut_runs[ref]))
+            row[m]["steady"] = summary({s: first_passage_ratio(cut_runs[m][s], cut_runs[ref][s], smooth, "steady_time")
+                                        for s in seeds}, GOALS.get(ref) if is_tree(m) else None)
 
 
 #: reward levels of the equal-reward view, 0.02 apart: about 7x the evaluation noise of a 3-point average on the demo
@@ -238,12 +274,17 @@ def print_tables(res: dict) -> None:
               + ", ".join(f"{m} {v[0]:.3f}" for m, v in t["final_reward"].items()))
         for ref, row in t["references"].items():
             for m, r in row.items():
-                tt, it, sa = r["time"], r["iterations"], r.get("samples")
+                tt, it, sa, st = r["time"], r["iterations"], r.get("samples"), r.get("steady")
                 seeds = ", ".join("–" if math.isnan(v) else f"{v:.2f}" for v in tt["by_seed"].values())
                 goal = f"; goal ≤ {tt['goal']}: {tt['met_goal']}" if "goal" in tt else ""
                 print(f"  {m:>12} ÷ {ref:<12} time {tt['mean']:.2f} ± {tt['std']:.2f} (max {tt['max']:.2f}, reached "
                       f"{tt['reached']}{goal})  iterations {it['mean']:.2f} ± {it['std']:.2f}"
                       + (f"  samples {sa['mean']:.2f}" if sa else "") + f"  [{seeds}]")
+                if st:
+                    seeds = ", ".join("–" if math.isnan(v) else f"{v:.2f}" for v in st["by_seed"].values())
+                    goal = f"; ≤ {st['goal']}: {st['met_goal']}" if "goal" in st else ""
+                    print(f"  {'':>12}   {'':<12} steady clock {st['mean']:.2f} ± {st['std']:.2f} (max "
+                          f"{st['max']:.2f}, reached {st['reached']}{goal})  [{seeds}]")
 
 
 # ------------------------------------------------------------------------------------------------ running them

@@ -427,6 +427,33 @@ def test_tables_read_every_budget_from_one_run_and_nothing_past_it():
     assert row["time"]["goal"] == 0.33 and row["time"]["met_goal"] == "0/1"    # a tree variant: its 0.5 misses 0.33
 
 
+def test_the_steady_clock_takes_out_the_load_a_young_run_carried():
+    """The baseline: 2 s per iteration, +0.01 per iteration. The tree learns half as much per iteration (+0.005) at
+    0.5 s each, but its first 4 iterations took 1.5 s (the machine was loaded). At N = 10 the target 0.6 takes the
+    tree 20 iterations: 4 × 1.5 + 16 × 0.5 = 14 s on the wall clock (ratio 0.7) and 20 × 0.5 = 10 s on the steady
+    clock (0.5 = 2 iterations per baseline iteration × a quarter of the cost), which the load does not move."""
+    assert bb.steady_seconds_per_iteration(
+        [{"train_time": t, "iteration": i} for t, i in [(0, 0), (2, 2), (5, 5), (10, 6)]]) == 1.0   # rates 1, 1, 5
+    assert bb.steady_seconds_per_iteration(
+        [{"train_time": t, "iteration": i} for t, i in [(0, 0), (1, 1), (4, 2)]]) == 2.0            # rates 1, 3
+    assert math.isnan(bb.steady_seconds_per_iteration([{"train_time": 0.0, "iteration": 0}]))
+    base = _curve("traj_window", 0, [(2.0 * i, 0.5 + 0.01 * i) for i in range(41)], 2.0)
+    times = [0.0]
+    for i in range(1, 161):
+        times.append(times[-1] + (1.5 if i <= 4 else 0.5))
+    tree = {"method": "tree", "seed": 0, "evals": [{"train_time": t, "iteration": i, "eval_reward": 0.5 + 0.005 * i}
+                                                   for i, t in enumerate(times)]}
+    row = bb.tables([base, tree], (10,), smooth=1)["10"]["references"]["traj_window"]["tree"]
+    assert row["time"]["by_seed"][0] == pytest.approx(14 / 20)
+    assert row["steady"]["by_seed"][0] == pytest.approx(10 / 20)
+    assert row["steady"]["by_seed"][0] == pytest.approx(row["iterations"]["by_seed"][0] * 0.5 / 2.0)
+    assert row["steady"]["goal"] == 0.33 and row["steady"]["met_goal"] == "0/1"
+    # without the load the two clocks agree
+    even = dict(tree, evals=[dict(e, train_time=0.5 * e["iteration"]) for e in tree["evals"]])
+    row = bb.tables([base, even], (10,), smooth=1)["10"]["references"]["traj_window"]["tree"]
+    assert row["time"]["by_seed"][0] == pytest.approx(row["steady"]["by_seed"][0]) == pytest.approx(0.5)
+
+
 def test_cost_split_gives_each_phase_in_the_baselines_iterations_paired_per_seed():
     """Seed 0: the baseline's iteration takes 2.0 s, the tree's 0.9 s (sample 0.5, update 0.36, decode 0.01,
     reward 0.03): 0.45 of it = 0.25 + 0.18 + 0.02. Seed 1: the baseline is slower (2.5 s) and the tree costs
