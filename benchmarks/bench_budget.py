@@ -287,6 +287,21 @@ def print_tables(res: dict) -> None:
                           f"{st['max']:.2f}, reached {st['reached']}{goal})  [{seeds}]")
 
 
+def pool_records(parts: list[dict], paths: list[str]) -> list[dict]:
+    """The records of several budget.json files, refusing a (method, seed) run that two of them hold: each seed is
+    paired with its own run's baseline, so a seed run twice would pair one run's method with another's baseline."""
+    seen: dict[tuple[str, int], str] = {}
+    for part, path in zip(parts, paths):
+        for r in part["records"]:
+            key = (r["method"], r["seed"])
+            if key in seen:
+                raise SystemExit(f"--merge: {path} and {seen[key]} both hold {key[0]} seed {key[1]}; each seed is "
+                                 "paired with its own run's baseline, so pool files whose seeds do not overlap "
+                                 "(--first-seed) and read a repeated seed with --report on its own file")
+            seen[key] = path
+    return [r for part in parts for r in part["records"]]
+
+
 # ------------------------------------------------------------------------------------------------ running them
 def schedule(jobs: list[tuple[str, tuple[str, ...], Callable[[], dict]]], n_par: int) -> dict[str, dict]:
     """Run ``(key, dependencies, fn)`` jobs ``n_par`` at a time: each worker takes the first job in the list whose
@@ -407,8 +422,9 @@ def main(argv: list[str] | None = None) -> None:
     from treegrpo.io import atomic_write_json
 
     if ns.report or ns.merge:
-        parts = [json.load(open(p, encoding="utf-8")) for p in (ns.merge or [ns.report])]
-        records = [r for p in parts for r in p["records"]]
+        paths = ns.merge or [ns.report]
+        parts = [json.load(open(p, encoding="utf-8")) for p in paths]
+        records = pool_records(parts, paths)
         budgets = tuple(b for b in budgets if b <= min(p["n_max"] for p in parts))
         n_max = min(p["n_max"] for p in parts)
     else:

@@ -454,6 +454,17 @@ def test_the_steady_clock_takes_out_the_load_a_young_run_carried():
     assert row["time"]["by_seed"][0] == pytest.approx(row["steady"]["by_seed"][0]) == pytest.approx(0.5)
 
 
+def test_pooling_refuses_a_seed_that_two_runs_hold():
+    """Seeds 0-1 and 2-3 pool; a second file that also holds seed 1 would pair one run's tree with the other's
+    baseline, so it is refused with the files and the seed named."""
+    def part(seeds):
+        return {"records": [_curve(m, s, [(0.0, 0.5), (2.0, 0.6)], 2.0) for s in seeds for m in ("traj_window", "tree")]}
+    pooled = bb.pool_records([part([0, 1]), part([2, 3])], ["a.json", "b.json"])
+    assert sorted({r["seed"] for r in pooled}) == [0, 1, 2, 3] and len(pooled) == 8
+    with pytest.raises(SystemExit, match=r"c.json and a.json both hold traj_window seed 1.*--first-seed"):
+        bb.pool_records([part([0, 1]), part([1, 2])], ["a.json", "c.json"])
+
+
 def test_cost_split_gives_each_phase_in_the_baselines_iterations_paired_per_seed():
     """Seed 0: the baseline's iteration takes 2.0 s, the tree's 0.9 s (sample 0.5, update 0.36, decode 0.01,
     reward 0.03): 0.45 of it = 0.25 + 0.18 + 0.02. Seed 1: the baseline is slower (2.5 s) and the tree costs
