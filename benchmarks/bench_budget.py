@@ -72,12 +72,8 @@ def steady_seconds_per_iteration(evals: list[dict]) -> float:
     """A run's steady cost of one iteration (s): the median over its evaluation intervals of Δtrain_time ÷
     Δiteration, so load on the machine during less than half of the run does not move it. NaN without an interval
     that holds an iteration."""
-    rates = sorted((b["train_time"] - a["train_time"]) / (b["iteration"] - a["iteration"])
-                   for a, b in zip(evals, evals[1:]) if b["iteration"] > a["iteration"])
-    if not rates:
-        return math.nan
-    h = len(rates) // 2
-    return rates[h] if len(rates) % 2 else (rates[h - 1] + rates[h]) / 2
+    return _median([(b["train_time"] - a["train_time"]) / (b["iteration"] - a["iteration"])
+                    for a, b in zip(evals, evals[1:]) if b["iteration"] > a["iteration"]])
 
 
 def first_passage_ratio(run: list[dict], ref: list[dict], smooth: int, key: str = "train_time") -> float:
