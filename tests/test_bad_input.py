@@ -493,6 +493,62 @@ def test_ctrl_c_at_any_moment_ends_with_one_line_and_the_interrupt_code(tmp_path
     assert "Traceback" not in err and lines and lines[-1].startswith("treegrpo: interrupted"), err[-3000:]
 
 
+def test_a_ctrl_c_that_a_library_swallows_still_stops_the_run_with_130(tmp_path, capsys, monkeypatch):
+    """A library's bare ``except:`` around its own work (an import guard, a finaliser) can eat the KeyboardInterrupt
+    main's handler raises: the handler's flag still stops the trainer at its next step check, and main answers 130
+    with the one line, not 0 after a whole run (seen in CI: Ctrl-C 3.6 s after start, exit 0, nothing on stderr)."""
+    import treegrpo.backends as backends
+    load = backends.load_policy
+
+    def load_and_swallow(*a, **k):
+        policy = load(*a, **k)
+        try:
+            os.kill(os.getpid(), signal.SIGINT)      # the handler runs here, on this thread, and raises ...
+            time.sleep(0.05)
+        except BaseException:                        # ... and a library swallows it
+            pass
+        return policy
+
+    monkeypatch.setattr(backends, "load_policy", load_and_swallow)
+    cfg = write(tmp_path, "c.json", base(tmp_path, iterations=50))
+    assert cli.main(["train", "--config", cfg, "--quiet"]) == 130
+    out, err = capsys.readouterr()
+    assert err.strip().splitlines()[-1].startswith("treegrpo: interrupted"), err
+    assert '"iterations"' not in out          # no summary: the run did not go on to its end
+    assert not cli._INTERRUPT.is_set() and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_sigint_handler_a_library_installed_is_replaced_at_the_next_step(tmp_path, capsys, monkeypatch):
+    """A library that installs its own SIGINT handler during start-up (one that only sets its own flag) would make
+    Ctrl-C do nothing: main's handler is put back at the trainer's next step check, so a Ctrl-C during iteration 2
+    ends the run with 130 and the checkpoint of iteration 1."""
+    import treegrpo.backends as backends
+    from treegrpo.trainer import Trainer
+    load = backends.load_policy
+
+    def load_and_take_sigint(*a, **k):
+        signal.signal(signal.SIGINT, lambda signum, frame: None)
+        return load(*a, **k)
+
+    step = Trainer.train_step
+
+    def step_then_ctrl_c(self):
+        if self.iteration == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+        return step(self)
+
+    monkeypatch.setattr(backends, "load_policy", load_and_take_sigint)
+    monkeypatch.setattr(Trainer, "train_step", step_then_ctrl_c)
+    cfg = write(tmp_path, "c.json", base(tmp_path, iterations=4, checkpoint_every=1))
+    assert cli.main(["train", "--config", cfg, "--quiet"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith("treegrpo: interrupted; the last finished iteration is saved"), err
+    run_name = TrainConfig.from_dict(json.loads(Path(cfg).read_text())).run_name
+    assert ckpt.checkpoint_paths(str(tmp_path / "out"), run_name)[-1].endswith("-0000001.pt")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def _float_fields():
     """(section or None, field) of every float setting of TrainConfig and its sections."""
     import dataclasses
