@@ -82,6 +82,11 @@ ABLATIONS = {  # each is "tree" with these changes, reported against it
     # one DPM++(2M) tail step instead of two: a third less sampling per tree (16 of 24 rows per prompt); the
     # evaluation samples the full ODE either way. Without KL it collapsed on blurry one-step leaves (README)
     "tree_tail1": {"tree": {"tail_steps": 1}},
+    # the one-step tail while the policy is far from the reward, the two-step tail from iteration 60 on: at 12 prompts
+    # a tree iteration costs ~0.2 of the baseline's, so iteration 60 is ~12 baseline iterations in, by when the
+    # one-step tail had reached the N = 20 and N = 40 targets (issue 35), and before the N = 80 target, where it
+    # fell behind the two-step tail (0.43 vs 0.38) and ended lower (0.813 vs 0.875)
+    "tree_tail1to2": {"tree": {"tail_steps": 1, "tail_steps_schedule": [[0, 1], [60, 2]]}},
     "tree_independent": {"tree": {"antithetic": False}},
     "tree_edge_mean": {"optim": {"step_weight": "edges"}},  # the plain mean over edges (last step 4x the first)
     "tree_paper_adv": {"advantage": {"edge_baseline": "none"}},  # the paper's edge advantages

@@ -239,3 +239,18 @@ def test_a_tree_shaped_per_step_trains_and_its_lora_says_so(tmp_path):
     plain = _cfg(tmp_path / "plain", iterations=1, prompts_per_iter=2)
     _, s2 = cli.run_training(plain, progress=False)
     assert "branch_schedule" not in json.loads(read_lora_file(s2["lora"])[1]["treegrpo.tree_config"])
+
+
+def test_a_lengthening_tail_trains_each_iteration_with_its_own_tail(tmp_path):
+    """tree.tail_steps_schedule [[0, 1], [2, 2]] through the whole loop: iterations 0-1 sample one DPM++(2M) tail
+    step, 2-3 two (NFE per prompt 1 prefix + 7 window rows + 8 leaves × tail), a run resumed at iteration 2 keeps
+    the schedule, and the LoRA's metadata records it."""
+    tree = {"tail_steps_schedule": [[0, 1], [2, 2]]}
+    cfg = _cfg(tmp_path, iterations=2, prompts_per_iter=2, checkpoint_every=1, tree=tree)
+    cli.run_training(cfg, progress=False)
+    more = _cfg(tmp_path, iterations=4, prompts_per_iter=2, checkpoint_every=1, tree=tree)
+    _, summary = cli.run_training(more, resume=True, progress=False, allow_changes=True)
+    log = json.load(open(tmp_path / "log.json"))
+    assert [h["nfe"] for h in log["train"]] == [2 * (1 + 7 + 8 * t) for t in (1, 1, 2, 2)]
+    meta = json.loads(read_lora_file(summary["lora"])[1]["treegrpo.tree_config"])
+    assert meta["tail_steps_schedule"] == [[0, 1], [2, 2]]

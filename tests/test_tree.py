@@ -8,7 +8,7 @@ import torch
 from treegrpo.policy import select_cond
 from treegrpo.config import ConfigError, TreeConfig
 from treegrpo.sde import sde_mean_std
-from treegrpo.tree import expected_nfe, level_sizes, mirror_siblings, sample_trees, tail_sigmas, window_start_at
+from treegrpo.tree import at_iteration, expected_nfe, level_sizes, mirror_siblings, sample_trees, tail_sigmas, window_start_at
 
 from analytic import AnalyticPolicy
 
@@ -79,6 +79,39 @@ def test_heun_tail_and_respaced_tail():
     t = tail_sigmas(sig, 4, 3)
     assert t[0] == sig[4] and t[-1] == 0 and t.numel() == 4
     assert torch.equal(tail_sigmas(sig, 4, 0), sig[4:])
+
+
+def test_tail_steps_schedule_sets_each_iterations_tail():
+    """``tail_steps_schedule`` [[0, 1], [3, 2], [5, 0]]: one tail step at iterations 0-2, two at 3-4, the schedule's
+    remaining steps from 5 on; each iteration's tree costs what the closed form says for its tail
+    (s + 1 + k + k² + k³·tail with DPM++(2M), 1 NFE per step; 0 = T - s - w = 6 steps)."""
+    pol = AnalyticPolicy("flow", shape=(2, 1, 1))
+    cfg = TreeConfig(steps=10, window_start=1, window_width=3, branch=2, tail_solver="dpmpp_2m", tail_steps=3,
+                     tail_steps_schedule=[[0, 1], [3, 2], [5, 0]])
+    for it, tail in [(0, 1), (2, 1), (3, 2), (4, 2), (5, 6), (99, 6)]:
+        tree = at_iteration(cfg, it)
+        assert tree.tail_steps_schedule == [] and tree.branching == cfg.branching
+        tb = sample_trees(pol, ["p0", "p1"], tree, generator=torch.Generator().manual_seed(it))
+        assert tb.nfe == 2 * (1 + 1 + 2 + 4 + 8 * tail) == 2 * expected_nfe(tree)
+        assert sum(pol.rows) == tb.nfe
+        pol.rows.clear()
+    plain = TreeConfig(steps=10, window_start=1, window_width=3, branch=2, tail_steps=3)
+    assert at_iteration(plain, 7) is plain
+
+
+@pytest.mark.parametrize("schedule,msg", [
+    ([[1, 1], [5, 2]], "must start at iteration 0"),
+    ([[0, 1], [5, 2], [5, 3]], "iterations must increase"),
+    ([[0, 1], [4]], "[iteration, tail_steps] pairs"),
+    ([[0, -1]], "whole numbers >= 0"),
+    ([[0, 1.5]], "whole numbers >= 0"),
+    ([1, 2], "pairs"),
+    ("0:1,60:2", "must be a list"),
+])
+def test_tail_steps_schedule_bad_values_are_named(schedule, msg):
+    with pytest.raises(ConfigError, match=r"TreeConfig\.tail_steps_schedule") as e:
+        TreeConfig(steps=10, window_start=1, window_width=3, tail_steps_schedule=schedule)
+    assert msg in str(e.value)
 
 
 def test_higher_order_tails_are_more_accurate_than_euler():

@@ -112,6 +112,9 @@ class TreeConfig:
     logprob_reduction: str = _f("mean", "mean | sum of the per-dimension Gaussian log-density")
     tail_solver: str = _f("euler", "ODE solver after the window: euler | heun (2 NFE/step) | dpmpp_2m (2nd order, 1 NFE/step)")
     tail_steps: int = _f(0, "ODE steps after the window (0 = the remaining steps of the schedule)")
+    tail_steps_schedule: list = _f([], "[[iteration, tail_steps], ...]: the tail's steps from each listed iteration "
+                                       "on, first at iteration 0 (e.g. [[0, 1], [60, 2]]: a one-step tail while the "
+                                       "policy is far from the reward, two once closer); [] = tail_steps throughout")
     max_leaves: int = _f(256, "refuse trees with more leaves than this (memory guard; raise it deliberately)")
 
     def __post_init__(self) -> None:
@@ -154,6 +157,16 @@ class TreeConfig:
                  f"must be > 0, got {self.noise_level}")
         _require(0 < self.eta <= 1, c, "eta", f"must be in (0, 1], got {self.eta}")
         _require(self.tail_steps >= 0, c, "tail_steps", f"must be >= 0, got {self.tail_steps}")
+        if self.tail_steps_schedule:
+            sched = self.tail_steps_schedule
+            whole = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0   # noqa: E731
+            _require(all(isinstance(e, (list, tuple)) and len(e) == 2 and whole(e[0]) and whole(e[1]) for e in sched),
+                     c, "tail_steps_schedule", f"entries must be [iteration, tail_steps] pairs of whole numbers >= 0, "
+                                               f"got {sched}")
+            _require(sched[0][0] == 0, c, "tail_steps_schedule",
+                     f"must start at iteration 0 (it sets the tail of every iteration), got {sched}")
+            _require(all(a[0] < b[0] for a, b in zip(sched, sched[1:])), c, "tail_steps_schedule",
+                     f"iterations must increase, got {sched}")
         _require(self.antithetic in (None, True, False), c, "antithetic",
                  f"must be true, false or null (auto), got {self.antithetic!r}")
         _require(self.leaves <= self.max_leaves, c, "branch",

@@ -33,7 +33,7 @@ from . import memory
 from .lora import PeftLoRA, check_base_model, from_state_dict, read_lora_file, save_lora_file, to_peft
 from .policy import Policy
 from .signals import best_index, hacking_warnings, image_signals
-from .tree import TreeBatch, sample_ode, sample_ode_window_kl, sample_trees, window_start_at
+from .tree import TreeBatch, at_iteration, sample_ode, sample_ode_window_kl, sample_trees, window_start_at
 from .update import grpo_update, lr_factor, matching_update
 from .video import first_frames, score_over_frames
 
@@ -192,8 +192,9 @@ class Trainer:
         sde_gen = [iteration_generator(cfg.seed, it, salt=1 + t) for t in mine]
         self.policy.model.eval()
         rows = cfg.memory.sample_batch or len(tree_prompts) * cfg.tree.leaves
+        tree = at_iteration(cfg.tree, it)      # this iteration's tail (tree.tail_steps_schedule)
         batch = self.policy.run(lambda: sample_trees(
-            self.policy, tree_prompts, cfg.tree, prompt_ids=tree_pids, window_start=s, guidance=cfg.cfg,
+            self.policy, tree_prompts, tree, prompt_ids=tree_pids, window_start=s, guidance=cfg.cfg,
             generator=sde_gen, noise=noise.to(self.policy.device), callback=self._cb, max_batch=rows,
             sigmas=self.sigmas()),
             max_batch=rows)
@@ -401,8 +402,9 @@ class Trainer:
 
     def metadata(self) -> dict:
         tree = dict(self.cfg.tree.__dict__)
-        if not tree["branch_schedule"]:   # a uniform tree is described as before the field existed
-            del tree["branch_schedule"]
+        for key in ("branch_schedule", "tail_steps_schedule"):   # a tree without them is described as before the
+            if not tree[key]:                                      # fields existed
+                del tree[key]
         return {"treegrpo.method": self.cfg.tree.method, "treegrpo.tree_config": tree,
                 "treegrpo.step": str(self.iteration), "treegrpo.base_model": self.base_model_name,
                 "treegrpo.run_name": self.cfg.run_name, "treegrpo.lora_alpha": str(self.cfg.lora.alpha),

@@ -8,6 +8,7 @@ all trees; the shared ODE prefix is computed once per tree; the ODE tail runs on
 from __future__ import annotations
 
 import math
+import dataclasses
 import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -127,6 +128,15 @@ def tail_nfe(cfg: TreeConfig, window_start: int) -> int:
     if cfg.tail_solver == "heun":
         return max(0, 2 * n_steps - 1)  # the last step (to σ = 0) is Euler
     return n_steps
+
+
+def at_iteration(cfg: TreeConfig, iteration: int) -> TreeConfig:
+    """The tree of one iteration: ``cfg`` with the ``tail_steps`` that ``tail_steps_schedule`` sets from the last
+    listed iteration <= ``iteration`` on (``cfg`` itself when there is no schedule)."""
+    if not cfg.tail_steps_schedule:
+        return cfg
+    steps = [n for start, n in cfg.tail_steps_schedule if start <= iteration][-1]
+    return dataclasses.replace(cfg, tail_steps=steps, tail_steps_schedule=[])
 
 
 def window_start_at(cfg: TreeConfig, iteration: int, rng: Optional[random.Random] = None) -> int:
