@@ -8,9 +8,8 @@ all trees; the shared ODE prefix is computed once per tree; the ODE tail runs on
 from __future__ import annotations
 
 import math
-import dataclasses
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
 import torch
@@ -136,7 +135,7 @@ def at_iteration(cfg: TreeConfig, iteration: int) -> TreeConfig:
     if not cfg.tail_steps_schedule:
         return cfg
     steps = [n for start, n in cfg.tail_steps_schedule if start <= iteration][-1]
-    return dataclasses.replace(cfg, tail_steps=steps, tail_steps_schedule=[])
+    return replace(cfg, tail_steps=steps, tail_steps_schedule=[])
 
 
 def window_start_at(cfg: TreeConfig, iteration: int, rng: Optional[random.Random] = None) -> int:
