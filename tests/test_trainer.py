@@ -254,3 +254,16 @@ def test_a_lengthening_tail_trains_each_iteration_with_its_own_tail(tmp_path):
     assert [h["nfe"] for h in log["train"]] == [2 * (1 + 7 + 8 * t) for t in (1, 1, 2, 2)]
     meta = json.loads(read_lora_file(summary["lora"])[1]["treegrpo.tree_config"])
     assert meta["tail_steps_schedule"] == [[0, 1], [2, 2]]
+
+
+def test_an_lr_factor_schedule_sets_each_iterations_lr_across_resume(tmp_path):
+    """optim.lr_factor_schedule [[0, 1], [2, 0.5], [3, 0.25]] over a 4-iteration run resumed at iteration 2: each
+    iteration trains at lr × its factor, on top of the linear warm-up of the first iteration, and the optimiser takes
+    it (its param groups hold the last iteration's lr)."""
+    optim = {"lr": 2e-3, "warmup": 1, "lr_factor_schedule": [[0, 1], [2, 0.5], [3, 0.25]]}
+    cli.run_training(_cfg(tmp_path, iterations=2, prompts_per_iter=2, checkpoint_every=1, optim=optim), progress=False)
+    more = _cfg(tmp_path, iterations=4, prompts_per_iter=2, checkpoint_every=1, optim=optim)
+    tr, _ = cli.run_training(more, resume=True, progress=False, allow_changes=True)
+    log = json.load(open(tmp_path / "log.json"))
+    assert [h["lr"] for h in log["train"]] == pytest.approx([1e-3, 2e-3, 1e-3, 5e-4])
+    assert [g["lr"] for g in tr.optimizer.param_groups] == pytest.approx([5e-4] * len(tr.optimizer.param_groups))

@@ -147,3 +147,28 @@ def test_lr_factor_schedules():
     assert lr_factor(50, 100, 0, "linear", time_fraction=0.1) == 0.5
     assert lr_factor(0, 100, 2, "cosine", time_fraction=0.9) == pytest.approx(1 / 3)
     assert lr_factor(3, 100, 0, "constant", time_fraction=0.99) == 1.0
+
+
+def test_scheduled_factor_is_the_last_listed_at_or_before_the_iteration():
+    from treegrpo.update import scheduled_factor
+    sched = [[0, 1], [3, 0.5], [5, 0.25]]
+    assert [scheduled_factor(i, sched) for i in range(7)] == [1.0, 1.0, 1.0, 0.5, 0.5, 0.25, 0.25]
+    assert scheduled_factor(1000, []) == 1.0
+
+
+@pytest.mark.parametrize("schedule,msg", [
+    ([[1, 1.0], [5, 0.5]], "must start at iteration 0"),
+    ([[0, 1.0], [5, 0.5], [5, 0.2]], "iterations must increase"),
+    ([[0, 1.0], [4]], "[iteration, factor] pairs"),
+    ([[0, 0.0]], "a factor > 0"),
+    ([[0, -0.5]], "a factor > 0"),
+    ([[0, float("nan")]], "a factor > 0"),
+    ([[0.5, 1.0]], "a whole iteration >= 0"),
+    ([[0, True]], "pairs"),
+    ("0:1,100:0.5", "must be a list"),
+])
+def test_lr_factor_schedule_bad_values_are_named(schedule, msg):
+    from treegrpo.config import ConfigError, OptimConfig
+    with pytest.raises(ConfigError, match=r"OptimConfig\.lr_factor_schedule") as e:
+        OptimConfig(lr_factor_schedule=schedule)
+    assert msg in str(e.value)

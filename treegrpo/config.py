@@ -300,6 +300,10 @@ class OptimConfig:
     lr_schedule: str = _f("constant", "learning-rate schedule over the run: constant | linear | cosine (to 0 "
                                      "at `iterations`, or at `time_budget_s` of training if that comes first)")
     warmup: int = _f(0, "iterations of linear learning-rate warm-up from 0")
+    lr_factor_schedule: list = _f([], "[[iteration, factor], ...]: the learning rate times each factor from its "
+                                      "iteration on, first at iteration 0 (e.g. [[0, 1], [120, 0.5]]: half the lr "
+                                      "once the policy is near the reward, where a constant lr's noise sets a "
+                                      "plateau); multiplies the warm-up and lr_schedule; [] = 1 throughout")
     loss: str = _f("grpo", "grpo (the policy gradient on the SDE window's edges) | nft (DiffusionNFT-style) | awm "
                            "(advantage-weighted matching): nft and awm train the flow-matching loss on the leaves "
                            "re-noised (treegrpo.matching) and need no SDE window likelihoods")
@@ -326,6 +330,17 @@ class OptimConfig:
         _choice(self, "lr_schedule", ("constant", "linear", "cosine"))
         _choice(self, "step_weight", ("edges", "steps"))
         _require(self.warmup >= 0, c, "warmup", f"must be >= 0 iterations, got {self.warmup}")
+        if self.lr_factor_schedule:
+            sched = self.lr_factor_schedule
+            num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)   # noqa: E731
+            _require(all(isinstance(e, (list, tuple)) and len(e) == 2 and num(e[0]) and num(e[1])
+                         and float(e[0]).is_integer() and e[0] >= 0 and math.isfinite(e[1]) and e[1] > 0
+                         for e in sched), c, "lr_factor_schedule",
+                     f"entries must be [iteration, factor] pairs: a whole iteration >= 0 and a factor > 0, got {sched}")
+            _require(sched[0][0] == 0, c, "lr_factor_schedule",
+                     f"must start at iteration 0 (it sets the factor of every iteration), got {sched}")
+            _require(all(a[0] < b[0] for a, b in zip(sched, sched[1:])), c, "lr_factor_schedule",
+                     f"iterations must increase, got {sched}")
 
 
 @dataclass

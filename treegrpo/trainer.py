@@ -34,7 +34,7 @@ from .lora import PeftLoRA, check_base_model, from_state_dict, read_lora_file, s
 from .policy import Policy
 from .signals import best_index, hacking_warnings, image_signals
 from .tree import TreeBatch, at_iteration, sample_ode, sample_ode_window_kl, sample_trees, window_start_at
-from .update import grpo_update, lr_factor, matching_update
+from .update import grpo_update, lr_factor, matching_update, scheduled_factor
 from .video import first_frames, score_over_frames
 
 
@@ -150,7 +150,8 @@ class Trainer:
         the training time used); returns it."""
         o, budget = self.cfg.optim, self.cfg.time_budget_s
         frac = self.train_time / budget if budget else 0.0
-        lr = o.lr * lr_factor(self.iteration, self.cfg.iterations, o.warmup, o.lr_schedule, frac)
+        lr = (o.lr * lr_factor(self.iteration, self.cfg.iterations, o.warmup, o.lr_schedule, frac)
+              * scheduled_factor(self.iteration, o.lr_factor_schedule))
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         return lr
