@@ -15,7 +15,7 @@ from treegrpo.lora import LoraDict
 
 from .sampling import tail_inputs, tree_config, tree_inputs, validate_tree
 from .sockets import CATEGORY, PackNode, RewardModel, Run, Tree
-from .widgets import widget
+from .widgets import schedule_value, widget
 
 
 def targets_input():
@@ -186,6 +186,12 @@ class Train(PackNode):
                                     tooltip="artist_ask 'when unsure': the image features the taste model learns on "
                                             "(Load CLIP Vision). Without it: the reward model's image tower (HPS, "
                                             "PickScore, CLIPScore, aesthetic) or the demo model's own encoder"),
+                widget(io.String, "tail_steps_schedule", "[[iteration, tail_steps], ...] from iteration 0: a tail that "
+                       "lengthens with training, e.g. [[0, 1], [60, 2]] (one dpmpp_2m step, two from iteration 60; "
+                       "cheaper early iterations); [] = tail_steps throughout", optional=True, multiline=False),
+                widget(io.String, "lr_factor_schedule", "[[iteration, factor], ...] from iteration 0: the learning "
+                       "rate times each factor from its iteration on, e.g. [[0, 1], [100, 0.5]]; [] = the learning "
+                       "rate throughout", optional=True, multiline=False),
             ],
             outputs=[io.Model.Output(display_name="model", tooltip="the model with the trained LoRA applied"),
                      io.LoraModel.Output(display_name="lora", tooltip="the LoRA, for TreeGRPO Save LoRA"),
@@ -222,7 +228,8 @@ class Train(PackNode):
                 reward_model_2=None, gradient_checkpointing="auto", antithetic=True, tail_solver=None, tail_steps=None,
                 memory_budget_gb=0.0, offload_rewards="auto", tiled_decode="auto", judge=None, lora_targets="auto",
                 frames=1, reward_frames=None, frame_stride=None, guidance=0.0, artist_every=0,
-                artist_mode="favourites", artist_timeout_s=600, artist_ask="every N-th tree", taste_features=None):
+                artist_mode="favourites", artist_timeout_s=600, artist_ask="every N-th tree", taste_features=None,
+                tail_steps_schedule="[]", lr_factor_schedule="[]"):
         finite = cls.check_numbers(dict(learning_rate=learning_rate, noise_level=noise_level, cfg=cfg,
                                         lora_alpha=lora_alpha, weight_2=weight_2, memory_budget_gb=memory_budget_gb,
                                         guidance=guidance))
@@ -243,12 +250,15 @@ class Train(PackNode):
             specs.append({"name": reward_model_2["name"], "weight": weight_2})
         judges = {judge["name"]: judge["model"]} if judge is not None else {}
         tcfg = tree_config(steps, window_start, window_width, branch, noise_level, window_schedule, antithetic,
-                           tail_solver, tail_steps)
+                           tail_solver, tail_steps,
+                           tail_steps_schedule=schedule_value("tail_steps_schedule", tail_steps_schedule))
         tc = TrainConfig(backend="comfy", prompts=texts, negative_prompt=negative, cfg=cfg, rewards=specs, tree=tcfg,
                          eval_rewards=[{"name": n, "weight": 1.0} for n in judges],
                          advantage=AdvantageConfig(),
                          lora=LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=targets),
-                         optim=OptimConfig(lr=learning_rate), iterations=iterations,
+                         optim=OptimConfig(lr=learning_rate,
+                                           lr_factor_schedule=schedule_value("lr_factor_schedule", lr_factor_schedule)),
+                         iterations=iterations,
                          prompts_per_iter=prompts_per_iteration, seed=seed, eval_every=eval_every,
                          eval_seeds=2, checkpoint_every=max(1, min(25, iterations)), run_name=run_name,
                          memory=MemoryConfig(budget_gb=memory_budget_gb or 0.0,

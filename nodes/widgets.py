@@ -4,6 +4,7 @@ config file start from the same values. ``CONFIG_WIDGETS`` names the field behin
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from comfy_api.latest import io
 
@@ -33,6 +34,7 @@ CONFIG_WIDGETS = {
     "mode": (ArtistConfig, "mode"), "timeout_s": (ArtistConfig, "timeout_s"), "on_timeout": (ArtistConfig, "on_timeout"),
     "artist_every": (ArtistConfig, "every"), "artist_ask": (ArtistConfig, "ask"), "artist_mode": (ArtistConfig, "mode"),
     "artist_timeout_s": (ArtistConfig, "timeout_s"),
+    "tail_steps_schedule": (TreeConfig, "tail_steps_schedule"), "lr_factor_schedule": (OptimConfig, "lr_factor_schedule"),
 }
 
 
@@ -42,7 +44,21 @@ def config_default(widget: str):
     if (klass, name) == (TreeConfig, "antithetic"):
         return TreeConfig().mirrored
     f = klass.__dataclass_fields__[name]
-    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    value = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    return json.dumps(value) if isinstance(value, list) else value   # a list field: its JSON text in a String widget
+
+
+def schedule_value(name: str, text) -> list:
+    """The ``[[iteration, value], ...]`` list a schedule widget holds as JSON text (empty text or ``[]``: none). The
+    config validates the entries and names its field; this only says when the text is not JSON."""
+    text = (text or "").strip()
+    if not text:
+        return []
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise ValueError(f"{name}: {text[:60]!r} is not a JSON list; write [[iteration, value], ...] from iteration 0, "
+                         "e.g. [[0, 1], [60, 2]], or [] for none") from None
 
 
 def config_help(widget: str) -> str:

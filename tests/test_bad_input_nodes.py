@@ -134,6 +134,9 @@ EXECUTION_CASES = [
     ("train_lr_nan", train(learning_rate=float("nan")), "learning_rate: nan is not a number to train with"),
     ("train_noise_nan", train(noise_level=float("nan")), "noise_level: nan is not a number"),
     ("train_artist_ask_unknown", train(artist_every=2, artist_ask="sometimes"), "artist_ask: 'sometimes'"),
+    ("train_tail_schedule_not_json", train(tail_steps_schedule="0:1, 60:2"), "tail_steps_schedule: '0:1, 60:2' is not a JSON list"),
+    ("train_tail_schedule_late_start", train(tail_steps_schedule="[[5, 1]]"), "TreeConfig.tail_steps_schedule: must start at iteration 0"),
+    ("train_lr_schedule_zero_factor", train(lr_factor_schedule="[[0, 1], [2, 0]]"), "OptimConfig.lr_factor_schedule: entries must be"),
 ]
 
 

@@ -219,6 +219,22 @@ def test_train_node_full_loop_writes_lora_and_images(rt):
     assert len(log["train"]) == 3
 
 
+def test_train_node_schedules_reach_the_trainer(rt):
+    """The Train node's schedule widgets (JSON text): iteration 0 samples a one-step tail at the full learning rate,
+    iteration 1 a two-step tail at half of it; NFE per iteration = 2 prompts x (1 prefix + 3 window rows + 4 leaves x
+    tail) of the graph's steps 6, window 1-2 tree; the LoRA's metadata records the tail schedule."""
+    g = train_graph("schedules", 2)
+    g["train"]["inputs"].update(tail_steps_schedule="[[0, 1], [1, 2]]", lr_factor_schedule=" [[0, 1], [1, 0.5]] ",
+                                tail_solver="dpmpp_2m", window_schedule="fixed")
+    r = rt.execute(g)
+    saved = r.outputs["save"]["text"][0].split("saved ", 1)[1]
+    meta = read_lora_file(saved)[1]
+    assert json.loads(meta["treegrpo.tree_config"])["tail_steps_schedule"] == [[0, 1], [1, 2]]
+    log = json.load(open(Path(rt.base_dir) / "output" / "treegrpo" / "schedules" / "log.json"))
+    assert [h["nfe"] for h in log["train"]] == [2 * (1 + 3 + 4 * t) for t in (1, 2)]
+    assert [h["lr"] for h in log["train"]] == pytest.approx([1e-3, 5e-4])
+
+
 def test_interrupt_saves_a_checkpoint_and_the_next_run_resumes(rt):
     run = "interrupted"
     folder = Path(rt.base_dir) / "output" / "treegrpo" / run

@@ -2,6 +2,7 @@
 start from the config dataclasses' defaults."""
 import ast
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -87,7 +88,8 @@ def field_default(klass, name):
     if (klass, name) == (TreeConfig, "antithetic"):
         return TreeConfig().mirrored     # None = auto: on for trees, what the tree nodes show
     f = {f.name: f for f in dataclasses.fields(klass)}[name]
-    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    value = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    return json.dumps(value) if isinstance(value, list) else value   # a list field: JSON text in a String widget
 
 
 def test_every_widget_default_is_its_config_fields(comfyui_pack):
