@@ -89,12 +89,8 @@ ABLATIONS = {  # each is "tree" with these changes, reported against it
     "tree_tail1to2": {"tree": {"tail_steps": 1, "tail_steps_schedule": [[0, 1], [60, 2]]}},
     # and half the lr from iteration 60, 100 or 150 (~12, ~23 or ~35 baseline iterations in at 12 prompts): a constant
     # lr's noise sets a plateau (lr 4e-3 ended highest, 9e-3 lowest; past reward 0.72 every 12-prompt variant fell behind)
-    "tree_tail1to2_lrhalf60": {"tree": {"tail_steps": 1, "tail_steps_schedule": [[0, 1], [60, 2]]},
-                               "optim": {"lr_factor_schedule": [[0, 1], [60, 0.5]]}},
-    "tree_tail1to2_lrhalf100": {"tree": {"tail_steps": 1, "tail_steps_schedule": [[0, 1], [60, 2]]},
-                                "optim": {"lr_factor_schedule": [[0, 1], [100, 0.5]]}},
-    "tree_tail1to2_lrhalf150": {"tree": {"tail_steps": 1, "tail_steps_schedule": [[0, 1], [60, 2]]},
-                                "optim": {"lr_factor_schedule": [[0, 1], [150, 0.5]]}},
+    **{f"tree_tail1to2_lrhalf{it}": {"tree": {"tail_steps": 1, "tail_steps_schedule": [[0, 1], [60, 2]]},
+                                     "optim": {"lr_factor_schedule": [[0, 1], [it, 0.5]]}} for it in (60, 100, 150)},
     "tree_independent": {"tree": {"antithetic": False}},
     "tree_edge_mean": {"optim": {"step_weight": "edges"}},  # the plain mean over edges (last step 4x the first)
     "tree_paper_adv": {"advantage": {"edge_baseline": "none"}},  # the paper's edge advantages

@@ -149,11 +149,11 @@ def test_lr_factor_schedules():
     assert lr_factor(3, 100, 0, "constant", time_fraction=0.99) == 1.0
 
 
-def test_scheduled_factor_is_the_last_listed_at_or_before_the_iteration():
-    from treegrpo.update import scheduled_factor
+def test_schedule_at_is_the_last_listed_at_or_before_the_iteration():
+    from treegrpo.config import schedule_at
     sched = [[0, 1], [3, 0.5], [5, 0.25]]
-    assert [scheduled_factor(i, sched) for i in range(7)] == [1.0, 1.0, 1.0, 0.5, 0.5, 0.25, 0.25]
-    assert scheduled_factor(1000, []) == 1.0
+    assert [schedule_at(sched, i, 1.0) for i in range(7)] == [1.0, 1.0, 1.0, 0.5, 0.5, 0.25, 0.25]
+    assert schedule_at([], 1000, 1.0) == 1.0
 
 
 @pytest.mark.parametrize("schedule,msg", [

@@ -27,6 +27,27 @@ def _require(ok: bool, cls: str, name: str, msg: str) -> None:
         raise ConfigError(f"{cls}.{name}: {msg}")
 
 
+def _whole(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _check_schedule(cls: str, name: str, sched: list, value_ok, bad_entries: str) -> None:
+    """A ``[[iteration, value], ...]`` schedule: whole iterations from 0, increasing, each value passing
+    ``value_ok``; [] (none) passes. Raises ConfigError naming ``cls.name``."""
+    if not sched:
+        return
+    _require(all(isinstance(e, (list, tuple)) and len(e) == 2 and _whole(e[0]) and value_ok(e[1]) for e in sched),
+             cls, name, f"{bad_entries}, got {sched}")
+    _require(sched[0][0] == 0, cls, name, f"must start at iteration 0 (it sets every iteration's value), got {sched}")
+    _require(all(a[0] < b[0] for a, b in zip(sched, sched[1:])), cls, name, f"iterations must increase, got {sched}")
+
+
+def schedule_at(sched: list, iteration: int, default):
+    """The value a ``[[iteration, value], ...]`` schedule sets for ``iteration`` (the last entry at or before it);
+    ``default`` for an empty schedule."""
+    return [v for start, v in sched if start <= iteration][-1] if sched else default
+
+
 def check_run_name(name: str) -> str:
     """A run name is a file name: letters, digits, '-', '_' or '.', not starting with '.' (so neither '..' nor a
     hidden file); returns it, else raises ConfigError."""
@@ -157,16 +178,8 @@ class TreeConfig:
                  f"must be > 0, got {self.noise_level}")
         _require(0 < self.eta <= 1, c, "eta", f"must be in (0, 1], got {self.eta}")
         _require(self.tail_steps >= 0, c, "tail_steps", f"must be >= 0, got {self.tail_steps}")
-        if self.tail_steps_schedule:
-            sched = self.tail_steps_schedule
-            whole = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0   # noqa: E731
-            _require(all(isinstance(e, (list, tuple)) and len(e) == 2 and whole(e[0]) and whole(e[1]) for e in sched),
-                     c, "tail_steps_schedule", f"entries must be [iteration, tail_steps] pairs of whole numbers >= 0, "
-                                               f"got {sched}")
-            _require(sched[0][0] == 0, c, "tail_steps_schedule",
-                     f"must start at iteration 0 (it sets the tail of every iteration), got {sched}")
-            _require(all(a[0] < b[0] for a, b in zip(sched, sched[1:])), c, "tail_steps_schedule",
-                     f"iterations must increase, got {sched}")
+        _check_schedule(c, "tail_steps_schedule", self.tail_steps_schedule, _whole,
+                        "entries must be [iteration, tail_steps] pairs of whole numbers >= 0")
         _require(self.antithetic in (None, True, False), c, "antithetic",
                  f"must be true, false or null (auto), got {self.antithetic!r}")
         _require(self.leaves <= self.max_leaves, c, "branch",
@@ -330,18 +343,9 @@ class OptimConfig:
         _choice(self, "lr_schedule", ("constant", "linear", "cosine"))
         _choice(self, "step_weight", ("edges", "steps"))
         _require(self.warmup >= 0, c, "warmup", f"must be >= 0 iterations, got {self.warmup}")
-        if self.lr_factor_schedule:
-            sched = self.lr_factor_schedule
-            num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)   # noqa: E731
-            _require(all(isinstance(e, (list, tuple)) and len(e) == 2 and num(e[0]) and num(e[1])
-                         and float(e[0]).is_integer() and e[0] >= 0 and math.isfinite(e[1]) and e[1] > 0
-                         for e in sched), c, "lr_factor_schedule",
-                     f"entries must be [iteration, factor] pairs: a whole iteration >= 0 and a factor > 0, got {sched}")
-            _require(sched[0][0] == 0, c, "lr_factor_schedule",
-                     f"must start at iteration 0 (it sets the factor of every iteration), got {sched}")
-            _require(all(a[0] < b[0] for a, b in zip(sched, sched[1:])), c, "lr_factor_schedule",
-                     f"iterations must increase, got {sched}")
-
+        _check_schedule(c, "lr_factor_schedule", self.lr_factor_schedule,
+                        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0,
+                        "entries must be [iteration, factor] pairs: a whole iteration >= 0 and a factor > 0")
 
 @dataclass
 class PipelineConfig:

@@ -27,14 +27,14 @@ import torch
 
 from . import checkpoint as ckpt
 from .advantages import assign_advantages, check_rewards, weighted_raw
-from .config import AdvantageConfig, TrainConfig
+from .config import AdvantageConfig, TrainConfig, schedule_at
 from .io import atomic_write, atomic_write_json
 from . import memory
 from .lora import PeftLoRA, check_base_model, from_state_dict, read_lora_file, save_lora_file, to_peft
 from .policy import Policy
 from .signals import best_index, hacking_warnings, image_signals
 from .tree import TreeBatch, at_iteration, sample_ode, sample_ode_window_kl, sample_trees, window_start_at
-from .update import grpo_update, lr_factor, matching_update, scheduled_factor
+from .update import grpo_update, lr_factor, matching_update
 from .video import first_frames, score_over_frames
 
 
@@ -151,7 +151,7 @@ class Trainer:
         o, budget = self.cfg.optim, self.cfg.time_budget_s
         frac = self.train_time / budget if budget else 0.0
         lr = (o.lr * lr_factor(self.iteration, self.cfg.iterations, o.warmup, o.lr_schedule, frac)
-              * scheduled_factor(self.iteration, o.lr_factor_schedule))
+              * schedule_at(o.lr_factor_schedule, self.iteration, 1.0))
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         return lr

@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .config import TreeConfig
+from .config import TreeConfig, schedule_at
 from .loss import kl_to_reference
 from .policy import Policy, select_cond
 from .sde import SDEKernel, ode_step
@@ -134,8 +134,8 @@ def at_iteration(cfg: TreeConfig, iteration: int) -> TreeConfig:
     listed iteration <= ``iteration`` on (``cfg`` itself when there is no schedule)."""
     if not cfg.tail_steps_schedule:
         return cfg
-    steps = [n for start, n in cfg.tail_steps_schedule if start <= iteration][-1]
-    return replace(cfg, tail_steps=steps, tail_steps_schedule=[])
+    return replace(cfg, tail_steps=schedule_at(cfg.tail_steps_schedule, iteration, cfg.tail_steps),
+                   tail_steps_schedule=[])
 
 
 def window_start_at(cfg: TreeConfig, iteration: int, rng: Optional[random.Random] = None) -> int:

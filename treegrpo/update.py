@@ -161,11 +161,6 @@ def lr_factor(iteration: int, total: int, warmup: int = 0, schedule: str = "cons
     raise ValueError(f"unknown lr schedule {schedule!r}; use constant, linear or cosine")
 
 
-def scheduled_factor(iteration: int, schedule: list) -> float:
-    """The factor that a ``[[iteration, factor], ...]`` schedule (first at 0, iterations increasing) sets for
-    ``iteration``: the last listed one at or before it; 1 for an empty schedule."""
-    return float([f for start, f in schedule if start <= iteration][-1]) if schedule else 1.0
-
 
 def backward_finite(loss: torch.Tensor, what: str, where: str = "") -> float:
     """Backpropagate a microbatch's scalar ``loss`` and return its value; a non-finite loss raises first (naming the
