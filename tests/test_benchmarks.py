@@ -748,3 +748,21 @@ def test_bench_iteration_times_each_method_through_the_comfyui_path(comfyui_pack
         bi.main(["--px", "40"])
     with pytest.raises(SystemExit, match="unknown"):
         bi.main(["--models", "sd14"])
+
+
+def test_bench_rows_counts_each_methods_rows_in_closed_form(tmp_path):
+    """Per-row costs: the sampling rows are the closed-form NFE (a 12-prompt tree with the one-step tail: prefix 1 +
+    window 1 + 2 + 4 + 8 leaves x 1 tail step = 16 a prompt; window GRPO: 1 + 1 + 8 + 8 + 8 x 2 = 34 a prompt for 24
+    prompts), the update rows at most the parents (7 a tree; 1 + 8 + 8 a group), and too few iterations refused."""
+    import bench_rows as br
+
+    res = br.main(["--methods", "tree_tail1_p12", "--repeats", "1", "--tree-iterations", "3",
+                   "--baseline-iterations", "3", "--out", str(tmp_path / "rows.json")])
+    tree, base = res["mean"]["tree_tail1_p12"], res["mean"]["traj_window"]
+    assert tree["sample_rows"] == 12 * 16 and base["sample_rows"] == 24 * 34
+    assert 0 < tree["update_rows"] <= 12 * 7 and 0 < base["update_rows"] <= 24 * 17
+    for r in (tree, base):
+        assert r["s_per_sample_row"] > 0 and r["s_per_update_row"] > 0
+    assert json.load(open(tmp_path / "rows.json"))["baseline"] == "traj_window"
+    with pytest.raises(SystemExit, match="more than 2 iterations"):
+        br.main(["--tree-iterations", "2"])
