@@ -8,7 +8,7 @@ import folder_paths
 from comfy_api.latest import io
 
 from treegrpo.comfyui.session import ManagedReward
-from treegrpo.rewards.base import available, check_options, load_reward, reward_options
+from treegrpo.rewards.base import available, check_options, load_reward, missing_package, reward_options
 from treegrpo.rewards.scoring import score_images
 from treegrpo.video import group_frames
 
@@ -56,7 +56,12 @@ class RewardModelLoader(PackNode):
     @classmethod
     def validate_inputs(cls, reward=None, options=None):
         ok = cls.check_choice("reward", reward, available())
-        if ok is not True or reward is None or options is None:
+        if ok is not True or reward is None:
+            return ok
+        missing = missing_package(reward)
+        if missing:
+            return missing
+        if options is None:
             return ok
         try:
             parse_options(reward, options)

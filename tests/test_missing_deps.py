@@ -10,7 +10,8 @@ import comfy_harness as ch
 from behaviour_fixture import train_node_graph
 from treegrpo.deps import REQUIRED, install_command
 
-HIDDEN = ("diffusers", "peft", "open_clip", "matplotlib", "ImageReward")   # ComfyUI itself imports none of them
+HIDDEN = ("diffusers", "peft", "open_clip", "matplotlib")   # ComfyUI itself imports none of them
+# (ImageReward is optional: tests/test_install.py)
 
 
 def hiding_sitecustomize(folder, names) -> str:

@@ -27,8 +27,9 @@ def test_pyproject_declares_script_extras_and_comfy_table():
     assert data["project"]["scripts"]["treegrpo"] == "treegrpo.cli:main"
     assert "test" in data["project"]["optional-dependencies"]
     deps = " ".join(data["project"]["dependencies"])
-    for dep in ("torch", "diffusers", "transformers", "peft", "safetensors", "open-clip-torch", "image-reward"):
+    for dep in ("torch", "diffusers", "transformers", "peft", "safetensors", "open-clip-torch"):
         assert dep in deps, dep
+    assert "image-reward" not in deps     # optional, installed with --no-deps (tests/test_install.py)
     assert data["tool"]["comfy"]["PublisherId"] and data["tool"]["comfy"]["DisplayName"]
 
 

@@ -157,7 +157,7 @@ def check_output_dir(out: str, flag: str = "TrainConfig.output_dir") -> None:
 
 def check_reward_names(cfg: TrainConfig) -> None:
     """Reward names and their options' names and types, before any model is built."""
-    from .rewards.base import available, check_options
+    from .rewards.base import available, check_options, missing_package
 
     names = available()
     for field_name in ("rewards", "eval_rewards"):
@@ -166,6 +166,9 @@ def check_reward_names(cfg: TrainConfig) -> None:
         if unknown:
             raise ConfigError(f"TrainConfig.{field_name}: unknown reward model(s) {unknown}; available: {names}")
         for i, r in enumerate(specs):
+            missing = missing_package(r.name)
+            if missing:
+                raise ConfigError(f"TrainConfig.{field_name}[{i}]: {missing}")
             try:
                 check_options(r.name, r.options, where=f"TrainConfig.{field_name}[{i}].options")
             except ValueError as e:

@@ -13,9 +13,40 @@ from typing import Optional
 #: import name → the distribution in requirements.txt that provides it (tests check it against pyproject.toml)
 REQUIRED = {
     "torch": "torch", "torchvision": "torchvision", "diffusers": "diffusers", "transformers": "transformers",
-    "peft": "peft", "safetensors": "safetensors", "accelerate": "accelerate", "ImageReward": "image-reward",
-    "open_clip": "open-clip-torch", "numpy": "numpy", "PIL": "pillow", "tqdm": "tqdm", "matplotlib": "matplotlib",
+    "peft": "peft", "safetensors": "safetensors", "accelerate": "accelerate", "open_clip": "open-clip-torch", "numpy": "numpy", "PIL": "pillow", "tqdm": "tqdm", "matplotlib": "matplotlib",
 }
+
+#: import name → (what needs it, the pip arguments that install it without touching what ComfyUI has). A missing
+#: optional package disables only what needs it: the reward's loader raises :class:`OptionalPackageMissing`.
+OPTIONAL = {
+    # image-reward 1.5 pins timm==0.6.13, fairscale and datasets; its model code runs on timm 1.x and needs none
+    # of the others (rewards/imagereward.py imports its model files only), so it is installed without them
+    "ImageReward": ("the image_reward reward (ImageReward)", "--no-deps image-reward==1.5"),
+}
+
+
+class OptionalPackageMissing(ImportError):
+    """An optional package that one feature needs is not installed; the message is one line with the command."""
+
+
+def optional_install_command(module: str) -> str:
+    """The command that installs the optional ``module`` into this Python (ComfyUI's own)."""
+    return f'"{sys.executable}" -m pip install {OPTIONAL[module][1]}'
+
+
+def require_optional(module: str) -> None:
+    """Raise :class:`OptionalPackageMissing` (one line: what needs it and the install command) when ``module``
+    cannot be found; cheap (does not import it)."""
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        what = OPTIONAL[module][0]
+        raise OptionalPackageMissing(f"{what} needs the Python package {module!r}, which is not installed; install it "
+                                     f"into this Python (it changes no other package; restart ComfyUI after): "
+                                     f"{optional_install_command(module)}")
+
 
 REQUIREMENTS_TXT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "requirements.txt")
 

@@ -48,6 +48,22 @@ def load_reward(name: str, path: str | None = None, device: str | torch.device =
     return model
 
 
+def missing_package(name: str) -> str | None:
+    """One line naming the optional package reward ``name`` needs and the command that installs it (its class's
+    ``requires_module``, see ``treegrpo.deps.OPTIONAL``), or None when it is installed or none is needed. Cheap:
+    nothing is imported."""
+    _import_builtin()
+    module = getattr(_REGISTRY.get(name), "requires_module", None)
+    if not module:
+        return None
+    from ..deps import OptionalPackageMissing, require_optional
+    try:
+        require_optional(module)
+    except OptionalPackageMissing as e:
+        return str(e)
+    return None
+
+
 def reward_options(name: str) -> dict[str, inspect.Parameter]:
     """The options (keyword arguments besides ``path`` and ``device``) reward ``name`` accepts, with defaults."""
     _import_builtin()

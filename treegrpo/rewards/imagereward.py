@@ -7,6 +7,10 @@ Files, as users have them (one folder): ``ImageReward.pt`` (flat state dict ``bl
 its subfolder ``bert-base-uncased/``. ``ImageReward.load`` would fetch all of these from a hub; here they
 are read from the folder and a missing one is named.
 
+Installed without its pinned dependencies (``pip install --no-deps image-reward==1.5``, see ``treegrpo.deps``):
+the model files run on timm 1.x, and fairscale (imported by BLIP's ``vit.py`` for gradient checkpointing only) is
+replaced by an identity stand-in while they are imported when it is absent.
+
 Compatibility with transformers 5: the package's BLIP text encoder (``med.py``, copied from transformers
 4.15) imports helpers that moved or were removed and relies on ``init_weights``/``get_head_mask``/
 ``invert_attention_mask`` of the old ``PreTrainedModel``. ``_blip_modules`` restores those — on
@@ -20,6 +24,7 @@ reward = ``(mlp(text_cls_feature) − 0.16717362830052426) / 1.0333394966054072`
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import importlib.util
@@ -82,14 +87,34 @@ def _invert_attention_mask(self, mask):
     return (1.0 - ext) * torch.finfo(self.dtype).min
 
 
+@contextlib.contextmanager
+def _fairscale_stand_in():
+    """BLIP's ``vit.py`` imports ``checkpoint_wrapper`` from fairscale, which it calls only when gradient
+    checkpointing is on (never for ImageReward). Without fairscale installed (the pack installs image-reward with
+    ``--no-deps``), an identity wrapper stands in while the file is imported; the stand-in modules are removed again,
+    so no other code sees a fake fairscale."""
+    if importlib.util.find_spec("fairscale") is not None:
+        yield
+        return
+    names = ["fairscale", "fairscale.nn", "fairscale.nn.checkpoint", "fairscale.nn.checkpoint.checkpoint_activations"]
+    for n in names:
+        sys.modules[n] = types.ModuleType(n)
+    sys.modules[names[-1]].checkpoint_wrapper = lambda module, *a, **k: module
+    try:
+        yield
+    finally:
+        for n in names:
+            sys.modules.pop(n, None)
+
+
 def _blip_modules():
     """(ImageReward module, blip_pretrain module) of the installed ``image-reward`` package."""
     with _lock:
         if f"{_PKG}.ImageReward" in sys.modules:
             return sys.modules[f"{_PKG}.ImageReward"], sys.modules[f"{_PKG}.models.BLIP.blip_pretrain"]
+        from ..deps import require_optional
+        require_optional("ImageReward")
         spec = importlib.util.find_spec("ImageReward")
-        if spec is None or not spec.origin:
-            raise ImportError("image_reward needs the 'image-reward' package (pip install image-reward==1.5)")
         _compat_transformers()
         root = os.path.dirname(spec.origin)
         for name, sub in ((_PKG, ""), (f"{_PKG}.models", "models")):
@@ -98,14 +123,15 @@ def _blip_modules():
                 m.__path__ = [os.path.join(root, sub) if sub else root]
                 m.__package__ = name
                 sys.modules[name] = m
-        med = importlib.import_module(f"{_PKG}.models.BLIP.med")
-        if "init_weights" not in med.BertPreTrainedModel.__dict__:
-            med.BertPreTrainedModel.init_weights = _init_weights
-        for n, f in (("get_head_mask", _get_head_mask), ("invert_attention_mask", _invert_attention_mask)):
-            if not hasattr(med.BertModel, n):
-                setattr(med.BertModel, n, f)
-        bp = importlib.import_module(f"{_PKG}.models.BLIP.blip_pretrain")
-        ir = importlib.import_module(f"{_PKG}.ImageReward")
+        with _fairscale_stand_in():   # models/BLIP/__init__ imports vit.py (and so fairscale) first
+            med = importlib.import_module(f"{_PKG}.models.BLIP.med")
+            if "init_weights" not in med.BertPreTrainedModel.__dict__:
+                med.BertPreTrainedModel.init_weights = _init_weights
+            for n, f in (("get_head_mask", _get_head_mask), ("invert_attention_mask", _invert_attention_mask)):
+                if not hasattr(med.BertModel, n):
+                    setattr(med.BertModel, n, f)
+            bp = importlib.import_module(f"{_PKG}.models.BLIP.blip_pretrain")
+            ir = importlib.import_module(f"{_PKG}.ImageReward")
         return ir, bp
 
 
@@ -155,6 +181,7 @@ class ImageRewardModel(TorchReward):
     MLP head runs in float32 as in the reference), ``batch_size`` (32)."""
 
     name = "image_reward"
+    requires_module = "ImageReward"    # installed with --no-deps (treegrpo.deps.OPTIONAL)
     expected_files = ("a folder with ImageReward.pt, med_config.json and the bert-base-uncased tokenizer files "
                       "(vocab.txt, optionally tokenizer_config.json, tokenizer.json, special_tokens_map.json) in the "
                       "folder itself, in a subfolder, or in a sibling folder named like bert-base-uncased (a Hub download or "
@@ -165,6 +192,8 @@ class ImageRewardModel(TorchReward):
 
     def __init__(self, path=None, device="cpu", *, tokenizer_path: Optional[str] = None, dtype=None,
                  batch_size: int = 32):
+        from ..deps import require_optional
+        require_optional("ImageReward")     # before the files: installing it is the first thing to do
         self._setup(device, dtype, batch_size)
         folder = folder_of(path, self.name, self.expected_files, self.source)
         ckpt, med = os.path.join(folder, "ImageReward.pt"), os.path.join(folder, "med_config.json")
