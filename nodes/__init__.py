@@ -6,7 +6,7 @@ import logging
 
 from comfy_api.latest import ComfyExtension, io
 
-from . import advantages, artist, lora, rewards, sampling, training, visualize
+from . import advantages, artist, lora, prompts, rewards, sampling, training, visualize
 from .sockets import dependency_error
 
 
@@ -21,4 +21,4 @@ class TreeGRPOExtension(ComfyExtension):
             logging.warning(outside_tested(running_version()))
         if dependency_error():  # the nodes load anyway, and refuse to run with this same message
             logging.warning(dependency_error())
-        return [*sampling.NODES, *rewards.NODES, *artist.NODES, *advantages.NODES, *training.NODES, *lora.NODES, *visualize.NODES]
+        return [*sampling.NODES, *rewards.NODES, *artist.NODES, *advantages.NODES, *prompts.NODES, *training.NODES, *lora.NODES, *visualize.NODES]

@@ -11,7 +11,11 @@ from treegrpo.comfyui.session import (RunState, latent_shape_for, patched_model,
                                       train_step)
 from treegrpo.config import (AdvantageConfig, ArtistConfig, ConfigError, LoraConfig, MemoryConfig, OptimConfig,
                              TrainConfig, VideoConfig, check_run_name)
+from treegrpo.comfyui.watch import EXISTING_RUN
+from treegrpo.config import TreeConfig
 from treegrpo.lora import LoraDict
+from treegrpo.presets import CHOICES as PRESET_CHOICES
+from treegrpo.presets import apply_preset, presets_help
 
 from .sampling import tail_inputs, tree_config, tree_inputs, validate_tree
 from .sockets import CATEGORY, PackNode, RewardModel, Run, Tree
@@ -192,6 +196,24 @@ class Train(PackNode):
                 widget(io.String, "lr_factor_schedule", "[[iteration, factor], ...] from iteration 0: the learning "
                        "rate times each factor from its iteration on, e.g. [[0, 1], [100, 0.5]]; [] = the learning "
                        "rate throughout", optional=True, multiline=False),
+                io.String.Input("eval_prompts", default="", multiline=True, optional=True,
+                                tooltip="held-out evaluation prompts, one a line (the Prompt List's eval_prompts); "
+                                        "empty = evaluate on the training prompts"),
+                io.Combo.Input("existing_run", options=list(EXISTING_RUN), default="resume", optional=True,
+                               tooltip="when run_name already trained: resume it (same settings only), start a new "
+                                       "numbered run beside it (run_name-2, -3, ...; the old one stays), or overwrite "
+                                       "it (its files are moved to previous-<time>/ in its folder, nothing deleted)"),
+                widget(io.Float, "kl_beta", "KL weight to the base model (LoRA off): keeps the LoRA near the base "
+                       "model so it does not learn to fool the reward; 0 = off", optional=True, min=0.0, max=10.0,
+                       step=0.001),
+                io.Int.Input("save_every", default=0, min=0, max=100000, optional=True,
+                             tooltip="write the LoRA every N iterations to models/loras/treegrpo/<run_name>/ (LoraLoader "
+                                     "lists them; the best by the judge and the last are written there always); 0 = "
+                                     "only those"),
+                io.Combo.Input("preset", options=list(PRESET_CHOICES), default="custom", optional=True,
+                               tooltip="the leaves' ODE tail after the window; custom = tail_solver and tail_steps "
+                                       "as set. At 20 steps, window 1-3, branch 2: " + presets_help(
+                                           TreeConfig(steps=20, window_start=1, window_width=3, branch=2))),
             ],
             outputs=[io.Model.Output(display_name="model", tooltip="the model with the trained LoRA applied"),
                      io.LoraModel.Output(display_name="lora", tooltip="the LoRA, for TreeGRPO Save LoRA"),
@@ -229,16 +251,18 @@ class Train(PackNode):
                 memory_budget_gb=0.0, offload_rewards="auto", tiled_decode="auto", judge=None, lora_targets="auto",
                 frames=1, reward_frames=None, frame_stride=None, guidance=0.0, artist_every=0,
                 artist_mode="favourites", artist_timeout_s=600, artist_ask="every N-th tree", taste_features=None,
-                tail_steps_schedule="[]", lr_factor_schedule="[]"):
+                tail_steps_schedule="[]", lr_factor_schedule="[]", eval_prompts="", existing_run="resume",
+                kl_beta=None, save_every=0, preset="custom"):
         finite = cls.check_numbers(dict(learning_rate=learning_rate, noise_level=noise_level, cfg=cfg,
                                         lora_alpha=lora_alpha, weight_2=weight_2, memory_budget_gb=memory_budget_gb,
-                                        guidance=guidance))
+                                        guidance=guidance, kl_beta=kl_beta))
         if finite is not True:
             raise ValueError(finite)
         targets = cls.check_inputs(model, prompts, run_name, lora_targets, scheduler=scheduler,
                                    window_schedule=window_schedule, tail_solver=tail_solver,
                                    gradient_checkpointing=gradient_checkpointing, offload_rewards=offload_rewards,
-                                   tiled_decode=tiled_decode, artist_mode=artist_mode, artist_ask=artist_ask)
+                                   tiled_decode=tiled_decode, artist_mode=artist_mode, artist_ask=artist_ask,
+                                   existing_run=existing_run, preset=preset)
         texts = [p.strip() for p in prompts.splitlines() if p.strip()]
         rewards = {reward_model["name"]: reward_model["model"]}
         specs = [{"name": reward_model["name"], "weight": 1.0}]
@@ -249,15 +273,19 @@ class Train(PackNode):
             rewards[reward_model_2["name"]] = reward_model_2["model"]
             specs.append({"name": reward_model_2["name"], "weight": weight_2})
         judges = {judge["name"]: judge["model"]} if judge is not None else {}
-        tcfg = tree_config(steps, window_start, window_width, branch, noise_level, window_schedule, antithetic,
-                           tail_solver, tail_steps,
-                           tail_steps_schedule=schedule_value("tail_steps_schedule", tail_steps_schedule))
+        tcfg = apply_preset(tree_config(steps, window_start, window_width, branch, noise_level, window_schedule,
+                                        antithetic, tail_solver, tail_steps,
+                                        tail_steps_schedule=schedule_value("tail_steps_schedule", tail_steps_schedule)),
+                            preset or "custom")
+        held_out = [p.strip() for p in (eval_prompts or "").splitlines() if p.strip()]
         tc = TrainConfig(backend="comfy", prompts=texts, negative_prompt=negative, cfg=cfg, rewards=specs, tree=tcfg,
                          eval_rewards=[{"name": n, "weight": 1.0} for n in judges],
                          advantage=AdvantageConfig(),
                          lora=LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=targets),
                          optim=OptimConfig(lr=learning_rate,
-                                           lr_factor_schedule=schedule_value("lr_factor_schedule", lr_factor_schedule)),
+                                           lr_factor_schedule=schedule_value("lr_factor_schedule", lr_factor_schedule),
+                                           **({} if kl_beta is None else {"kl_beta": kl_beta})),
+                         eval_prompts=held_out,
                          iterations=iterations,
                          prompts_per_iter=prompts_per_iteration, seed=seed, eval_every=eval_every,
                          eval_seeds=2, checkpoint_every=max(1, min(25, iterations)), run_name=run_name,
@@ -272,7 +300,8 @@ class Train(PackNode):
         if width % r or height % r:
             raise ValueError(f"width {width} and height {height} must be multiples of the VAE's scale factor {r}")
         shape = latent_shape_for(model, width, height, r, tc.video.frames, vae.temporal_compression_decode() or 1)
-        conds = [(encode(clip, t, guidance), encode(clip, negative, guidance)) for t in texts]
+        encoded = texts + [p for p in dict.fromkeys(held_out) if p not in texts]   # held-out prompts need conds too
+        conds = [(encode(clip, t, guidance), encode(clip, negative, guidance)) for t in encoded]
         artist = None
         if artist_every:
             import comfy.model_management
@@ -295,14 +324,25 @@ class Train(PackNode):
                                           TasteConfig(max_ask_rate=1.0 / acfg.every), **where)
             else:
                 artist = train_node_artist(acfg.every, acfg.mode, acfg.timeout_s, **where)
-        trainer = train_full(model, vae, texts, conds, rewards, tc, shape, scheduler=scheduler, judges=judges,
-                             artist=artist)
-        curve, grid = run_previews(trainer, texts)
+        trainer = train_full(model, vae, encoded, conds, rewards, tc, shape, scheduler=scheduler, judges=judges,
+                             artist=artist, existing_run=existing_run or "resume", save_every=save_every or 0,
+                             node_id=executing_node_id())
+        curve, grid = run_previews(trainer, held_out or texts)
         lora = LoraDict(trainer.lora_tensors("comfy"), metadata=trainer.metadata())
         out_model = model.clone()
         trainer.lora.patch(out_model)
         return io.NodeOutput(out_model, lora, curve, grid,
                              ui=ui.PreviewImage(grid.cpu(), cls=cls))
+
+
+def executing_node_id():
+    """The id of the node ComfyUI is executing (for text under it), or None."""
+    try:
+        from comfy_execution.utils import get_executing_context
+        ctx = get_executing_context()
+        return None if ctx is None else ctx.node_id
+    except ImportError:
+        return None
 
 
 def checkpointing_choice(value) -> str:

@@ -94,6 +94,8 @@ class Trainer:
         self.warnings: list[str] = []
         #: called with each evaluation record after it is logged (ComfyUI's live preview)
         self.eval_callback: Optional[Callable[[dict], None]] = None
+        self.keep_eval_images = False    # record_evaluation keeps its samples in last_eval_images
+        self.last_eval_images: Optional[torch.Tensor] = None
         #: ``(trainer, batch, images, raw) -> (raw, weights, exclude_trees)``: a person answering about some trees
         #: (the Train node's artist input, treegrpo/comfyui/artist.py); None: the reward models alone
         self.artist: Optional[Callable] = None
@@ -363,7 +365,8 @@ class Trainer:
     def record_evaluation(self) -> dict:
         """Evaluate, log, warn about reward hacking (:func:`treegrpo.signals.hacking_warnings`) and keep the best
         LoRA (``signals.keep_best``); returns the record."""
-        rec = self.evaluate()
+        rec = self.evaluate(return_images=self.keep_eval_images)
+        self.last_eval_images = rec.pop("images", None)   # (B, 3, H, W) for an eval callback; not in the logs
         self.evals.append(rec)
         sc = self.cfg.signals
         found = hacking_warnings(self.evals, judge_drop=sc.judge_drop, diversity_floor=sc.diversity_floor,

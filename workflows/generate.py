@@ -28,41 +28,59 @@ def note(key, text):
     return (key, "Note", {"text": text}, {})
 
 
-def train_node(key, model, clip, vae, reward, judge=None, **w):
+def train_node(key, model, clip, vae, reward, judge=None, links=None, **w):
     widgets = {"prompts": DEMO_PROMPTS, "negative": "", "weight_2": 1.0, "width": 16, "height": 16, "cfg": 1.0,
                "scheduler": "simple", "steps": 10, "window_start": 1, "window_width": 3, "branch": 2,
                "noise_level": 0.7, "iterations": 40, "prompts_per_iteration": 4, "lora_rank": 8, "lora_alpha": 16.0,
                "learning_rate": 3e-3, "seed": 0, "run_name": "treegrpo_demo", "eval_every": 10}
     widgets.update(w)
-    links = {"model": model, "clip": clip, "vae": vae, "reward_model": reward}
+    links = {"model": model, "clip": clip, "vae": vae, "reward_model": reward, **(links or {})}
     if judge is not None:
         links["judge"] = judge
     return (key, "TreeGRPOTrain", widgets, links)
 
 
-def real_model_workflow(loader_nodes, model, clip, vae, size, reward_note, steps=20, cfg=4.5, extra_note="",
-                        height=None, negative="blurry, low quality", run_name="treegrpo_run", prompts=None, **train):
-    prompts = prompts or "a photo of a cat wearing a red scarf\na watercolor painting of a lighthouse at dawn\n" \
-        "a close-up portrait of an old fisherman, dramatic light\na bowl of ramen, studio photo"
+def real_model_workflow(loader_nodes, model, clip, vae, size, reward_note, *, run_name, steps=20, cfg=4.5,
+                        extra_note="", height=None, negative="blurry, low quality", prompts=None,
+                        prompt_file="treegrpo/general_subjects.txt", preset="balanced", **train):
+    """A real-model Train workflow. Each has its own ``run_name`` (its run folder, its LoRA folder
+    ``models/loras/treegrpo/<run_name>/`` and the Save LoRA prefix), so that workflows queued one after another never
+    meet. Prompts come from ``prompt_file`` through the Prompt List (4 held out for evaluation) unless ``prompts``
+    is given."""
+    plist = [] if prompts else [("plist", "TreeGRPOPromptList", {"file": prompt_file, "eval_count": 4, "seed": 0}, {})]
+    links = {} if prompts else {"prompts": ("plist", 0), "eval_prompts": ("plist", 1)}
     return [
         *loader_nodes,
+        *plist,
         ("rm", "TreeGRPORewardModelLoader", {"reward": "hpsv2", "file": "HPS_v2.1_compressed.pt"}, {}),
-        train_node("train", model, clip, vae, ("rm", 0), prompts=prompts, width=size, height=height or size,
+        train_node("train", model, clip, vae, ("rm", 0), links=links,
+                   prompts=prompts or "(from the Prompt List)", width=size, height=height or size,
                    steps=steps, cfg=cfg, window_start=1, window_width=3, iterations=200, prompts_per_iteration=2,
                    lora_rank=32, lora_alpha=64.0, learning_rate=3e-4, run_name=run_name, eval_every=20,
-                   negative=negative, gradient_checkpointing="auto", **train),  # real sizes: the memory plan decides
-        ("save", "TreeGRPOSaveLoRA", {"filename_prefix": "treegrpo/treegrpo_lora"}, {"lora": ("train", 1)}),
+                   negative=negative, gradient_checkpointing="auto", existing_run="resume", kl_beta=0.1,
+                   save_every=50, preset=preset, **train),  # real sizes: the memory plan decides
+        ("save", "TreeGRPOSaveLoRA", {"filename_prefix": f"treegrpo/{run_name}/{run_name}_saved"},
+         {"lora": ("train", 1)}),
         ("curve", "PreviewImage", {}, {"images": ("train", 2)}),
         ("grid", "PreviewImage", {}, {"images": ("train", 3)}),
-        note("n1", "TreeGRPO LoRA training.\n" + reward_note + "\nReward: HPS v2.1 (HPS_v2.1_compressed.pt from the HPSv2 project into "
-             "ComfyUI/models/reward_models/); or pick ImageReward, PickScore, LAION aesthetic, CLIPScore or JPEG in "
-             "the Reward Model Loader (folder models: choose any file inside their folder). The LoRA is written to "
-             "ComfyUI/models/loras/treegrpo/ and every checkpoint to output/treegrpo/<run_name>/ (a run with "
-             "the same name resumes). Stop with Cancel: a checkpoint is saved first.\nMemory: before any work the "
+        note("n1", "TreeGRPO LoRA training.\n" + reward_note + "\nReward: HPS v2.1 — HPS_v2.1_compressed.pt (HPSv2 "
+             "project, github.com/tgxs002/HPSv2, Hugging Face xswu/HPSv2; Apache-2.0) into "
+             "ComfyUI/models/reward_models/. The Reward Model Loader's tooltip lists every reward's files, where they "
+             "come from and their licence; its file list shows the files that can be the chosen reward.\n"
+             "Prompts: the Prompt List reads a .txt/.csv/.jsonl file from ComfyUI/input/ (or a set the pack ships) and "
+             "holds 4 prompts out for evaluation.\nRuns: run_name " + run_name + " — its LoRAs appear in LoraLoader "
+             "under treegrpo/" + run_name + "/ (every save_every iterations, the best by the judge, the last); "
+             "checkpoints, logs and every evaluation's sample grid in output/treegrpo/" + run_name + "/. Queue it "
+             "again to resume; after changing a setting set existing_run to new (a numbered run beside this one) or "
+             "overwrite (its files moved to previous-<time>/). Stop with Cancel: a checkpoint is saved first. The "
+             "console prints one line per iteration (reward, judge, KL, s/it, time left).\n"
+             "Preset " + preset + ": the leaves' ODE tail. fast = 2 DPM++ 2M steps, balanced = 6, paper = every "
+             "remaining Euler step (the most exact leaves, 2-5x the sampling of balanced); custom = tail_solver and "
+             "tail_steps as set.\nMemory: before any work the "
              "Train node plans for your GPU (gradient checkpointing, microbatch, reward model offload) and logs the "
-             "planned peak; if nothing fits it stops and says what to change. Predicted peaks at these settings: "
-             "SD1.5 @512 3.9 GB, SDXL @1024 9.3 GB, SD3.5-Medium @1024 7.5 GB, Flux.1-dev fp8 @1024 16.1 GB."
-             + extra_note),
+             "planned peak; if nothing fits it stops and says what to change. Predicted peaks (not yet measured on a "
+             "GPU) at these settings: SD1.5 @512 3.9 GB, SDXL @1024 9.3 GB, SD3.5-Medium @1024 7.5 GB, Flux.1-dev "
+             "fp8 @1024 16.1 GB." + extra_note),
     ]
 
 
@@ -161,16 +179,16 @@ WORKFLOWS = {
         [("ckpt", "CheckpointLoaderSimple", {"ckpt_name": "v1-5-pruned-emaonly.safetensors"}, {})],
         ("ckpt", 0), ("ckpt", 1), ("ckpt", 2), 512,
         "Model: put v1-5-pruned-emaonly.safetensors (or any SD1.x checkpoint) into ComfyUI/models/checkpoints/.",
-        steps=20, cfg=4.5),
+        run_name="treegrpo_sd15", steps=20, cfg=4.5),
     "treegrpo_sdxl_lora": real_model_workflow(
         [("ckpt", "CheckpointLoaderSimple", {"ckpt_name": "sd_xl_base_1.0.safetensors"}, {})],
         ("ckpt", 0), ("ckpt", 1), ("ckpt", 2), 1024,
-        "Model: put sd_xl_base_1.0.safetensors into ComfyUI/models/checkpoints/.", steps=20, cfg=4.5),
+        "Model: put sd_xl_base_1.0.safetensors into ComfyUI/models/checkpoints/.", run_name="treegrpo_sdxl", steps=20, cfg=4.5),
     "treegrpo_sd35_lora": real_model_workflow(
         [("ckpt", "CheckpointLoaderSimple", {"ckpt_name": "sd3.5_medium_incl_clips_t5xxlfp8scaled.safetensors"}, {})],
         ("ckpt", 0), ("ckpt", 1), ("ckpt", 2), 1024,
         "Model: put sd3.5_medium_incl_clips_t5xxlfp8scaled.safetensors into ComfyUI/models/checkpoints/.",
-        steps=20, cfg=4.5),
+        run_name="treegrpo_sd35", steps=20, cfg=4.5),
     "treegrpo_flux_lora": real_model_workflow(
         [("unet", "UNETLoader", {"unet_name": "flux1-dev.safetensors", "weight_dtype": "fp8_e4m3fn"}, {}),
          ("clips", "DualCLIPLoader", {"clip_name1": "clip_l.safetensors", "clip_name2": "t5xxl_fp16.safetensors",
@@ -179,7 +197,7 @@ WORKFLOWS = {
         ("unet", 0), ("clips", 0), ("vae", 0), 1024,
         "Models: flux1-dev.safetensors into ComfyUI/models/diffusion_models/, clip_l.safetensors and "
         "t5xxl_fp16.safetensors into ComfyUI/models/text_encoders/, ae.safetensors into ComfyUI/models/vae/.",
-        steps=16, cfg=1.0,
+        run_name="treegrpo_flux", steps=16, cfg=1.0,
         extra_note="\nFlux is guidance-distilled: keep cfg at 1. The weights load in fp8 (UNETLoader weight_dtype) so "
                    "that training at 1024 px fits a 24 GB card; the LoRA trains in float32."),
     "treegrpo_qwen_image_lora": real_model_workflow(

@@ -75,13 +75,17 @@ def model_name(model) -> str:
 class ManagedReward:
     """A reward model scored inside ComfyUI's memory management: before each call ComfyUI frees room on
     its torch device (unloading other models if needed) and the reward's weights move there; afterwards they
-    go back to the CPU, so the policy keeps the VRAM between scorings. Rewards without weights pass through."""
+    go back to the CPU, so the policy keeps the VRAM between scorings. Rewards without weights pass through.
+    The reward reads each prompt without ComfyUI's weighting syntax and embedding names
+    (:func:`treegrpo.prompts.reward_text`); the text encoder had it whole."""
 
     def __init__(self, reward):
         self.reward = reward
         self.name = getattr(reward, "name", type(reward).__name__)
 
     def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        from ..prompts import reward_text
+        prompts = [reward_text(p) for p in prompts]
         if not (hasattr(self.reward, "load") and hasattr(self.reward, "offload")):
             return self.reward(images, prompts)
         import comfy.model_management as mm
@@ -343,19 +347,31 @@ def memory_budget(device) -> float:
 
 def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict, cfg: TrainConfig,
                latent_shape: tuple, *, scheduler: str = "simple", judges: Optional[dict] = None,
-               artist: Optional[Callable] = None) -> Trainer:
-    """The whole TreeGRPO loop on a ComfyUI model (the Train node); resumes the run's latest checkpoint.
+               artist: Optional[Callable] = None, existing_run: str = "resume", save_every: int = 0,
+               node_id: Optional[str] = None) -> Trainer:
+    """The whole TreeGRPO loop on a ComfyUI model (the Train node). ``existing_run`` (:data:`watch.EXISTING_RUN`)
+    decides what happens when ``cfg.run_name`` already trained: ``resume`` its latest checkpoint, start a ``new``
+    numbered run beside it, or ``overwrite`` it (its files moved aside); the run trained is ``trainer.cfg.run_name``.
     Before any sampling the memory plan (``cfg.memory``) picks checkpointing, microbatch and offload for the
-    device's memory (or refuses). The ProgressBar advances once per iteration and shows the evaluation curves and
-    hacking signals (``judges``: held-out reward models) as its preview after every evaluation; interrupts are
-    checked at every denoiser/update step and answered with a checkpoint (by the Trainer) before the exception
-    propagates."""
+    device's memory (or refuses). After every iteration ComfyUI's progress bar moves, one console line and the node
+    show reward, judge, KL, s/it and the time left (:class:`watch.RunWatcher`), and every ``save_every`` iterations
+    the LoRA is written where LoraLoader lists it; after every evaluation the curves and the sample grid show on the
+    node and the grid is kept in the run folder (``judges``: held-out reward models). Interrupts are checked at
+    every denoiser/update step and answered with a checkpoint (by the Trainer) before the exception propagates."""
     import comfy.model_management
 
+    from .watch import RunWatcher, choose_run
+
+    name, resume = choose_run(cfg.run_name, existing_run, run_folder)
+    if name != cfg.run_name:
+        logging.info("TreeGRPO: run %r already trained; existing_run 'new' trains %r beside it", cfg.run_name, name)
+        cfg = dataclasses.replace(cfg, run_name=name)
     out = run_folder(cfg.run_name)
     # before any model work: a run of this name trained with other settings is not continued silently
-    ckpt.check_resume(out, dataclasses.replace(cfg, output_dir=out), required=False,
-                      override_hint=f"move the folder {out} away to start the run again")
+    if resume:
+        ckpt.check_resume(out, dataclasses.replace(cfg, output_dir=out), required=False,
+                          override_hint="set existing_run to 'new' (a fresh numbered run; this one stays) or "
+                                        "'overwrite' (its files are moved to previous-<time>/)")
     policy = ComfyPolicy(model, prompts, conds, latent_shape, vae=vae, lora_cfg=cfg.lora, scheduler=scheduler,
                          seed=cfg.seed, gradient_checkpointing=cfg.memory.checkpointing == "on", video=cfg.video)
     bar = comfy_progress(cfg.iterations)
@@ -363,23 +379,18 @@ def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict
         trainer = Trainer(dataclasses.replace(cfg, output_dir=out), policy, rewards,
                           progress=False, base_model_name=model_name(model),
                           step_callback=comfy.model_management.throw_exception_if_processing_interrupted,
-                          iteration_callback=lambda stats: bar(), judges=judges)
+                          judges=judges)
         trainer.log = logging.info
-        trainer.eval_callback = lambda rec: _optional_preview(bar, trainer)
+        watcher = RunWatcher(trainer, cfg.iterations, bar, save_every=save_every, node_id=node_id)
+        trainer.iteration_callback = watcher.on_iteration
+        trainer.eval_callback = watcher.on_evaluate
         trainer.artist = artist       # the person answering about some trees (the Train node's artist_every)
         if not cfg.memory.budget_gb:
             trainer.memory_budget = memory_budget(policy.device) or None
-        trainer.train(resume=True)
+        trainer.train(resume=resume)
     trainer.save_lora()  # before anything optional: a failing preview must never cost the trained LoRA
+    trainer.comfy_lora_path = watcher.finish()
     return trainer
-
-
-def _optional_preview(bar: ComfyProgress, trainer: Trainer) -> None:
-    """The live preview after an evaluation; a drawing failure is logged, never the run's end."""
-    from ..report import signals_image
-
-    image = _optional("live preview", lambda: signals_image(trainer.evals), trainer)
-    bar.preview(image)
 
 
 def run_previews(trainer: Trainer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:

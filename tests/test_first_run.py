@@ -1,0 +1,147 @@
+"""The first real run, through a real ComfyUI server (main.py, the pack in custom_nodes), as the web UI sends it:
+the shipped demo workflow queued from its JSON, runs started one after another (``existing_run``: resume refuses a
+changed setting and names the choices; ``new`` trains a numbered run beside the old one, which stays byte for byte;
+``overwrite`` moves the old files aside), a run one can watch (a console line per iteration, every evaluation's grid
+in the run folder, LoRAs where LoraLoader lists them, the final curve and before/after grid) and the LoRA loaded by
+``compare_base_vs_lora``. Also the Prompt List node on the three file formats and its errors."""
+import json
+from pathlib import Path
+
+import pytest
+
+import comfy_harness as ch
+
+WORKFLOWS = Path(__file__).resolve().parent.parent / "workflows"
+
+
+def _api(comfyui_pack, name: str) -> dict:
+    return ch.workflow_to_api(json.loads((WORKFLOWS / f"{name}.json").read_text()), comfyui_pack.node_classes())
+
+
+def _demo(comfyui_pack, run_name: str, **train) -> dict:
+    api = _api(comfyui_pack, "treegrpo_demo_cpu")
+    for node in api.values():
+        if node["class_type"] == "TreeGRPOTrain":
+            node["inputs"].update(iterations=3, eval_every=2, prompts_per_iteration=4, run_name=run_name, **train)
+        if node["class_type"] == "TreeGRPOSaveLoRA":
+            node["inputs"]["filename_prefix"] = f"treegrpo/{run_name}/{run_name}_saved"
+    return api
+
+
+def _run(srv, api, check=True):
+    return ch.wait_history(srv.port, ch.post_prompt(srv.port, api), timeout=600, check=check)
+
+
+def _lora_choices(srv) -> list:
+    info = ch.object_info(srv.port, "LoraLoaderModelOnly")["LoraLoaderModelOnly"]
+    return info["input"]["required"]["lora_name"][0]
+
+
+def test_runs_one_after_another_can_be_watched_and_loaded(comfyui_pack, comfyui_server):
+    srv = comfyui_server
+    out, loras = Path(srv.base_dir) / "output" / "treegrpo", Path(srv.base_dir) / "models" / "loras" / "treegrpo"
+    run = "first_run"
+    _run(srv, _demo(comfyui_pack, run, save_every=2))
+    folder = out / run
+    # watched: one console line per iteration, evaluation grids at 0 and 2 (and the last, 3), figures at the end
+    lines = [ln for ln in srv.log_text().splitlines() if f"TreeGRPO {run}: it " in ln]
+    assert [ln.split(": it ", 1)[1].split(" |", 1)[0] for ln in lines] == ["1/3", "2/3", "3/3"], lines
+    assert all(" | reward " in ln and " | judge " in ln and " | KL " in ln and " left" in ln for ln in lines), lines
+    assert sorted(p.name for p in (folder / "evals").glob("*.png")) == \
+        ["eval_000000.png", "eval_000002.png", "eval_000003.png"]
+    assert (folder / "reward_curve.png").is_file() and (folder / "samples_before_after.png").is_file()
+    # LoRAs where LoraLoader lists them: every save_every iterations, the best, the last
+    listed = _lora_choices(srv)
+    for name in (f"{run}.safetensors", f"{run}_it000002.safetensors", f"{run}_best.safetensors"):
+        assert (loras / run / name).is_file(), name
+        assert f"treegrpo/{run}/{name}" in listed, (name, listed)
+    first_lora = (loras / run / f"{run}.safetensors").read_bytes()
+
+    # the same run again with a changed setting: resume refuses before any work, naming the two other choices
+    entry = _run(srv, _demo(comfyui_pack, run, learning_rate=1e-3), check=False)
+    assert entry["status"]["status_str"] == "error"
+    text = json.dumps(entry["status"]["messages"])
+    assert "other settings" in text and "existing_run" in text and "'new'" in text and "'overwrite'" in text, text
+    # new: a numbered run beside it; the first run's files are untouched
+    _run(srv, _demo(comfyui_pack, run, learning_rate=1e-3, existing_run="new"))
+    assert (loras / f"{run}-2" / f"{run}-2.safetensors").is_file()
+    assert (out / f"{run}-2" / "evals" / "eval_000003.png").is_file()
+    assert (loras / run / f"{run}.safetensors").read_bytes() == first_lora
+    assert any(f"TreeGRPO {run}-2: it 3/3" in ln for ln in srv.log_text().splitlines())
+    # overwrite: the old files move to previous-<time>/ in its folder, and the run trains afresh
+    _run(srv, _demo(comfyui_pack, run, learning_rate=1e-3, existing_run="overwrite"))
+    moved = list(folder.glob("previous-*"))
+    assert len(moved) == 1 and (moved[0] / f"{run}.safetensors").is_file(), list(folder.iterdir())
+    assert len(json.loads((folder / "log.json").read_text())["train"]) == 3
+
+    # compare_base_vs_lora loads the trained LoRA from LoraLoader's list
+    api = _api(comfyui_pack, "compare_base_vs_lora")
+    for node in api.values():
+        if node["class_type"] == "LoraLoaderModelOnly":
+            node["inputs"]["lora_name"] = f"treegrpo/{run}/{run}.safetensors"
+    entry = _run(srv, api)
+    assert sum(1 for o in entry["outputs"].values() if o.get("images")) >= 2
+
+
+def test_the_real_model_workflows_have_their_own_runs(comfyui_pack):
+    names = ["treegrpo_sd15_lora", "treegrpo_sdxl_lora", "treegrpo_sd35_lora", "treegrpo_flux_lora",
+             "treegrpo_qwen_image_lora", "treegrpo_zimage_lora", "treegrpo_wan22_t2v_lora"]
+    runs, prefixes = set(), set()
+    for name in names:
+        api = _api(comfyui_pack, name)
+        train = next(n["inputs"] for n in api.values() if n["class_type"] == "TreeGRPOTrain")
+        save = next(n["inputs"] for n in api.values() if n["class_type"] == "TreeGRPOSaveLoRA")
+        runs.add(train["run_name"])
+        prefixes.add(save["filename_prefix"])
+        assert train["existing_run"] == "resume" and train["kl_beta"] == pytest.approx(0.1) and train["save_every"] > 0
+    assert len(runs) == len(names) and len(prefixes) == len(names), (runs, prefixes)
+
+
+# ---------------------------------------------------------------------------------------------- the Prompt List
+@pytest.fixture()
+def input_dir(comfyui_pack):
+    import folder_paths
+    d = Path(folder_paths.get_input_directory()) / "treegrpo_prompt_tests"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def test_prompt_list_reads_txt_csv_jsonl_and_holds_out(comfyui_pack, input_dir):
+    (input_dir / "p.txt").write_text("a red circle\n\n  a blue   square \na (green:1.2) cross\n")
+    (input_dir / "p.csv").write_text('id,prompt\n1,"a red circle, big"\n2,a blue square\n')
+    (input_dir / "p.jsonl").write_text('{"prompt": "a red circle"}\n\n"a blue square"\n{"text": "a cat"}\n')
+    cls = comfyui_pack.node_classes()["TreeGRPOPromptList"]
+    choices = cls.define_schema().inputs[0].options
+    for f in ("p.txt", "p.csv", "p.jsonl"):
+        assert f"treegrpo_prompt_tests/{f}" in choices
+    assert "treegrpo/general_subjects.txt" in choices and "treegrpo/text_rendering.txt" in choices
+    out = cls.execute("treegrpo_prompt_tests/p.txt", 0, 0)
+    assert out.result[0].splitlines() == ["a red circle", "a blue square", "a (green:1.2) cross"]
+    assert out.result[1] == "" and out.result[2] == 3
+    assert cls.execute("treegrpo_prompt_tests/p.csv", 0, 0).result[0].splitlines() == ["a red circle, big",
+                                                                                       "a blue square"]
+    assert cls.execute("treegrpo_prompt_tests/p.jsonl", 0, 0).result[0].splitlines() == ["a red circle",
+                                                                                         "a blue square", "a cat"]
+    train, held, n = cls.execute("treegrpo/general_subjects.txt", 5, 3).result
+    train, held = train.splitlines(), held.splitlines()
+    assert n == 45 and len(held) == 5 and not set(train) & set(held)
+    assert cls.execute("treegrpo/general_subjects.txt", 5, 3).result[1].splitlines() == held   # the seed decides
+
+
+def test_prompt_list_refuses_missing_empty_and_reads_a_long_file(comfyui_pack, input_dir):
+    cls = comfyui_pack.node_classes()["TreeGRPOPromptList"]
+    msg = cls.validate_inputs(file="treegrpo_prompt_tests/nope.txt")
+    assert isinstance(msg, str) and "input/ folder" in msg and "nope.txt" in msg
+    assert "outside" in cls.validate_inputs(file="../../etc/passwd.txt")
+    (input_dir / "empty.txt").write_text("\n  \n")
+    with pytest.raises(ValueError, match="holds no prompts"):
+        cls.execute("treegrpo_prompt_tests/empty.txt", 0, 0)
+    (input_dir / "bad.jsonl").write_text('{"prompt": "ok"}\n{"prompt": \n')
+    with pytest.raises(ValueError, match="line 2: not JSON"):
+        cls.execute("treegrpo_prompt_tests/bad.jsonl", 0, 0)
+    (input_dir / "long.txt").write_text("".join(f"prompt number {i}\n" for i in range(10000)))
+    train, held, n = cls.execute("treegrpo_prompt_tests/long.txt", 100, 0).result
+    assert n == 9900 and len(held.splitlines()) == 100
+    with pytest.raises(ValueError, match="hold out fewer"):
+        cls.execute("treegrpo_prompt_tests/p.txt" if (input_dir / "p.txt").exists() else
+                    "treegrpo_prompt_tests/long.txt", 10 ** 5, 0)

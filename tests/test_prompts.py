@@ -1,0 +1,64 @@
+"""Prompt files, the held-out split, the text rewards read, and the per-iteration console line (pure functions)."""
+import json
+
+import pytest
+
+from treegrpo.progress import IterationClock, format_duration, iteration_line
+from treegrpo.prompts import PromptFileError, read_prompt_file, reward_text, split_heldout
+
+
+@pytest.mark.parametrize("prompt,want", [
+    ("a (red:1.2) circle", "a red circle"),
+    ("((masterpiece)), a cat, embedding:EasyNegative", "masterpiece, a cat"),
+    ("a \\(literal\\) sign", "a (literal) sign"),
+    ("a ((big:1.1) dog:0.9) here", "a big dog here"),
+    ("(a cat:1.2), (embedding:foo:0.8)", "a cat"),
+    ('a sign that says "OPEN"', 'a sign that says "OPEN"'),
+    ("plain  prompt , as typed", "plain  prompt , as typed"),     # no syntax: unchanged, byte for byte
+])
+def test_reward_text_strips_weighting_and_embeddings(prompt, want):
+    assert reward_text(prompt) == want
+
+
+def test_prompt_files_in_three_formats(tmp_path):
+    (tmp_path / "a.txt").write_text("one\n\n two  words \n")
+    (tmp_path / "b.csv").write_text("caption,other\n\"x, y\",1\nz,2\n")
+    (tmp_path / "c.csv").write_text("first\nsecond\n")                      # no header: the first column
+    (tmp_path / "d.jsonl").write_text(json.dumps({"prompt": "p1"}) + "\n" + json.dumps("p2") + "\n")
+    assert read_prompt_file(str(tmp_path / "a.txt")) == ["one", "two words"]
+    assert read_prompt_file(str(tmp_path / "b.csv")) == ["x, y", "z"]
+    assert read_prompt_file(str(tmp_path / "c.csv")) == ["first", "second"]
+    assert read_prompt_file(str(tmp_path / "d.jsonl")) == ["p1", "p2"]
+    for name, text, match in [("e.txt", "", "holds no prompts"), ("f.jsonl", '{"x": 1}\n', 'line 1: an object'),
+                              ("g.md", "x", "use a .txt"), ("h.txt", "a\x00b", "binary")]:
+        (tmp_path / name).write_text(text)
+        with pytest.raises(PromptFileError, match=match):
+            read_prompt_file(str(tmp_path / name))
+    with pytest.raises(PromptFileError, match="does not exist"):
+        read_prompt_file(str(tmp_path / "missing.txt"))
+    (tmp_path / "big.txt").write_text("p\n" * 11)
+    with pytest.raises(PromptFileError, match="more than the 10"):
+        read_prompt_file(str(tmp_path / "big.txt"), max_prompts=10)
+
+
+def test_heldout_split_is_seeded_and_disjoint():
+    prompts = [f"p{i}" for i in range(20)] + ["p3"]
+    train, held = split_heldout(prompts, 5, seed=1)
+    assert len(set(held)) == 5 and not set(held) & set(train) and len(train) + held.count("p3") >= 15
+    assert split_heldout(prompts, 5, seed=1) == (train, held)
+    assert split_heldout(prompts, 0) == (prompts, [])
+    with pytest.raises(PromptFileError, match="hold out fewer"):
+        split_heldout(prompts, 20)
+
+
+def test_iteration_line_and_clock():
+    clock = IterationClock(window=3)
+    for t in (0.0, 10.0, 20.0, 30.0, 40.0):
+        clock.tick(t)
+    assert clock.s_per_it == pytest.approx(10.0) and clock.left(4, 10) == pytest.approx(60.0)
+    line = iteration_line({"iteration": 3, "reward": 0.4312, "kl": 0.0012}, 200, run_name="sd15",
+                          last_eval={"iteration": 2, "eval_reward": 0.5, "eval_judge": 0.52}, s_per_it=38.2,
+                          left_s=7140)
+    assert line == "TreeGRPO sd15: it 4/200 | reward 0.431 | judge 0.520 (it 2) | KL 1.2e-03 | 38.2 s/it | 1h59m left"
+    assert format_duration(42) == "42s" and format_duration(185) == "3m05s" and format_duration(3 * 86400 + 4 * 3600) \
+        == "3d04h"

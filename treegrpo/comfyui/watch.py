@@ -1,0 +1,196 @@
+"""A Train-node run one can watch and walk away from: which run a queued prompt trains (``existing_run``), a console
+line and the time left on the node after every iteration, every evaluation's sample grid kept in the run folder and
+shown on the node, and LoRAs written where ComfyUI's LoraLoader lists them
+(``models/loras/treegrpo/<run_name>/``): every ``save_every`` iterations, the best by the judge, and the last.
+
+Imported only inside ComfyUI (``folder_paths``, ``server`` and ``comfy`` are imported lazily)."""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from typing import Callable, Optional
+
+import torch
+
+from .. import checkpoint as ckpt
+from ..progress import IterationClock, format_duration, iteration_line
+
+#: the Train node's ``existing_run`` choices: what a queued prompt does when its run_name already trained
+EXISTING_RUN = ("resume", "new", "overwrite")
+
+
+def has_run(folder: str, run_name: str) -> bool:
+    """Whether ``folder`` holds files of run ``run_name`` (a LoRA, logs or checkpoints)."""
+    return bool(ckpt.run_files(folder, run_name))
+
+
+def choose_run(run_name: str, existing_run: str, folder_of: Callable[[str], str]) -> tuple[str, bool]:
+    """(the run name to train, whether to resume it) for ``existing_run``:
+
+    - ``resume``: ``run_name`` itself, resumed from its newest checkpoint when it has one (a changed training
+      setting is refused by :func:`treegrpo.checkpoint.check_resume`);
+    - ``new``: ``run_name`` when it never trained, else the first of ``run_name-2``, ``run_name-3``, ... whose
+      folder holds no run (the old runs are untouched);
+    - ``overwrite``: ``run_name`` started again; the Trainer moves the old run's files to ``previous-<time>/``
+      inside its folder (nothing is deleted).
+    ``folder_of(name)`` is the run's folder."""
+    if existing_run not in EXISTING_RUN:
+        raise ValueError(f"existing_run: {existing_run!r} is not one of {list(EXISTING_RUN)}")
+    if existing_run == "resume":
+        return run_name, True
+    if existing_run == "overwrite":
+        return run_name, False
+    name, n = run_name, 1
+    while has_run(folder_of(name), name):
+        n += 1
+        name = f"{run_name}-{n}"
+    return name, False
+
+
+def loras_folder(run_name: str) -> str:
+    """``<ComfyUI models/loras>/treegrpo/<run_name>``: where LoraLoader lists the run's LoRAs."""
+    import folder_paths
+
+    return os.path.join(folder_paths.get_folder_paths("loras")[0], "treegrpo", run_name)
+
+
+class RunWatcher:
+    """The Train node's callbacks. ``on_iteration(stats)``: ComfyUI's progress bar, one console line (reward, judge,
+    KL, s/it, time left), the same text on the node, and the LoRA every ``save_every`` iterations into
+    :func:`loras_folder`. ``on_evaluate(rec)``: the evaluation's sample grid as ``evals/eval_<iteration>.png`` in the
+    run folder and, beside the curves, on the node; the best LoRA copied to the LoRA folder when it changed.
+    ``finish()``: the final LoRA there too, the curve and the before/after grid in the run folder."""
+
+    def __init__(self, trainer, total: int, bar, *, save_every: int = 0, node_id: Optional[str] = None,
+                 log: Callable[[str], None] = logging.info, clock: Callable[[], float] = time.monotonic):
+        self.trainer, self.total, self.bar, self.save_every = trainer, total, bar, save_every
+        self.node_id, self.log, self.now = node_id, log, clock
+        self.clock = IterationClock()
+        self.clock.tick(clock())
+        self.loras = loras_folder(trainer.cfg.run_name)
+        self.first_grid: Optional[torch.Tensor] = None
+        self.last_grid: Optional[torch.Tensor] = None
+        self._best_mtime = None
+        trainer.keep_eval_images = True
+
+    # ------------------------------------------------------------------ per iteration
+    def on_iteration(self, stats: dict) -> None:
+        self.clock.tick(self.now())
+        t = self.trainer
+        last_eval = t.evals[-1] if t.evals else None
+        left = self.clock.left(int(stats["iteration"]) + 1, self.total)
+        line = iteration_line(stats, self.total, run_name=t.cfg.run_name, last_eval=last_eval,
+                              s_per_it=self.clock.s_per_it, left_s=left)
+        self.log(line)
+        self.show_text(line.split(": ", 1)[1].replace(" | ", "\n"))
+        done = int(stats["iteration"]) + 1
+        if self.save_every and done % self.save_every == 0 and t.rank == 0:
+            path = os.path.join(self.loras, f"{t.cfg.run_name}_it{done:06d}.safetensors")
+            t.save_lora(path)
+            self.log(f"TreeGRPO {t.cfg.run_name}: saved {path}")
+        self.bar()
+
+    def show_text(self, text: str) -> None:
+        """Text under the node while it runs (ComfyUI's progress text; nothing where the server lacks it)."""
+        if self.node_id is None:
+            return
+        try:
+            from server import PromptServer
+            send = getattr(PromptServer.instance, "send_progress_text", None)
+            if send is not None:
+                send(text, self.node_id)
+        except Exception as e:  # noqa: BLE001 - a display must never end the run (an interrupt does)
+            _reraise_interrupt(e)
+
+    # ------------------------------------------------------------------ per evaluation
+    def on_evaluate(self, rec: dict) -> None:
+        from ..report import signals_image
+        t = self.trainer
+        images = getattr(t, "last_eval_images", None)
+        grid = None
+        if images is not None and t.rank == 0:
+            grid = eval_grid(images, t.cfg.eval_seeds)
+            if self.first_grid is None:
+                self.first_grid = grid
+            self.last_grid = grid
+            path = os.path.join(t.out, "evals", f"eval_{t.iteration:06d}.png")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            from ..report import to_pil
+            to_pil(grid).save(path)
+        self.copy_best()
+        try:
+            curve = signals_image(t.evals)[0].movedim(-1, 0)
+            self.bar.preview(side_by_side(curve, grid)[None].movedim(1, -1))
+        except Exception as e:  # noqa: BLE001 - a preview must never end the run (an interrupt does)
+            _reraise_interrupt(e)
+            logging.warning("TreeGRPO: could not draw the live preview (%s: %s)", type(e).__name__, e)
+
+    def copy_best(self) -> None:
+        src = self.trainer.best_lora_path
+        if self.trainer.rank != 0 or not os.path.isfile(src):
+            return
+        mtime = os.stat(src).st_mtime_ns
+        if mtime == self._best_mtime:
+            return
+        os.makedirs(self.loras, exist_ok=True)
+        dest = os.path.join(self.loras, os.path.basename(src))
+        shutil.copyfile(src, dest + ".tmp")
+        os.replace(dest + ".tmp", dest)
+        self._best_mtime = mtime
+
+    # ------------------------------------------------------------------ at the end
+    def finish(self) -> str:
+        """The final LoRA into the LoRA folder (returned), the best one, ``reward_curve.png`` and
+        ``samples_before_after.png`` (the first evaluation's grid left, the last's right) in the run folder."""
+        t = self.trainer
+        path = os.path.join(self.loras, f"{t.cfg.run_name}.safetensors")
+        if t.rank != 0:
+            return path
+        t.save_lora(path)
+        self.copy_best()
+        from ..report import signals_image, to_pil
+        try:
+            if t.evals:
+                to_pil(signals_image(t.evals)[0].movedim(-1, 0)).save(os.path.join(t.out, "reward_curve.png"))
+            if self.first_grid is not None and self.last_grid is not None:
+                to_pil(side_by_side(self.first_grid, self.last_grid)).save(
+                    os.path.join(t.out, "samples_before_after.png"))
+        except Exception as e:  # noqa: BLE001 - the LoRA is saved; a drawing failure is only logged
+            _reraise_interrupt(e)
+            logging.warning("TreeGRPO: could not draw the run's figures (%s: %s)", type(e).__name__, e)
+        elapsed = self.clock.times[-1] - self.clock.times[0] if len(self.clock.times) > 1 else 0.0
+        self.log(f"TreeGRPO {t.cfg.run_name}: done, iteration {t.iteration}/{self.total} after "
+                 f"{format_duration(elapsed)}; LoRA {path} (LoraLoader lists it under treegrpo/{t.cfg.run_name}/); "
+                 f"checkpoints, logs and evaluation grids in {t.out}")
+        return path
+
+
+def _reraise_interrupt(e: Exception) -> None:
+    """ComfyUI's interrupt (an Exception subclass) passes through the handlers that keep displays optional."""
+    from comfy.model_management import InterruptProcessingException
+    if isinstance(e, InterruptProcessingException):
+        raise e
+
+
+def eval_grid(images: torch.Tensor, per_prompt: int, size: int = 128) -> torch.Tensor:
+    """(B, 3, H, W) evaluation samples, ``per_prompt`` consecutive per prompt → a (3, H', W') grid, one row per
+    prompt, each image scaled to about ``size`` pixels on its longer side."""
+    from ..report import image_grid
+    side = max(images.shape[-2:])
+    if side > size:
+        images = torch.nn.functional.interpolate(images.float(), scale_factor=size / side, mode="area")
+    return image_grid(images, nrow=max(1, per_prompt), scale=max(1, size // max(images.shape[-2:])))
+
+
+def side_by_side(left: torch.Tensor, right: Optional[torch.Tensor], pad: int = 8) -> torch.Tensor:
+    """Two (3, H, W) images in one, the right one scaled to the left's height (white gap of ``pad`` pixels)."""
+    if right is None:
+        return left
+    h = left.shape[1]
+    w = max(1, round(right.shape[2] * h / right.shape[1]))
+    right = torch.nn.functional.interpolate(right[None].float(), size=(h, w), mode="bilinear",
+                                            align_corners=False)[0].clamp(0, 1)
+    gap = torch.ones(3, h, pad)
+    return torch.cat([left.float(), gap, right], dim=2)

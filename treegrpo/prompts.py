@@ -1,0 +1,135 @@
+"""Prompts as users keep them: files of one prompt a line (``.txt``), a table (``.csv``) or JSON lines (``.jsonl``); a
+held-out split for evaluation; and the text a reward model should see (ComfyUI's weighting syntax and embedding
+names removed; the text encoder still gets the prompt whole)."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import random
+import re
+
+#: file kinds a prompt list is read from
+PROMPT_FILE_TYPES = (".txt", ".csv", ".jsonl")
+#: the keys a ``.jsonl`` object or a ``.csv`` header may hold the prompt under (first found wins)
+PROMPT_KEYS = ("prompt", "text", "caption")
+
+
+class PromptFileError(ValueError):
+    """A prompt file that cannot be used; the message names the file, the line and what to do."""
+
+
+def _text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8-sig") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        raise PromptFileError(f"prompt file {path!r} does not exist; put it in ComfyUI's input/ folder (or give its "
+                              "full path)") from None
+    except UnicodeDecodeError as e:
+        raise PromptFileError(f"prompt file {path!r} is not UTF-8 text ({e.reason} at byte {e.start}); save it as "
+                              "UTF-8") from None
+    except OSError as e:
+        raise PromptFileError(f"prompt file {path!r} cannot be read ({e.strerror})") from None
+    if "\x00" in text:
+        raise PromptFileError(f"prompt file {path!r} is a binary file, not text")
+    return text
+
+
+def _one_line(prompt: str) -> str:
+    return " ".join(prompt.split())
+
+
+def _from_csv(text: str, path: str) -> list[str]:
+    rows = list(csv.reader(io.StringIO(text)))
+    rows = [r for r in rows if any(c.strip() for c in r)]
+    if not rows:
+        return []
+    header = [c.strip().lower() for c in rows[0]]
+    col = next((header.index(k) for k in PROMPT_KEYS if k in header), None)
+    if col is None:
+        return [r[0] for r in rows if r and r[0].strip()]      # no header: the first column
+    out = []
+    for n, r in enumerate(rows[1:], start=2):
+        if col >= len(r):
+            raise PromptFileError(f"prompt file {path!r}, row {n}: has no {header[col]!r} column value")
+        out.append(r[col])
+    return out
+
+
+def _from_jsonl(text: str, path: str) -> list[str]:
+    out = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise PromptFileError(f"prompt file {path!r}, line {n}: not JSON ({e.msg}); write one object per line "
+                                  'such as {"prompt": "a red circle"}') from None
+        if isinstance(obj, str):
+            out.append(obj)
+        elif isinstance(obj, dict) and any(isinstance(obj.get(k), str) for k in PROMPT_KEYS):
+            out.append(next(obj[k] for k in PROMPT_KEYS if isinstance(obj.get(k), str)))
+        else:
+            raise PromptFileError(f"prompt file {path!r}, line {n}: an object with a \"prompt\" string (or \"text\", "
+                                  f"\"caption\") was expected, got {line.strip()[:60]!r}")
+    return out
+
+
+def read_prompt_file(path: str, max_prompts: int = 100000) -> list[str]:
+    """The prompts in ``path`` in file order, each on one line (inner whitespace collapsed), blank ones dropped:
+    ``.txt`` one prompt a line; ``.csv`` the ``prompt`` (or ``text``, ``caption``) column, else the first column;
+    ``.jsonl`` one JSON object a line with a ``prompt`` (``text``, ``caption``) string, or a JSON string.
+    Raises :class:`PromptFileError` for a missing, empty, binary or malformed file or more than ``max_prompts``."""
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in PROMPT_FILE_TYPES:
+        raise PromptFileError(f"prompt file {path!r}: use a .txt (one prompt a line), .csv (a 'prompt' column) or "
+                              ".jsonl ({\"prompt\": ...} a line) file")
+    text = _text(path)
+    raw = text.splitlines() if ext == ".txt" else _from_csv(text, path) if ext == ".csv" else _from_jsonl(text, path)
+    prompts = [_one_line(p) for p in raw if p.strip()]
+    if not prompts:
+        raise PromptFileError(f"prompt file {path!r} holds no prompts; write one prompt a line")
+    if len(prompts) > max_prompts:
+        raise PromptFileError(f"prompt file {path!r} holds {len(prompts)} prompts, more than the {max_prompts} this "
+                              "run takes; split the file")
+    return prompts
+
+
+def split_heldout(prompts: list[str], heldout: int, seed: int = 0) -> tuple[list[str], list[str]]:
+    """(training prompts, held-out evaluation prompts): ``heldout`` prompts drawn with ``seed`` (0 = none: every
+    prompt trains and the evaluation uses the training prompts). Both keep file order; duplicates stay together
+    on one side."""
+    if heldout <= 0:
+        return list(prompts), []
+    unique = list(dict.fromkeys(prompts))
+    if heldout >= len(unique):
+        raise PromptFileError(f"eval_count {heldout}: the file has {len(unique)} different prompts; hold out fewer "
+                              "so that some are left to train on")
+    chosen = set(random.Random(seed).sample(unique, heldout))
+    return [p for p in prompts if p not in chosen], [p for p in unique if p in chosen]
+
+
+_EMBEDDING = re.compile(r"embedding:[^\s,()]+", re.IGNORECASE)
+_WEIGHTED = re.compile(r"\((?P<body>[^()]*?)(?::\s*[-+]?\d*\.?\d+)?\)")
+
+
+def reward_text(prompt: str) -> str:
+    """The prompt as a reward model should read it: ComfyUI's emphasis ``(word:1.2)`` and ``(word)`` unwrapped to
+    ``word`` (nested ones too), ``embedding:name`` tokens removed, escaped brackets ``\\(`` ``\\)`` kept as
+    literal brackets, whitespace and the commas left behind tidied. A prompt without that syntax comes back
+    unchanged."""
+    if "(" not in prompt and "embedding:" not in prompt.lower():
+        return prompt
+    text = prompt.replace("\\(", "\x01").replace("\\)", "\x02")
+    text = _EMBEDDING.sub("", text)
+    while True:
+        new = _WEIGHTED.sub(lambda m: m.group("body"), text)
+        if new == text:
+            break
+        text = new
+    text = text.replace("\x01", "(").replace("\x02", ")")
+    text = re.sub(r"\s+([,.;:!?])", r"\1", " ".join(text.split()))
+    return text.strip(" ,")
