@@ -8,7 +8,8 @@ import folder_paths
 from comfy_api.latest import io
 
 from treegrpo.comfyui.session import ManagedReward
-from treegrpo.rewards.base import available, check_options, load_reward, missing_package, reward_options
+from treegrpo.rewards.base import (available, check_options, load_reward, missing_package, reward_files_help,
+                                   reward_options)
 from treegrpo.rewards.scoring import score_images
 from treegrpo.video import group_frames
 
@@ -42,7 +43,9 @@ class RewardModelLoader(PackNode):
                                tooltip="reward model type"),
                 io.Combo.Input("file", options=reward_files(), default=NO_FILE,
                                tooltip="weight file in models/reward_models (the demo and JPEG rewards need none); "
-                                       "for a model folder (PickScore, ImageReward, aesthetic) any file inside it"),
+                                       "for a model folder (PickScore, ImageReward, aesthetic) any file inside it. "
+                                       "What each reward needs, where it comes from and its licence:\n"
+                                       + reward_files_help()),
                 io.String.Input("options", default="{}", multiline=True, optional=True,
                                 tooltip="the reward's options as JSON, e.g. {\"dtype\": \"bfloat16\", "
                                         "\"batch_size\": 8}. " + options_help()),

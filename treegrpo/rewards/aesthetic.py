@@ -53,6 +53,7 @@ class LaionAesthetic(TorchReward):
     expected_files = (f"a folder with the head '{HEAD_NAMES[0]}' and OpenAI's CLIP ViT-L/14 weights as one of "
                       f"{', '.join(repr(n) for n in CLIP_NAMES[:-1])} (or a transformers 'model.safetensors')")
     is_folder = True
+    licence = "Apache-2.0 (the head), MIT (OpenAI CLIP)"
     source = ("the head: LAION's improved-aesthetic-predictor (github christophschuhmann/improved-aesthetic-predictor); "
               "CLIP ViT-L/14: OpenAI CLIP (github openai/CLIP) or openai/clip-vit-large-patch14 / "
               "timm/vit_large_patch14_clip_224.openai on Hugging Face")

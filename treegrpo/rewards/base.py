@@ -64,6 +64,32 @@ def missing_package(name: str) -> str | None:
     return None
 
 
+def reward_files(name: str) -> dict:
+    """What reward ``name`` needs on disk, for the loader's tooltip and the README: ``files`` (what to put in
+    ``models/reward_models``; empty when it needs none), ``folder`` (a model folder rather than one file), ``source``
+    (project and where the files are published), ``licence`` and ``install`` (an optional package's command)."""
+    _import_builtin()
+    cls = _REGISTRY[name]
+    module = getattr(cls, "requires_module", None)
+    install = ""
+    if module:
+        from ..deps import OPTIONAL
+        install = f"pip install {OPTIONAL[module][1]}"
+    return {"files": getattr(cls, "expected_files", "") or "", "folder": bool(getattr(cls, "is_folder", False)),
+            "source": getattr(cls, "source", "") or "", "licence": getattr(cls, "licence", "") or "", "install": install}
+
+
+def reward_files_help() -> str:
+    """One paragraph per reward that needs files: what, from where, licence (the loader's ``file`` tooltip)."""
+    rows = []
+    for n in available():
+        f = reward_files(n)
+        if f["files"]:
+            extra = f" Needs: {f['install']}." if f["install"] else ""
+            rows.append(f"{n}: {f['files']}. From {f['source']}. Licence: {f['licence'] or 'see the source'}.{extra}")
+    return "\n".join(rows)
+
+
 def reward_options(name: str) -> dict[str, inspect.Parameter]:
     """The options (keyword arguments besides ``path`` and ``device``) reward ``name`` accepts, with defaults."""
     _import_builtin()

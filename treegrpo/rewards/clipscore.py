@@ -253,6 +253,7 @@ class TorchReward:
     expected_files = ""
     is_folder = False
     source = ""
+    licence = ""
     module: torch.nn.Module
 
     def _setup(self, device, dtype, batch_size: int) -> None:
@@ -513,6 +514,7 @@ class CLIPScore(TorchReward):
 
     name = "clipscore"
     expected_files = CLIP_FILES
+    licence = "that of the CLIP weights (OpenAI CLIP and LAION open_clip: MIT)"
     is_folder = False
     source = CLIP_SOURCE
 

@@ -28,6 +28,7 @@ class HPSv2(TorchReward):
     name = "hpsv2"
     expected_files = "one file: HPS_v2.1_compressed.pt (HPS v2.1) or HPS_v2_compressed.pt (HPS v2)"
     is_folder = False
+    licence = "Apache-2.0"
     source = "the HPSv2 project (github tgxs002/HPSv2; the files are published on Hugging Face as xswu/HPSv2)"
 
     def __init__(self, path=None, device="cpu", *, arch: str = "ViT-H-14", dtype=None, batch_size: int = 32):

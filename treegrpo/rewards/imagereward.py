@@ -187,6 +187,7 @@ class ImageRewardModel(TorchReward):
                       "folder itself, in a subfolder, or in a sibling folder named like bert-base-uncased (a Hub download or "
                       "cache folder)")
     is_folder = True
+    licence = "Apache-2.0 (the tokenizer: Apache-2.0)"
     source = ("ImageReward.pt and med_config.json: THUDM/ImageReward on Hugging Face (project github THUDM/ImageReward); "
               "the tokenizer: google-bert/bert-base-uncased on Hugging Face")
 

@@ -49,6 +49,7 @@ class PickScore(TorchReward):
                       "the same folder, in a subfolder, in a sibling folder named like CLIP-ViT-H-14-laion2B-s32B-b79K (a Hub "
                       "download or cache folder), or given as the option processor_path")
     is_folder = True
+    licence = "MIT (the processor: MIT)"
     source = ("Hugging Face: the model yuvalkirstain/PickScore_v1, the processor laion/CLIP-ViT-H-14-laion2B-s32B-b79K "
               "(PickScore project: github yuvalkirstain/PickScore)")
 
