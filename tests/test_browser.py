@@ -534,9 +534,13 @@ def test_demo_workflow_runs_from_the_page(page, ui_server):
     assert gain >= DEMO_MIN_GAIN, [round(e["eval_reward"], 3) for e in log["eval"]]
 
     # the LoRA is in models/loras (the Save LoRA node's text says where)
-    loras = sorted((ui_server.base_dir / "models" / "loras").rglob("*.safetensors"))
-    assert loras and loras[0].name.startswith("treegrpo_demo_"), loras
+    # (and the Train node's own copies in models/loras/treegrpo/<run_name>/, where LoraLoader lists them)
+    all_loras = sorted((ui_server.base_dir / "models" / "loras").rglob("*.safetensors"))
+    loras = [p for p in all_loras if p.name.startswith("treegrpo_demo_")]
+    assert loras, all_loras
     assert loras[0].stat().st_size > 1000
+    assert (ui_server.base_dir / "models" / "loras" / "treegrpo" / "treegrpo_demo" / "treegrpo_demo.safetensors") \
+        in all_loras, all_loras
     page.fit_view()
     page.screenshot("demo_2_after_run")
     page.evaluate("(ids) => window.app.canvas.selectNodes(ids.map(id => window.app.graph.getNodeById(id)))",
