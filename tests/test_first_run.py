@@ -145,3 +145,90 @@ def test_prompt_list_refuses_missing_empty_and_reads_a_long_file(comfyui_pack, i
     with pytest.raises(ValueError, match="hold out fewer"):
         cls.execute("treegrpo_prompt_tests/p.txt" if (input_dir / "p.txt").exists() else
                     "treegrpo_prompt_tests/long.txt", 10 ** 5, 0)
+
+
+# ------------------------------------------------------------------ the SD1.5 workflow on a real-format checkpoint
+SITE = """
+import sys
+sys.path.insert(0, {tests!r})
+import reward_fixtures
+reward_fixtures.register_tiny_configs()     # the tiny open_clip architecture of the tiny HPS file
+"""
+
+
+@pytest.fixture(scope="module")
+def user_comfyui(comfyui_pack, comfyui_dir, tmp_path_factory):
+    """A ComfyUI server as a user has it: a single-file SD1.5 checkpoint in models/checkpoints (real format, random
+    weights), an HPS v2.1 file in models/reward_models (real format, a tiny CLIP inside), a prompt file in input/."""
+    import real_checkpoints
+    import reward_fixtures as rf
+
+    base = ch.prepare_base_dir(tmp_path_factory.mktemp("user_comfyui"), ch.REPO_ROOT)
+    real_checkpoints.save_sd15_checkpoint(str(base / "models" / "checkpoints" / "my_sd15.safetensors"))
+    (base / "models" / "reward_models").mkdir(parents=True, exist_ok=True)
+    rf.make_hps_file(str(base / "models" / "reward_models"))
+    (base / "input" / "my_prompts.txt").write_text("a red apple\na green pear\na (blue:1.3) plum\na yellow lemon\n")
+    site = tmp_path_factory.mktemp("site")
+    (site / "sitecustomize.py").write_text(SITE.format(tests=str(Path(__file__).resolve().parent)))
+    srv = ch.start_server(base, comfy_dir=comfyui_dir, pack_dir=ch.REPO_ROOT, env={"PYTHONPATH": str(site)})
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _sd15_workflow(comfyui_pack, **train) -> dict:
+    import reward_fixtures as rf
+    api = _api(comfyui_pack, "treegrpo_sd15_lora")
+    for node in api.values():
+        inputs, kind = node["inputs"], node["class_type"]
+        if kind == "CheckpointLoaderSimple":
+            inputs["ckpt_name"] = "my_sd15.safetensors"
+        elif kind == "TreeGRPOPromptList":
+            inputs.update(file="my_prompts.txt", eval_count=1)
+        elif kind == "TreeGRPORewardModelLoader":
+            inputs["options"] = json.dumps({"arch": rf.TINY_HPS})
+        elif kind == "TreeGRPOTrain":          # the shipped settings, at 64 px and two iterations
+            inputs.update(width=64, height=64, iterations=2, eval_every=1, save_every=1, **train)
+    return api
+
+
+def test_the_sd15_workflow_on_a_single_file_checkpoint_as_a_user_runs_it(comfyui_pack, user_comfyui):
+    srv, run = user_comfyui, "treegrpo_sd15"
+    base = Path(srv.base_dir)
+    entry = _run(srv, _sd15_workflow(comfyui_pack))
+    log = srv.log_text()
+    lines = [ln for ln in log.splitlines() if f"TreeGRPO {run}: it " in ln]
+    assert [ln.split(": it ", 1)[1].split(" |", 1)[0] for ln in lines] == ["1/2", "2/2"], log[-3000:]
+    folder, loras = base / "output" / "treegrpo" / run, base / "models" / "loras" / "treegrpo" / run
+    assert sorted(p.name for p in (folder / "evals").glob("*.png")) == \
+        ["eval_000000.png", "eval_000001.png", "eval_000002.png"]
+    assert (folder / "samples_before_after.png").is_file()
+    saved = sorted(p.name for p in loras.glob("*.safetensors"))
+    assert {f"{run}.safetensors", f"{run}_it000001.safetensors", f"{run}_it000002.safetensors"} <= set(saved), saved
+    assert f"treegrpo/{run}/{run}.safetensors" in _lora_choices(srv)
+    assert any(o.get("images") for o in entry["outputs"].values())
+    # the held-out prompt was evaluated and never trained on; the rewards read it without the weighting syntax
+    train_log = json.loads((folder / "log.json").read_text())
+    assert len(train_log["train"]) == 2 and len(train_log["eval"]) == 3
+    # the LoRA loads onto the same checkpoint with every key (ComfyUI names the keys it cannot place)
+    before = len(srv.log_text())
+    graph = {
+        "ckpt": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "my_sd15.safetensors"}},
+        "lora": {"class_type": "LoraLoaderModelOnly", "inputs": {"model": ["ckpt", 0], "strength_model": 1.0,
+                                                                  "lora_name": f"treegrpo/{run}/{run}.safetensors"}},
+        "pos": {"class_type": "CLIPTextEncode", "inputs": {"clip": ["ckpt", 1], "text": "a red apple"}},
+        "neg": {"class_type": "CLIPTextEncode", "inputs": {"clip": ["ckpt", 1], "text": ""}},
+        "lat": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 1}},
+        "ks": {"class_type": "KSampler", "inputs": {"model": ["lora", 0], "positive": ["pos", 0], "negative": ["neg", 0],
+                                                   "latent_image": ["lat", 0], "seed": 1, "steps": 2, "cfg": 4.5,
+                                                   "sampler_name": "euler", "scheduler": "simple", "denoise": 1.0}},
+        "dec": {"class_type": "VAEDecode", "inputs": {"samples": ["ks", 0], "vae": ["ckpt", 2]}},
+        "show": {"class_type": "PreviewImage", "inputs": {"images": ["dec", 0]}},
+    }
+    _run(srv, graph)
+    assert "lora key not loaded" not in srv.log_text()[before:], srv.log_text()[before:][-2000:]
+    # a second run of the same workflow with a changed setting, as a new numbered run beside the first
+    _run(srv, _sd15_workflow(comfyui_pack, learning_rate=1e-4, existing_run="new"))
+    assert (base / "models" / "loras" / "treegrpo" / f"{run}-2" / f"{run}-2.safetensors").is_file()
+    assert any(f"TreeGRPO {run}-2: it 2/2" in ln for ln in srv.log_text().splitlines())
