@@ -14,8 +14,10 @@ class TreeGRPOExtension(ComfyExtension):
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
         """Called once when ComfyUI loads the pack (0.3.75 does not call ``on_load``)."""
         rewards.register_model_folder()
+        from treegrpo.comfyui import reward_files
         from treegrpo.comfyui.artist import register_routes
         register_routes()
+        reward_files.register_routes()
         from treegrpo.comfyui.versions import outside_tested, running_version
         if outside_tested(running_version()):
             logging.warning(outside_tested(running_version()))

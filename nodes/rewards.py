@@ -7,6 +7,7 @@ import os
 import folder_paths
 from comfy_api.latest import io
 
+from treegrpo.comfyui.reward_files import FOLDER, NO_FILE, register_model_folder
 from treegrpo.comfyui.session import ManagedReward
 from treegrpo.rewards.base import (available, check_options, load_reward, missing_package, reward_files_help,
                                    reward_options)
@@ -15,16 +16,6 @@ from treegrpo.video import group_frames
 
 from .sockets import CATEGORY, PackNode, RewardModel, Rewards
 from .widgets import config_default, widget
-
-FOLDER = "reward_models"
-NO_FILE = "(none: built-in weights or none needed)"
-
-
-def register_model_folder() -> None:
-    """Register ``models/reward_models`` with ComfyUI's folder_paths (files and model folders)."""
-    if FOLDER not in folder_paths.folder_names_and_paths:
-        folder_paths.add_model_folder_path(FOLDER, os.path.join(folder_paths.models_dir, FOLDER))
-
 
 def reward_files() -> list[str]:
     register_model_folder()
@@ -43,7 +34,8 @@ class RewardModelLoader(PackNode):
                                tooltip="reward model type"),
                 io.Combo.Input("file", options=reward_files(), default=NO_FILE,
                                tooltip="weight file in models/reward_models (the demo and JPEG rewards need none); "
-                                       "for a model folder (PickScore, ImageReward, aesthetic) any file inside it. "
+                                       "for a model folder (PickScore, ImageReward, aesthetic) any file inside it. The list shows the "
+                                       "files that can be the chosen reward. "
                                        "What each reward needs, where it comes from and its licence:\n"
                                        + reward_files_help()),
                 io.String.Input("options", default="{}", multiline=True, optional=True,

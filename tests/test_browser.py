@@ -454,6 +454,32 @@ def test_widgets_refuse_nonsense_typed_by_a_user(page, ui_server):
         assert kinds == {kind}, (bad, ei.value.node_errors)
 
 
+def test_the_reward_loader_lists_only_the_files_of_the_chosen_reward(page, ui_server):
+    """The user puts reward files in models/reward_models and refreshes (R): a loaded workflow's HPS loader lists
+    only the HPS file; choosing ImageReward lists (and picks) its folder's ImageReward.pt; a reward that needs no
+    file lists only "none"."""
+    folder = ui_server.base_dir / "models" / "reward_models"
+    (folder / "ImageReward").mkdir(parents=True, exist_ok=True)
+    for name in ("HPS_v2.1_compressed.pt", "ViT-L-14.pt", "ImageReward/ImageReward.pt", "ImageReward/med_config.json"):
+        (folder / name).write_bytes(b"not read by the list")
+    page.drop_workflow(REPO / "workflows" / "treegrpo_sd15_lora.json")
+    page.evaluate("() => window.app.refreshComboInNodes()")
+    loader = next(n for n in page.graph() if n["type"] == "TreeGRPORewardModelLoader")["id"]
+    files = """(id) => { const n = window.app.graph.getNodeById(id);
+                 const f = n.widgets.find(w => w.name === 'file'); return [f.value, [...f.options.values]]; }"""
+    page.page.wait_for_function(f"(id) => ({files})(id)[1].length === 1", arg=loader, timeout=20_000)
+    assert page.evaluate(files, loader) == ["HPS_v2.1_compressed.pt", ["HPS_v2.1_compressed.pt"]]
+    choose = """([id, value]) => { const n = window.app.graph.getNodeById(id);
+                  const w = n.widgets.find(w => w.name === 'reward'); w.value = value; w.callback(value); }"""
+    page.evaluate(choose, [loader, "image_reward"])
+    page.page.wait_for_function(f"(id) => ({files})(id)[0] !== 'HPS_v2.1_compressed.pt'", arg=loader, timeout=20_000)
+    assert page.evaluate(files, loader) == ["ImageReward/ImageReward.pt", ["ImageReward/ImageReward.pt"]]
+    page.evaluate(choose, [loader, "demo_adherence"])
+    page.page.wait_for_function(f"(id) => ({files})(id)[0].startsWith('(none')", arg=loader, timeout=20_000)
+    assert page.evaluate(files, loader)[1] == ["(none: built-in weights or none needed)"]
+    page.screenshot("reward_loader_file_list")
+
+
 class _ObjectInfoNode:
     """Just enough of a node class for ``comfy_harness.workflow_to_api``, built from the server's /object_info."""
 

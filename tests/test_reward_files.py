@@ -1,0 +1,21 @@
+"""The Reward Model Loader's per-reward file list (treegrpo/rewards/files.py): what a user's models/reward_models
+holds, as published, and which file each reward's list shows."""
+from treegrpo.rewards.files import files_for
+
+USER_FILES = [
+    "HPS_v2.1_compressed.pt", "ViT-L-14.pt", "my_run_taste.safetensors", "notes.txt",
+    "ImageReward/ImageReward.pt", "ImageReward/med_config.json", "ImageReward/bert-base-uncased/vocab.txt",
+    "PickScore_v1/config.json", "PickScore_v1/model.safetensors", "PickScore_v1/processor/tokenizer.json",
+    "aesthetic/sac+logos+ava1-l14-linearMSE.pth", "aesthetic/ViT-L-14.pt",
+]
+
+
+def test_each_reward_lists_only_its_own_files():
+    assert files_for("hpsv2", USER_FILES) == ["HPS_v2.1_compressed.pt"]
+    assert files_for("image_reward", USER_FILES) == ["ImageReward/ImageReward.pt"]
+    assert files_for("pickscore", USER_FILES) == ["PickScore_v1/model.safetensors"]
+    assert files_for("laion_aesthetic", USER_FILES) == ["aesthetic/sac+logos+ava1-l14-linearMSE.pth"]
+    assert files_for("taste", USER_FILES) == ["my_run_taste.safetensors"]
+    assert files_for("clipscore", USER_FILES) == ["HPS_v2.1_compressed.pt", "ViT-L-14.pt"]
+    assert files_for("jpeg_compressibility", USER_FILES, needs_file=False) == []
+    assert files_for("someone_elses_reward", USER_FILES) == USER_FILES

@@ -1,0 +1,55 @@
+"""The Reward Model Loader's file list per reward, for the web UI: ``GET /treegrpo/reward_files`` answers
+``{"files": {reward: [file, ...]}}`` from ``models/reward_models`` (read when asked, so a file added while ComfyUI
+runs shows after the page refreshes its node definitions). The front end (``web/treegrpo_reward_files.js``) shows
+only the chosen reward's files; ComfyUI still accepts any file of the folder."""
+from __future__ import annotations
+
+FOLDER = "reward_models"
+NO_FILE = "(none: built-in weights or none needed)"
+
+
+def register_model_folder() -> None:
+    """Register ``models/reward_models`` with ComfyUI's folder_paths (files and model folders)."""
+    import os
+
+    import folder_paths
+    if FOLDER not in folder_paths.folder_names_and_paths:
+        folder_paths.add_model_folder_path(FOLDER, os.path.join(folder_paths.models_dir, FOLDER))
+
+
+def all_reward_files() -> list[str]:
+    """Every file under ``models/reward_models`` (relative, '/'-separated), as the loader's combo lists them."""
+    import folder_paths
+    register_model_folder()
+    return [f.replace("\\", "/") for f in folder_paths.get_filename_list(FOLDER)]
+
+
+def files_by_reward() -> dict[str, list[str]]:
+    """reward → the loader's choices for it: ``NO_FILE`` for rewards that need no file, else the files that can be
+    that reward (:func:`treegrpo.rewards.files.files_for`), or ``NO_FILE`` alone when there are none yet."""
+    from ..rewards.base import available, reward_files
+    from ..rewards.files import files_for
+
+    files = all_reward_files()
+    out = {}
+    for name in available():
+        needs = bool(reward_files(name)["files"]) or name == "taste"
+        out[name] = files_for(name, files, needs) or [NO_FILE]
+    return out
+
+
+def register_routes() -> None:
+    """Add ``GET /treegrpo/reward_files`` to ComfyUI's server (once; a no-op without a server)."""
+    try:
+        from aiohttp import web
+        from server import PromptServer
+    except ImportError:
+        return
+    srv = getattr(PromptServer, "instance", None)
+    if srv is None or getattr(srv, "_treegrpo_reward_file_routes", False):
+        return
+    srv._treegrpo_reward_file_routes = True
+
+    @srv.routes.get("/treegrpo/reward_files")
+    async def reward_files_route(request):
+        return web.json_response({"files": files_by_reward()})

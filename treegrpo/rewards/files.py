@@ -1,0 +1,70 @@
+"""Which files in ``models/reward_models`` can be which reward: what the Reward Model Loader's file list shows once a
+reward is chosen. Pure: decided from the file names and the names beside each file, nothing is read.
+
+A file "can be" a reward when it is that reward's weight file as published (or a renamed copy with the reward's name
+in it), or, for rewards kept as a folder, the folder's main weight file. Renamed files that match nothing still load
+when chosen (the loader names what it expected); this list only hides files that are plainly something else."""
+from __future__ import annotations
+
+import os
+from typing import Callable, Iterable
+
+WEIGHT_EXTS = (".pt", ".pth", ".bin", ".safetensors", ".ckpt")
+
+
+def _by_folder(files: Iterable[str]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for f in files:
+        d, b = os.path.split(f.replace("\\", "/"))
+        out.setdefault(d, set()).add(b)
+    return out
+
+
+def _hps(b: str, beside: set[str]) -> bool:
+    return b.lower().endswith(WEIGHT_EXTS) and "hps" in b.lower()
+
+
+def _clip(b: str, beside: set[str]) -> bool:          # any single CLIP weight file outside a folder model
+    return b.lower().endswith(WEIGHT_EXTS) and not _in_folder_model(beside) and "taste" not in b.lower()
+
+
+def _image_reward(b: str, beside: set[str]) -> bool:
+    return b == "ImageReward.pt"
+
+
+def _pickscore(b: str, beside: set[str]) -> bool:
+    return b in ("model.safetensors", "pytorch_model.bin") and "config.json" in beside and "ImageReward.pt" not in beside
+
+
+def _aesthetic(b: str, beside: set[str]) -> bool:
+    from .aesthetic import HEAD_NAMES
+    return b in HEAD_NAMES or (b.lower().endswith(WEIGHT_EXTS) and "aesthetic" in b.lower())
+
+
+def _taste(b: str, beside: set[str]) -> bool:
+    return b.endswith("_taste.safetensors")
+
+
+def _in_folder_model(beside: set[str]) -> bool:
+    from .aesthetic import HEAD_NAMES
+    return "ImageReward.pt" in beside or "config.json" in beside or bool(beside & set(HEAD_NAMES))
+
+
+#: reward → predicate(file name, names in the same folder); a reward not listed takes any file
+MATCHERS: dict[str, Callable[[str, set], bool]] = {
+    "hpsv2": _hps, "clipscore": _clip, "image_reward": _image_reward, "pickscore": _pickscore,
+    "laion_aesthetic": _aesthetic, "taste": _taste,
+}
+
+
+def files_for(reward: str, files: list[str], needs_file: bool = True) -> list[str]:
+    """The entries of ``files`` (paths relative to ``models/reward_models``, '/'-separated, in their order) that can
+    be ``reward``; [] when the reward needs no file (``needs_file`` False); all of them for a reward with no
+    matcher."""
+    if not needs_file:
+        return []
+    match = MATCHERS.get(reward)
+    if match is None:
+        return list(files)
+    folders = _by_folder(files)
+    return [f for f in files if match(os.path.basename(f), folders.get(os.path.dirname(f.replace("\\", "/")), set()))]
