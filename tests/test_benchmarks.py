@@ -766,3 +766,21 @@ def test_bench_rows_counts_each_methods_rows_in_closed_form(tmp_path):
     assert json.load(open(tmp_path / "rows.json"))["baseline"] == "traj_window"
     with pytest.raises(SystemExit, match="more than 2 iterations"):
         br.main(["--tree-iterations", "2"])
+
+
+def test_bench_presets_composes_paper_as_bench_iteration_and_shorter_tails_cheaper(tmp_path):
+    """benchmarks/bench_presets.py on the stored unit costs: the 'paper' preset (the full Euler tail) is the tree
+    bench_iteration.py composed, so its ratios are that file's summary; shorter tails cost less, monotonically."""
+    import json as _json
+
+    import bench_presets
+
+    out = bench_presets.main(["--out", str(tmp_path / "presets.json")])
+    src = _json.load(open(os.path.join(bench_presets.HERE, "results", "iteration.json")))
+    for model, row in out["models"].items():
+        summary = src["summary"][model]
+        assert row["presets"]["paper"]["over_window_grpo"] == pytest.approx(summary["tree_over_window_grpo"], rel=1e-9)
+        assert row["presets"]["paper"]["over_all_step_grpo"] == pytest.approx(summary["tree_over_all_step_grpo"],
+                                                                               rel=1e-9)
+        r = [row["presets"][p]["over_window_grpo"] for p in ("fast", "balanced", "paper")]
+        assert r == sorted(r) and r[0] < r[-1]
