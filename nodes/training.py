@@ -9,10 +9,9 @@ from comfy_api.latest import io, ui
 from treegrpo.comfyui.families import check_trainable, parse_targets, targets_tooltip
 from treegrpo.comfyui.session import (RunState, latent_shape_for, patched_model, run_previews, train_full,
                                       train_step)
-from treegrpo.config import (AdvantageConfig, ArtistConfig, ConfigError, LoraConfig, MemoryConfig, OptimConfig,
-                             TrainConfig, VideoConfig, check_run_name)
 from treegrpo.comfyui.watch import EXISTING_RUN
-from treegrpo.config import TreeConfig
+from treegrpo.config import (AdvantageConfig, ArtistConfig, ConfigError, LoraConfig, MemoryConfig, OptimConfig,
+                             TrainConfig, TreeConfig, VideoConfig, check_run_name)
 from treegrpo.lora import LoraDict
 from treegrpo.presets import CHOICES as PRESET_CHOICES
 from treegrpo.presets import apply_preset, presets_help

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from comfy_test_pack.compat import newer_fields
+
 
 def _randomize(module: torch.nn.Module, seed: int, std: float = 0.02) -> None:
     """Deterministic small random weights (ComfyUI builds its layers without initialising them)."""
@@ -41,10 +43,6 @@ def save_sd15_checkpoint(path: str, seed: int = 0) -> str:
     import comfy.supported_models as sm
     import comfy.utils
     from comfy.ldm.models.autoencoder import AutoencoderKL
-
-    import sys
-    sys.path.insert(0, __import__("os").path.dirname(__file__))
-    from comfy_test_pack.compat import newer_fields
 
     cfg = sm.SD15(newer_fields(dict(SD15_UNET)))
     model = cfg.get_model({})

@@ -21,6 +21,7 @@ import torch
 
 from .. import checkpoint as ckpt
 from ..config import AdvantageConfig, LoraConfig, MemoryConfig, OptimConfig, TrainConfig, TreeConfig, check_run_name
+from ..prompts import reward_text
 from ..trainer import Trainer
 from ..tree import TreeBatch
 from .policy import ComfyPolicy
@@ -84,7 +85,6 @@ class ManagedReward:
         self.name = getattr(reward, "name", type(reward).__name__)
 
     def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
-        from ..prompts import reward_text
         prompts = [reward_text(p) for p in prompts]
         if not (hasattr(self.reward, "load") and hasattr(self.reward, "offload")):
             return self.reward(images, prompts)
@@ -389,7 +389,7 @@ def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict
             trainer.memory_budget = memory_budget(policy.device) or None
         trainer.train(resume=resume)
     trainer.save_lora()  # before anything optional: a failing preview must never cost the trained LoRA
-    trainer.comfy_lora_path = watcher.finish()
+    watcher.finish()     # the LoRA where LoraLoader lists it, the run's figures
     return trainer
 
 
