@@ -106,6 +106,13 @@ CONFIG_CASES = [
     ("pipeline_dtype", {"pipeline.dtype": "fp8"}, "PipelineConfig.dtype: must be one of"),
     ("device_tpu", {"device": "tpu"}, "TrainConfig.device: 'tpu' is not a device this trainer runs on"),
     ("device_number", {"device": 3}, "TrainConfig.device"),
+    # sizes that multiply into work or memory: bounded before the model loads, the bound and its reason named
+    ("steps_huge", {"tree.steps": 100000}, "TreeConfig.steps: must be <= 1000 (the finest schedule"),
+    ("tail_steps_huge", {"tree.tail_steps": 10 ** 9}, "TreeConfig.tail_steps: must be <= 1000 (every leaf runs"),
+    ("tail_schedule_huge", {"tree.tail_steps_schedule": [[0, 10 ** 9]]}, "tail_steps 0..1000 (every leaf runs"),
+    ("lr_factor_huge", {"optim.lr_factor_schedule": [[0, 1e300]]}, "a factor in (0, 100] (it multiplies optim.lr"),
+    ("frames_huge", {"video.frames": 100000}, "VideoConfig.frames: must be <= 1024"),
+    ("height_huge", {"pipeline.height": 65536}, "PipelineConfig.height: must be <= 8192 pixels"),
 ]
 
 #: (case id, argv, fragments the one-line message must contain): flags of every command, typed wrong
@@ -220,12 +227,45 @@ def test_an_output_dir_that_cannot_be_written(tmp_path, capsys, monkeypatch):
 
 @pytest.mark.parametrize("content,fragment", [
     ("{ \"prompts\": [", "is not valid JSON"), ("null", "must hold a mapping"), ("[1, 2]", "must hold a mapping"),
+    ('{"tree": {"branch": 2}, "prompts": ["a"], "tree": {"branch": 3}}', "the key 'tree' appears twice"),
+    ('{"tree": {"branch": 2, "branch": 3}}', "the key 'branch' appears twice"),
     (b"\xff\xfe{}", "is not UTF-8"),
 ])
 def test_a_bad_config_file(tmp_path, capsys, monkeypatch, content, fragment):
     _no_model(monkeypatch)
     assert fragment in _run(["train", "--config", write(tmp_path, "c.json", content)], capsys)
     assert fragment in _run(["config", "--config", str(tmp_path / "c.json")], capsys)
+
+
+def test_every_config_field_is_a_flag():
+    """The flag groups come from the config's own sections: every field of TrainConfig and of each section
+    parses as a flag (``--field`` / ``--section.field``), video's included."""
+    import argparse
+    import dataclasses
+
+    from treegrpo.config import config_sections
+
+    p = argparse.ArgumentParser()
+    cli.add_config_flags(p)
+    sections = config_sections()
+    assert {"tree", "optim", "memory", "video", "pipeline"} <= set(sections)
+    for f in dataclasses.fields(TrainConfig):
+        if f.name in sections:
+            for g in dataclasses.fields(sections[f.name]):
+                ns, rest = p.parse_known_args([f"--{f.name}.{g.name}", "1"])
+                assert not rest and getattr(ns, f"cfg:{f.name}.{g.name}") == "1", (f.name, g.name)
+        else:
+            ns, rest = p.parse_known_args([f"--{f.name.replace('_', '-')}", "1"])
+            assert not rest and getattr(ns, f"cfg:{f.name}") == "1", f.name
+
+
+def test_a_memory_budget_that_nothing_fits_names_the_setting_in_megabytes(tmp_path, capsys):
+    """On the CPU a plan is made only because memory.budget_gb is set: the refusal names it and gives sizes in
+    MB, not 0.00 GB."""
+    cfg = write(tmp_path, "c.json", base(tmp_path, **{"memory.budget_gb": 0.001}))
+    err = _run(["train", "--config", cfg], capsys)
+    assert "memory.budget_gb (the Train node's memory_budget_gb) is 1.0 MB" in err and "0.00 GB" not in err, err
+    assert "short): raise it (0 = the GPU's own memory)" in err
 
 
 def test_config_paths_that_are_not_files(tmp_path, capsys, monkeypatch):

@@ -208,7 +208,9 @@ def test_the_train_node_plans_before_any_work(comfyui_pack, caplog):
     run = "memory_plan_node"
     g = bf.train_node_graph(run, 1)
     g["train"]["inputs"].update(memory_budget_gb=0.00001, gradient_checkpointing="auto")
-    with pytest.raises(ch.ComfyExecutionError, match="not enough accelerator memory.*GB short"):
+    # the refusal names the setting that made the plan, in units that show the sizes (10 kB, not 0.00 GB)
+    with pytest.raises(ch.ComfyExecutionError, match=r"not enough accelerator memory.*memory_budget_gb\) is 10 kB "
+                                                     r"\(.* short\): raise it"):
         comfyui_pack.execute(g)
     assert not (Path(comfyui_pack.base_dir) / "output" / "treegrpo" / run).exists()
 

@@ -140,6 +140,45 @@ def test_save_load_round_trip_and_bad_files(tmp_path):
         TasteModel().save(tmp_path / "empty.safetensors")
 
 
+def test_a_taste_file_of_another_version_is_read_where_it_can_be(tmp_path, caplog):
+    """A file written by a newer version with a setting this one does not know loads, with one warning naming the
+    file, its version and the setting; one whose settings cannot be used is refused naming both versions."""
+    import json as _json
+    import logging
+
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(4)
+    m = TasteModel(config=TasteConfig(heads=3), features="demo")
+    for f, p in _trees(6, g, dim=176):
+        m.add(f, p, refit=False)
+    m.fit()
+    path = tmp_path / "run_taste.safetensors"
+    m.save(path)
+    with safe_open(str(path), "pt") as fh:
+        meta, tensors = fh.metadata(), {k: fh.get_tensor(k) for k in fh.keys()}
+
+    def rewrite(name, **changes):
+        out = tmp_path / name
+        save_file(tensors, str(out), metadata={**meta, **changes})
+        return out
+
+    cfg = _json.loads(meta["config"])
+    newer = rewrite("newer_taste.safetensors", version="2", config=_json.dumps({**cfg, "novelty_radius": 0.5}))
+    with caplog.at_level(logging.WARNING):
+        back = TasteModel.load(newer)
+    assert back.config == m.config
+    assert any("newer_taste.safetensors" in r.message and "version 2" in r.message and "novelty_radius" in r.message
+               for r in caplog.records), caplog.text
+    bad = rewrite("bad_taste.safetensors", version="2", config=_json.dumps({**cfg, "heads": "many"}))
+    with pytest.raises(ValueError, match=r"bad_taste.safetensors.*format version 2; this TreeGRPO reads version 1"):
+        TasteModel.load(bad)
+    broken = rewrite("broken_taste.safetensors", version="3", config="[1, 2]")
+    with pytest.raises(ValueError, match=r"format version 3.*cannot read"):
+        TasteModel.load(broken)
+
+
 def _demo_leaves(n_trees, seed):
     from treegrpo.demo.shapes import render
     return render([0] * (4 * n_trees), [0] * (4 * n_trees), torch.Generator().manual_seed(seed))

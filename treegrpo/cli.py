@@ -16,9 +16,9 @@ import threading
 import time
 from typing import Any, Optional
 
-from .config import ConfigError, TrainConfig, read_config_file, shorten
+from .config import ConfigError, TrainConfig, config_sections, read_config_file, shorten
 
-_SUBS = ("tree", "advantage", "lora", "optim", "pipeline", "memory", "signals")
+_SUBS = tuple(config_sections())      # every section of the config is a group of flags
 
 
 def _parse_value(text: str, default: Any):

@@ -105,6 +105,13 @@ def _choice(obj, name: str, choices) -> None:
     _require(v in choices, type(obj).__name__, name, f"must be one of {list(choices)}, got {v!r}")
 
 
+#: bounds on sizes that multiply into work or memory, checked before any model loads (each error states its reason)
+MAX_STEPS = 1000          # denoising steps: the finest schedule diffusion models are trained on (1000 timesteps)
+MAX_LR_FACTOR = 100.0     # an lr schedule factor: larger only multiplies the lr past anything that trains
+MAX_FRAMES = 1024         # video frames: the longest video any supported family generates is far shorter
+MAX_PIXELS_SIDE = 8192    # image side in pixels: beyond any published model's training resolution
+
+
 @dataclass
 class TreeConfig:
     """Shape of the search tree (docs/design.md §1). ``method='trajectory'`` turns the same machinery into
@@ -142,6 +149,8 @@ class TreeConfig:
         check_types(self)
         c = "TreeConfig"
         _require(self.steps >= 1, c, "steps", f"must be >= 1, got {self.steps}")
+        _require(self.steps <= MAX_STEPS, c, "steps", f"must be <= {MAX_STEPS} (the finest schedule diffusion models "
+                 f"are trained on; more steps only repeat its noise levels), got {self.steps}")
         _require(self.window_width >= 1, c, "window_width", f"must be >= 1, got {self.window_width}")
         _require(self.branch >= 1, c, "branch", f"must be >= 1, got {self.branch}")
         _require(self.window_start >= 0, c, "window_start", f"must be >= 0, got {self.window_start}")
@@ -178,8 +187,11 @@ class TreeConfig:
                  f"must be > 0, got {self.noise_level}")
         _require(0 < self.eta <= 1, c, "eta", f"must be in (0, 1], got {self.eta}")
         _require(self.tail_steps >= 0, c, "tail_steps", f"must be >= 0, got {self.tail_steps}")
-        _check_schedule(c, "tail_steps_schedule", self.tail_steps_schedule, _whole,
-                        "entries must be [iteration, tail_steps] pairs of whole numbers >= 0")
+        _require(self.tail_steps <= MAX_STEPS, c, "tail_steps", f"must be <= {MAX_STEPS} (every leaf runs this many "
+                 f"denoiser calls; {MAX_STEPS} is the finest schedule models are trained on), got {self.tail_steps}")
+        _check_schedule(c, "tail_steps_schedule", self.tail_steps_schedule, lambda v: _whole(v) and v <= MAX_STEPS,
+                        f"entries must be [iteration, tail_steps] pairs of whole numbers, tail_steps 0..{MAX_STEPS} "
+                        "(every leaf runs this many denoiser calls)")
         _require(self.antithetic in (None, True, False), c, "antithetic",
                  f"must be true, false or null (auto), got {self.antithetic!r}")
         _require(self.leaves <= self.max_leaves, c, "branch",
@@ -344,8 +356,10 @@ class OptimConfig:
         _choice(self, "step_weight", ("edges", "steps"))
         _require(self.warmup >= 0, c, "warmup", f"must be >= 0 iterations, got {self.warmup}")
         _check_schedule(c, "lr_factor_schedule", self.lr_factor_schedule,
-                        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0,
-                        "entries must be [iteration, factor] pairs: a whole iteration >= 0 and a factor > 0")
+                        lambda v: (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                                   and 0 < v <= MAX_LR_FACTOR),
+                        f"entries must be [iteration, factor] pairs: a whole iteration >= 0 and a factor in "
+                        f"(0, {MAX_LR_FACTOR:g}] (it multiplies optim.lr; set the lr itself for larger changes)")
 
 @dataclass
 class PipelineConfig:
@@ -374,6 +388,8 @@ class PipelineConfig:
             v = getattr(self, name)
             _require(v == 0 or (v >= 16 and v % 16 == 0), c, name, f"must be 0 (model default) or a multiple of 16 "
                                                                    f">= 16 pixels, got {v}")
+            _require(v <= MAX_PIXELS_SIDE, c, name, f"must be <= {MAX_PIXELS_SIDE} pixels (beyond any model's training "
+                     f"resolution; memory grows with its square), got {v}")
         _require(self.shift >= 0, c, "shift", f"must be >= 0, got {self.shift}")
         _require(self.max_sequence_length >= 0, c, "max_sequence_length", f"must be >= 0, got {self.max_sequence_length}")
         _require(self.decode_batch >= 1, c, "decode_batch", f"must be >= 1, got {self.decode_batch}")
@@ -483,6 +499,8 @@ class VideoConfig:
         for name in ("frames", "reward_frames", "frame_stride"):
             v = getattr(self, name)
             _require(v >= 1, "VideoConfig", name, f"must be >= 1, got {v}")
+            _require(v <= MAX_FRAMES, "VideoConfig", name, f"must be <= {MAX_FRAMES} (every frame is decoded and kept "
+                     f"in memory for each leaf), got {v}")
 
 
 @dataclass
@@ -620,9 +638,7 @@ class TrainConfig:
         unknown = sorted(set(d) - known)
         if unknown:
             raise ConfigError(f"TrainConfig: unknown field(s) {unknown}; known: {sorted(known)}")
-        for sub, klass in (("tree", TreeConfig), ("advantage", AdvantageConfig), ("lora", LoraConfig),
-                           ("optim", OptimConfig), ("pipeline", PipelineConfig),
-                           ("memory", MemoryConfig), ("signals", SignalsConfig), ("video", VideoConfig)):
+        for sub, klass in config_sections().items():
             if isinstance(d.get(sub), dict):
                 kn = {f.name for f in dataclasses.fields(klass)}
                 bad = sorted(set(d[sub]) - kn)
@@ -653,6 +669,28 @@ class TrainConfig:
 MAX_TREES_PER_ITERATION = 4096
 
 
+def config_sections() -> dict[str, type]:
+    """TrainConfig's sections (``tree``, ``optim``, ...) and their dataclasses, read from TrainConfig itself: the
+    fields whose default is a dataclass."""
+    return {f.name: f.default_factory for f in dataclasses.fields(TrainConfig)
+            if f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory)}
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicate_keys(pairs: list) -> dict:
+    """``json.loads``' object hook: a key twice in one object is refused (JSON allows it and keeps the last; a user
+    never means that)."""
+    seen = set()
+    for k, _ in pairs:
+        if k in seen:
+            raise _DuplicateKey(k)
+        seen.add(k)
+    return dict(pairs)
+
+
 def shorten(value: Any, limit: int = 80) -> str:
     """``value`` as text, cut in the middle to about ``limit`` characters (user input quoted in a message)."""
     text = value if isinstance(value, str) else repr(value)
@@ -679,10 +717,13 @@ def read_config_file(path: str) -> dict:
         data = yaml.safe_load(text)
     else:
         try:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
         except json.JSONDecodeError as e:
             raise ConfigError(f"--config {path!r} is not valid JSON: {e.msg} at line {e.lineno}, column "
                               f"{e.colno}") from None
+        except _DuplicateKey as e:
+            raise ConfigError(f"--config {path!r}: the key {str(e)!r} appears twice in one object (JSON keeps only "
+                              "the last, so the first would be ignored); merge them into one") from None
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path!r} must hold a mapping of fields ({{\"prompts\": [...], ...}}), got "
                           f"{type(data).__name__}")

@@ -297,13 +297,28 @@ def _batches(batch: int, leaves: int) -> list[int]:
     return halvings(min(batch, leaves)) if batch > 1 else [batch]
 
 
+def size_text(n_bytes: float) -> str:
+    """Bytes in the unit that shows them: ``11.52 GB``; ``850 MB`` / ``2.4 MB`` under 1 GB; ``12 kB`` under 0.1 MB."""
+    if n_bytes >= GB:
+        return f"{n_bytes / GB:.2f} GB"
+    mb = n_bytes / 1e6
+    if mb >= 10:
+        return f"{mb:.0f} MB"
+    return f"{mb:.1f} MB" if mb >= 0.1 else f"{n_bytes / 1e3:.0f} kB"
+
+
+#: what a budget that the user set is called, for the refusal to name it
+BUDGET_SETTING = "memory.budget_gb (the Train node's memory_budget_gb)"
+
+
 def plan(fp: Footprint, wl: Workload, budget: float, *, suggest: Optional[Callable[[float], str]] = None,
-         **fixed) -> Plan:
+         budget_source: str = "", **fixed) -> Plan:
     """The first of :func:`candidates` whose predicted peak fits ``budget`` bytes.
 
     ``fixed``: settings the user chose (``checkpointing``, ``offload_rewards``, ``sample_batch``, ``microbatch``).
     Raises :class:`MemoryPlanError` before any work when none fits; ``suggest(shortfall bytes)`` adds the
-    smallest change that fits (the caller knows the resolution and the tree)."""
+    smallest change that fits (the caller knows the resolution and the tree). ``budget_source``: the setting that
+    set ``budget`` when the user did (the refusal names it), else the device's free memory."""
     best = None
     for cand in candidates(wl, fp, **fixed):
         peaks = predict(fp, cand)
@@ -314,8 +329,13 @@ def plan(fp: Footprint, wl: Workload, budget: float, *, suggest: Optional[Callab
             best = p
     short = best.peak - budget
     phase = max(best.peaks, key=best.peaks.get)
-    msg = (f"not enough accelerator memory: the {phase} phase needs {best.peak / GB:.2f} GB and {budget / GB:.2f} GB "
-           f"are free ({short / GB:.2f} GB short), even with {best.line().split(', ', 1)[1]}.")
+    if budget_source:
+        msg = (f"not enough accelerator memory: the {phase} phase needs {size_text(best.peak)} and the budget "
+               f"{budget_source} is {size_text(budget)} ({size_text(short)} short): raise it (0 = the GPU's own "
+               "memory), or:")
+    else:
+        msg = (f"not enough accelerator memory: the {phase} phase needs {size_text(best.peak)} and "
+               f"{size_text(budget)} are free ({size_text(short)} short), even with {best.line().split(', ', 1)[1]}.")
     if suggest is not None:
         msg += " " + suggest(short)
     raise MemoryPlanError(msg)
@@ -360,7 +380,7 @@ def smallest_change(fp: Footprint, wl: Workload, budget: float, fixed: Optional[
     held = sum(fp.weights.values()) + 4 * fp.lora
     return (f"Even one small tree at a quarter of the resolution does not fit: the weights (denoiser, VAE and reward "
             f"models, which are all on the device while the leaves are scored) with the LoRA and its optimiser state "
-            f"hold {held / GB:.1f} GB. Use a GPU with more memory, a smaller model or a smaller reward model.")
+            f"hold {size_text(held)}. Use a GPU with more memory, a smaller model or a smaller reward model.")
 
 
 def available_ram() -> float:

@@ -14,6 +14,7 @@ unsure").
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -249,11 +250,38 @@ class TasteModel:
                              f"{tuple(std.shape)} do not fit feature_dim {dim}; save it again from its run")
         if not (torch.isfinite(th).all() and torch.isfinite(mean).all() and torch.isfinite(std).all()):
             raise ValueError(f"taste model {p!r} holds NaN or infinite values; save it again from its run")
-        cfg = TasteConfig(**json.loads(meta.get("config", "{}")))
+        cfg = _config_from_file(p, meta)
         m = cls(config=cfg, features=meta.get("features", "demo"), feature_dim=dim, thetas=th, mean=mean, std=std,
                 info=json.loads(meta.get("info", "{}")))
         m.info["answers"] = int(meta.get("answers", 0))
         return m
+
+
+def _config_from_file(path: str, meta: dict) -> "TasteConfig":
+    """The TasteConfig a taste model file was written with. A file of another version is read where it can be:
+    fields this version does not know are left out with one warning naming the file, its version and the fields;
+    one it cannot use (a config that is not a JSON object, a value this version refuses) is refused with one line
+    naming the file and both versions."""
+    import logging
+
+    version = meta.get("version", "?")
+    try:
+        raw = json.loads(meta.get("config", "{}"))
+    except ValueError:
+        raw = None
+    if not isinstance(raw, dict):
+        raise ValueError(f"taste model {path!r} (format version {version}; this TreeGRPO reads version {VERSION}) has "
+                         "a config this version cannot read; save it again from its run with this version")
+    known = {f.name for f in dataclasses.fields(TasteConfig)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        logging.warning("TreeGRPO: taste model %s was written by format version %s (this TreeGRPO writes %s); its "
+                        "settings %s are unknown here and left out", path, version, VERSION, unknown)
+    try:
+        return TasteConfig(**{k: v for k, v in raw.items() if k in known})
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"taste model {path!r} (format version {version}; this TreeGRPO reads version {VERSION}): "
+                         f"its settings are not valid here ({e}); update TreeGRPO, or save it again from its run") from None
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -572,6 +572,7 @@ class Trainer:
         mc = self.cfg.memory
         if mc.plan == "off":
             return None
+        source = memory.BUDGET_SETTING if not (budget or self.memory_budget) and mc.budget_gb else ""
         budget = budget or self.memory_budget or mc.budget_gb * memory.GB or memory.accelerator_budget(self.policy.device)
         if not budget:   # the CPU: no measured plan, but a batch that cannot fit is refused before allocation
             latent = 4 * math.prod(self.policy.latent_shape())
@@ -586,7 +587,7 @@ class Trainer:
         fp = memory.probe_policy(self.policy, self.prompts[0], self.cfg.cfg, self.params, rewards=rewards, fake=fake,
                                  kl=self.cfg.optim.kl_beta > 0, **memory.probe_rows(wl))
         p = memory.plan(fp, wl, budget, suggest=lambda short: memory.smallest_change(fp, wl, budget, fixed),
-                        **fixed)
+                        budget_source=source, **fixed)
         self.apply_plan(p)
         self.log("TreeGRPO memory: " + p.line())
         if getattr(self.policy, "checkpointing_refusal", ""):
