@@ -213,6 +213,9 @@ class Train(PackNode):
                                tooltip="the leaves' ODE tail after the window; custom = tail_solver and tail_steps "
                                        "as set. At 20 steps, window 1-3, branch 2: " + presets_help(
                                            TreeConfig(steps=20, window_start=1, window_width=3, branch=2))),
+                widget(io.Int, "artist_away_s", "after a question went unanswered, the next ones wait only this long "
+                       "(seconds) until you answer again, so a run left alone does not stall artist_timeout_s on every "
+                       "tree; the node shows how many trees fell back", optional=True, min=1, max=86400),
             ],
             outputs=[io.Model.Output(display_name="model", tooltip="the model with the trained LoRA applied"),
                      io.LoraModel.Output(display_name="lora", tooltip="the LoRA, for TreeGRPO Save LoRA"),
@@ -251,7 +254,7 @@ class Train(PackNode):
                 frames=1, reward_frames=None, frame_stride=None, guidance=0.0, artist_every=0,
                 artist_mode="favourites", artist_timeout_s=600, artist_ask="every N-th tree", taste_features=None,
                 tail_steps_schedule="[]", lr_factor_schedule="[]", eval_prompts="", existing_run="resume",
-                kl_beta=None, save_every=0, preset="custom"):
+                kl_beta=None, save_every=0, artist_away_s=30, preset="custom"):
         finite = cls.check_numbers(dict(learning_rate=learning_rate, noise_level=noise_level, cfg=cfg,
                                         lora_alpha=lora_alpha, weight_2=weight_2, memory_budget_gb=memory_budget_gb,
                                         guidance=guidance, kl_beta=kl_beta))
@@ -308,7 +311,8 @@ class Train(PackNode):
 
             from treegrpo.comfyui.artist import train_node_artist
             acfg = ArtistConfig(mode=artist_mode or "favourites", timeout_s=artist_timeout_s or 600,
-                                every=artist_every, ask=artist_ask or "every N-th tree")
+                                every=artist_every, ask=artist_ask or "every N-th tree",
+                                away_s=artist_away_s or ArtistConfig().away_s)
             srv = PromptServer.instance
             where = dict(check_interrupt=comfy.model_management.throw_exception_if_processing_interrupted,
                          prompt_id=getattr(srv, "last_prompt_id", None), client_id=getattr(srv, "client_id", None))
@@ -320,9 +324,9 @@ class Train(PackNode):
 
                 encoder = choose_encoder(taste_features, rewards, demo=model_name(model) == BASE_MODEL_NAME)
                 artist = train_node_taste(encoder, acfg.mode, acfg.timeout_s,
-                                          TasteConfig(max_ask_rate=1.0 / acfg.every), **where)
+                                          TasteConfig(max_ask_rate=1.0 / acfg.every), away_s=acfg.away_s, **where)
             else:
-                artist = train_node_artist(acfg.every, acfg.mode, acfg.timeout_s, **where)
+                artist = train_node_artist(acfg.every, acfg.mode, acfg.timeout_s, away_s=acfg.away_s, **where)
         trainer = train_full(model, vae, encoded, conds, rewards, tc, shape, scheduler=scheduler, judges=judges,
                              artist=artist, existing_run=existing_run or "resume", save_every=save_every or 0,
                              node_id=executing_node_id())

@@ -33,7 +33,7 @@ CONFIG_WIDGETS = {
     "frame_stride": (VideoConfig, "frame_stride"),
     "mode": (ArtistConfig, "mode"), "timeout_s": (ArtistConfig, "timeout_s"), "on_timeout": (ArtistConfig, "on_timeout"),
     "artist_every": (ArtistConfig, "every"), "artist_ask": (ArtistConfig, "ask"), "artist_mode": (ArtistConfig, "mode"),
-    "artist_timeout_s": (ArtistConfig, "timeout_s"),
+    "artist_timeout_s": (ArtistConfig, "timeout_s"), "artist_away_s": (ArtistConfig, "away_s"),
     "tail_steps_schedule": (TreeConfig, "tail_steps_schedule"), "lr_factor_schedule": (OptimConfig, "lr_factor_schedule"),
 }
 

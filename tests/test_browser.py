@@ -727,6 +727,34 @@ def test_the_artist_dialog_keys_zoom_countdown_and_a_page_reload(page, ui_server
     assert recs[0]["rewards"] == [0.0, 1.0, 0.0, 1.0] and recs[1]["rewards"] is None
 
 
+def test_the_artist_dialog_takes_clicks_over_the_template_browser(page, ui_server):
+    """A question that arrives while the front end's own modal is open (the template browser) is answered with the
+    mouse: the dialog is a modal <dialog> in the browser's top layer, above the front end's modals."""
+    page.drop_workflow(REPO / "workflows" / "treegrpo_artist_demo_cpu.json")
+    before = len(artist_labels(ui_server))
+    pg = page.page
+    pg.locator(".templates-tab-button").first.click()
+    pg.locator(f'[aria-labelledby="{TEMPLATE_BROWSER}"]').wait_for(state="visible", timeout=30_000)
+    page.evaluate("() => window.app.queuePrompt(0, 1)")
+    dlg = pg.locator('#treegrpo-artist[data-question$=":0"]')
+    dlg.wait_for(state="visible", timeout=300_000)
+    assert pg.locator(f'[aria-labelledby="{TEMPLATE_BROWSER}"]').is_visible()     # still open underneath
+    leaf = dlg.locator('.leaf[data-leaf="2"]')
+    leaf.click(timeout=10_000)                      # Playwright refuses when another element takes the pointer
+    assert "good" in leaf.get_attribute("class")
+    page.screenshot("artist_dialog_over_the_template_browser")
+    dlg.locator('[data-act="send"]').click(timeout=10_000)
+    dlg.wait_for(state="detached", timeout=60_000)
+    nxt = pg.locator('#treegrpo-artist[data-question$=":1"]')
+    nxt.wait_for(state="visible", timeout=300_000)
+    nxt.locator('[data-act="skip"]').click(timeout=10_000)
+    nxt.wait_for(state="detached", timeout=60_000)
+    wait_queue_empty(ui_server)
+    page.close_dialogs()
+    recs = artist_labels(ui_server)[before:]
+    assert [(r["tree"], r["answered_by"], r["answer"]["good"]) for r in recs] == [(0, "artist", [2]), (1, "skipped", [])]
+
+
 # the page's fetch, slowed for the pack's routes only: a request reaches the server at once, its response comes back
 # late (a busy server or network): an answer's LATE_MS late, a /pending one twice that. The websocket events are not
 # slowed, so they overtake the responses.

@@ -471,9 +471,13 @@ class ArtistConfig:
     ask: str = _f("every N-th tree", "every N-th tree, or when unsure: a taste model (treegrpo/taste.py) scores the "
                                      "trees and the artist is asked only where it is unsure",
                   choices=["every N-th tree", "when unsure"])
+    away_s: int = _f(30, "after a question went unanswered, the next ones wait only this long (seconds) until the "
+                         "artist answers again: a run left alone does not stall timeout_s on every tree")
 
     def __post_init__(self) -> None:
         check_types(self)
+        _require(1 <= self.away_s <= 86400, "ArtistConfig", "away_s",
+                 f"{self.away_s} is outside 1..86400 seconds")
         _require(self.mode in ("favourites", "ranking", "best_worst"), "ArtistConfig", "mode",
                  f"{self.mode!r} is not one of favourites, ranking, best_worst")
         _require(5 <= self.timeout_s <= 86400, "ArtistConfig", "timeout_s",

@@ -10,7 +10,10 @@ import { api } from "../../scripts/api.js";
 
 const STYLE = `
 #treegrpo-artist{position:fixed;inset:0;z-index:10000;background:rgba(0,0,0,.72);display:flex;align-items:center;
- justify-content:center;font:14px sans-serif;color:#eee}
+ justify-content:center;font:14px sans-serif;color:#eee;width:100vw;height:100vh;max-width:none;max-height:none;
+ margin:0;padding:0;border:0;pointer-events:auto}
+#treegrpo-artist::backdrop{background:transparent}
+#treegrpo-artist .away{color:#fc6;margin-bottom:6px}
 #treegrpo-artist .box{background:#222;border:1px solid #555;border-radius:8px;padding:16px;max-width:92vw;max-height:92vh;
  overflow:auto}
 #treegrpo-artist .prompt{font-size:16px;margin-bottom:8px}
@@ -145,8 +148,12 @@ function showNext() {
     const st = document.createElement("style"); st.id = "treegrpo-artist-style"; st.textContent = STYLE;
     document.head.appendChild(st);
   }
-  const el = document.createElement("div");
+  // a modal <dialog> lives in the browser's top layer, above whatever the front end has open (the template browser,
+  // settings, the Manager); those modals also set pointer-events: none on <body>, which the dialog's own
+  // pointer-events: auto (in STYLE) undoes for it and its leaves
+  const el = document.createElement("dialog");
   el.id = "treegrpo-artist";
+  el.addEventListener("cancel", (e) => e.preventDefault());   // Esc is "skip this tree" (the key handler)
   el.dataset.question = q.id;
   const how = { favourites: "click the ones you like (shift-click: the ones you dislike)",
                 ranking: "click them best first (the rest tie last)", best_worst: "click the best, then the worst" };
@@ -156,6 +163,12 @@ function showNext() {
     <div class="bar"><button data-act="send">Send</button><button data-act="none">No preference</button>
     <button data-act="skip">Skip this tree</button><span class="countdown"></span><span class="msg"></span></div></div>`;
   el.querySelector(".prompt").textContent = `Tree ${q.tree + 1}: “${q.prompt}”`;
+  if (q.away > 0) {
+    const away = document.createElement("div"); away.className = "away";
+    away.textContent = `You were away: ${q.away} tree${q.away === 1 ? "" : "s"} fell back without your answer; ` +
+      `this one waits ${Math.round(q.timeout_s)} s (full waits again after you answer).`;
+    el.querySelector(".prompt").after(away);
+  }
   const groups = el.querySelector(".groups");
   for (const g of q.groups) {
     const ge = document.createElement("div"); ge.className = "group";
@@ -173,6 +186,7 @@ function showNext() {
   el.querySelector('[data-act="none"]').onclick = () => send({ mode: "none" });
   el.querySelector('[data-act="skip"]').onclick = () => send({ mode: "skip" });
   document.body.appendChild(el);
+  if (el.showModal) el.showModal(); else el.setAttribute("open", "");
   current = { q, el, state: { good: new Set(), bad: new Set(), order: [] }, shownAt: Date.now(), zoom: null };
   const tick = () => {
     const left = Math.max(0, Math.round(q.deadline - Date.now() / 1000));

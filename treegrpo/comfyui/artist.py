@@ -50,6 +50,7 @@ class Question:
     created: float = dataclasses.field(default_factory=time.time)
     state: str = "pending"               # pending | answered | expired | cancelled
     answer: Optional[Answer] = None
+    away: int = 0                        # trees that fell back since this tab's last answer (0: the artist is here)
 
     @property
     def id(self) -> str:
@@ -59,7 +60,8 @@ class Question:
         """What the dialog gets (no server state)."""
         return {"id": self.id, "nonce": self.nonce, "prompt_id": self.prompt_id, "tree": self.tree,
                 "prompt": self.prompt, "images": self.images, "groups": self.groups, "mode": self.mode,
-                "deadline": self.created + self.timeout_s, "timeout_s": self.timeout_s, "run_name": self.run_name,
+                "deadline": self.created + self.timeout_s, "timeout_s": self.timeout_s, "away": self.away,
+                "run_name": self.run_name,
                 "iteration": self.iteration}
 
 
@@ -70,6 +72,26 @@ class ArtistBoard:
         self._cv = threading.Condition()
         self._questions: dict[str, Question] = {}
         self._send = send
+        self._away: dict[Optional[str], int] = {}   # tab → trees that fell back since its last answer
+
+    # -- an artist who walked away
+    def away(self, client_id: Optional[str]) -> int:
+        """Trees that fell back since tab ``client_id`` last answered (0: it answered the last question)."""
+        with self._cv:
+            return self._away.get(client_id, 0)
+
+    def fell_back(self, client_id: Optional[str]) -> int:
+        """A question of tab ``client_id`` was not answered in time; returns the trees that fell back since its
+        last answer."""
+        with self._cv:
+            self._away[client_id] = self._away.get(client_id, 0) + 1
+            return self._away[client_id]
+
+    def away_summary(self) -> Optional[str]:
+        """``"artist away: N trees fell back"`` while some tab is away, else None (for the node's text)."""
+        with self._cv:
+            n = sum(self._away.values())
+        return f"artist away: {n} tree{'s' if n != 1 else ''} fell back" if n else None
 
     # -- the asking side (worker thread)
     def ask(self, q: Question) -> Question:
@@ -122,6 +144,7 @@ class ArtistBoard:
             except (ValueError, TypeError) as e:
                 return 400, f"bad answer: {e}"
             q.answer, q.state = a, "answered"
+            self._away.pop(q.client_id, None)      # the artist is back: full waits again
             self._cv.notify_all()
         return 200, "ok"
 
@@ -238,7 +261,8 @@ def ask_trees(batch, images, *, folder: str, iteration: int, seed, run_name: str
               on_timeout: str = ON_TIMEOUT[0], fallback: Optional[Callable] = None, fallback_name: str = "",
               trees: Optional[list] = None, base: Optional["torch.Tensor"] = None, board: ArtistBoard = BOARD,
               check_interrupt: Optional[Callable[[], None]] = None, prompt_id: Optional[str] = None,
-              client_id: Optional[str] = None, answers: Optional[dict] = None):
+              client_id: Optional[str] = None, answers: Optional[dict] = None, away_grace_s: float = 30.0,
+              timeout_by: str = ""):
     """Ask about the trees ``trees`` (all by default) of ``batch`` (a TreeBatch), one question each, in order.
     ``answers``: filled with tree -> its Answer (None when nobody answered), for the taste model.
 
@@ -246,7 +270,10 @@ def ask_trees(batch, images, *, folder: str, iteration: int, seed, run_name: str
     (n_trees,) bool)``: an answered tree's leaves get their win rates (:mod:`treegrpo.artist`); leaves of trees not
     asked keep ``base`` (½ without it); a tree with no preference is excluded; at a question's timeout, ``on_timeout``
     "skip the tree" excludes it, "use the reward model" scores it with ``fallback(images (k, 3, H, W), prompts)``.
-    Every answer is appended to ``<folder>/artist_labels.jsonl`` with the leaf images kept in ``<folder>/artist/``."""
+    An artist who walked away: after a question of this tab timed out, the next ones wait only ``away_grace_s``
+    (when that is shorter) until the tab answers again; the dialog shows how many trees fell back meanwhile.
+    Each record says who scored the tree (``answered_by``: ``artist``, ``reward model``, ``timeout_by`` — e.g. the
+    taste model — or ``skipped``). Every answer is appended to ``<folder>/artist_labels.jsonl`` with the leaf images kept in ``<folder>/artist/``."""
     import math
 
     import torch
@@ -286,32 +313,42 @@ def ask_trees(batch, images, *, folder: str, iteration: int, seed, run_name: str
             _save_png(images[i], os.path.join(label_dir, f"leaf_{pos}.png"))
             refs.append({"filename": name, "subfolder": "treegrpo_artist", "type": "temp"})
             kept.append(os.path.relpath(os.path.join(label_dir, f"leaf_{pos}.png"), folder))
+        away = board.away(client_id)
+        wait_s = min(float(timeout_s), float(away_grace_s)) if away else float(timeout_s)
         q = board.ask(Question(prompt_id=prompt_id, client_id=client_id, tree=t, prompt=b.prompts[t], images=refs,
-                               groups=sibling_groups(b.parents, idx), mode=mode, timeout_s=float(timeout_s),
-                               run_name=run_name, iteration=int(iteration)))
+                               groups=sibling_groups(b.parents, idx), mode=mode, timeout_s=wait_s,
+                               run_name=run_name, iteration=int(iteration), away=away))
         answer = board.wait(q, check_interrupt or (lambda: None))
         if answers is not None:
             answers[t] = answer
-        outcome = "answered"
+        outcome, answered_by = "answered", "artist"
         if answer is None:
             outcome = "timeout"
             if on_timeout == ON_TIMEOUT[1]:
                 imgs = images[idx].movedim(-1, 1).float()
                 rewards[idx] = fallback(imgs, [b.prompts[t]] * len(idx)).float().cpu().reshape(-1)
                 outcome = "timeout: scored by " + (fallback_name or "the reward model")
+                answered_by = "reward model"
             else:
                 exclude[t] = True
+                answered_by = timeout_by or "skipped"
+            n_away = board.fell_back(client_id)
+            logging.info("TreeGRPO artist: no answer about tree %d of iteration %d in %.0f s (%s); %d tree%s fell back "
+                         "since your last answer, the next questions wait %.0f s until you answer", t, iteration,
+                         wait_s, answered_by, n_away, "s" if n_away != 1 else "",
+                         min(float(timeout_s), float(away_grace_s)))
         else:
             r = answer_rewards(answer, len(idx))
             if r is None:
                 exclude[t] = True
-                outcome = answer.mode
+                outcome, answered_by = answer.mode, "skipped"
             else:
                 rewards[idx] = r
         append_label(folder, {"time": time.time(), "prompt_id": prompt_id, "run_name": run_name,
                               "iteration": iteration, "seed": seed,
                               "tree": t, "prompt": b.prompts[t], "leaves": kept, "groups": q.groups, "mode": mode,
                               "answer": answer.to_dict() if answer is not None else None, "outcome": outcome,
+                              "answered_by": answered_by, "waited_s": wait_s,
                               "seconds": round(answer.seconds if answer is not None else time.time() - q.created, 3),
                               "rewards": [round(float(v), 6) for v in rewards[idx]] if not exclude[t] else None})
     return rewards, exclude
@@ -319,7 +356,7 @@ def ask_trees(batch, images, *, folder: str, iteration: int, seed, run_name: str
 
 def train_node_artist(every: int, mode: str, timeout_s: float, *, board: ArtistBoard = BOARD,
                       check_interrupt: Optional[Callable[[], None]] = None, prompt_id: Optional[str] = None,
-                      client_id: Optional[str] = None) -> Callable:
+                      client_id: Optional[str] = None, away_s: float = 30.0) -> Callable:
     """The Train node's ``Trainer.artist``: every ``every``-th tree of the run (counted over iterations) is asked
     about; the other trees, and those the person does not answer in ``timeout_s``, keep the reward models' weighted
     score. One reward per leaf either way (each tree is z-scored on its own, so the two scales do not mix)."""
@@ -338,7 +375,7 @@ def train_node_artist(every: int, mode: str, timeout_s: float, *, board: ArtistB
                                      run_name=trainer.cfg.run_name, mode=mode, timeout_s=timeout_s,
                                      on_timeout=ON_TIMEOUT[1], fallback=score["fn"], fallback_name="the reward models",
                                      trees=trees, base=mixed, board=board, check_interrupt=check_interrupt,
-                                     prompt_id=prompt_id, client_id=client_id)
+                                     prompt_id=prompt_id, client_id=client_id, away_grace_s=away_s)
         return {"reward": rewards}, {"reward": 1.0}, exclude
 
     return ask

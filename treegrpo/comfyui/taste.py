@@ -57,7 +57,7 @@ def taste_file(run_name: str) -> str:
 
 def train_node_taste(encoder, mode: str, timeout_s: float, config: Optional[TasteConfig] = None, *,
                      check_interrupt: Optional[Callable[[], None]] = None, prompt_id: Optional[str] = None,
-                     client_id: Optional[str] = None, board=None) -> Callable:
+                     client_id: Optional[str] = None, board=None, away_s: float = 30.0) -> Callable:
     """The Train node's ``Trainer.artist`` for ``artist_ask = when unsure``. A resumed run first learns again from
     its ``artist_labels.jsonl``; every answer refits the model and rewrites the taste file; the statistics (trees
     asked, answers, agreement of the model with each answer before it learnt from it, refit seconds) go into the
@@ -85,7 +85,8 @@ def train_node_taste(encoder, mode: str, timeout_s: float, config: Optional[Tast
             ask_trees(batch, pictures.movedim(1, -1), folder=trainer.cfg.output_dir, iteration=trainer.iteration,
                       seed=trainer.cfg.seed, run_name=trainer.cfg.run_name, mode=mode, timeout_s=timeout_s,
                       trees=[t], board=board or BOARD, check_interrupt=check_interrupt, prompt_id=prompt_id,
-                      client_id=client_id, answers=got)
+                      client_id=client_id, answers=got, away_grace_s=away_s,
+                      timeout_by="taste model" if taste.model.thetas is not None else "skipped")
             answer = got.get(t)
             return None if answer is None else pairwise_wins(answer, int((leaf_tree == t).sum()))
 

@@ -83,6 +83,9 @@ class RunWatcher:
         left = self.clock.left(int(stats["iteration"]) + 1, self.total)
         line = iteration_line(stats, self.total, run_name=t.cfg.run_name, last_eval=last_eval,
                               s_per_it=self.clock.s_per_it, left_s=left)
+        away = _artist_away()
+        if away:
+            line += f" | {away}"
         self.log(line)
         self.show_text(line.split(": ", 1)[1].replace(" | ", "\n"))
         done = int(stats["iteration"]) + 1
@@ -165,6 +168,12 @@ class RunWatcher:
                  f"{format_duration(elapsed)}; LoRA {path} (LoraLoader lists it under treegrpo/{t.cfg.run_name}/); "
                  f"checkpoints, logs and evaluation grids in {t.out}")
         return path
+
+
+def _artist_away() -> Optional[str]:
+    """``artist away: N trees fell back`` while the artist has not answered since a question timed out."""
+    from .artist import BOARD
+    return BOARD.away_summary()
 
 
 def _reraise_interrupt(e: Exception) -> None:

@@ -1,0 +1,63 @@
+"""An artist who walks away (issue 51): after a question goes unanswered, the next ones wait only the grace period
+until the artist answers again; then full waits resume. The dialog's question says how many trees fell back, the
+labels record who scored each tree, and the Train node's console line says the artist is away. Runs ask_trees
+in-process on its own board (ComfyUI's folder_paths for the leaf images), answering from a second thread as the
+web page would; only the recorded waits are compared, never a clock."""
+import json
+import threading
+import time
+from types import SimpleNamespace
+
+import torch
+
+
+def _batch(n_trees=4):
+    leaf_tree = torch.arange(n_trees).repeat_interleave(2)
+    return SimpleNamespace(leaf_tree=leaf_tree, n_trees=n_trees, prompts=[f"p{t}" for t in range(n_trees)],
+                           parents=[torch.zeros(n_trees, dtype=torch.long), leaf_tree.clone()])
+
+
+def test_after_a_timeout_the_next_questions_wait_the_grace_period_until_the_artist_answers(comfyui_pack, tmp_path):
+    from treegrpo.comfyui.artist import ON_TIMEOUT, ArtistBoard, ask_trees
+
+    board, client = ArtistBoard(), "tab-1"
+    seen = []
+
+    def artist():                      # away for trees 0 and 1, back for tree 2, away again for tree 3
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for q in board.pending(client)["questions"]:
+                if q["id"] not in [s["id"] for s in seen]:
+                    seen.append(q)
+                if q["tree"] == 2:
+                    board.answer(q["id"], q["nonce"], {"mode": "favourites", "good": [0]})
+                    return
+            time.sleep(0.01)
+
+    th = threading.Thread(target=artist)
+    th.start()
+    rewards, exclude = ask_trees(_batch(), torch.rand(8, 8, 8, 3), folder=str(tmp_path), iteration=0, seed=0,
+                                 run_name="away", mode="favourites", timeout_s=3.0, away_grace_s=1.0,
+                                 on_timeout=ON_TIMEOUT[1], fallback=lambda imgs, prompts: torch.zeros(len(imgs)),
+                                 board=board, client_id=client)
+    th.join()
+    labels = [json.loads(ln) for ln in (tmp_path / "artist_labels.jsonl").read_text().splitlines()]
+    assert [r["answered_by"] for r in labels] == ["reward model", "reward model", "artist", "reward model"]
+    assert [r["waited_s"] for r in labels] == [3.0, 1.0, 1.0, 3.0]       # full, grace, grace (answered), full again
+    assert [q["away"] for q in sorted(seen, key=lambda q: q["tree"])][:3] == [0, 1, 2]
+    assert board.away(client) == 1 and board.away_summary() == "artist away: 1 tree fell back"
+    assert rewards[4:6].tolist() == [1.0, 0.0] and not exclude.any()
+
+
+def test_the_console_line_says_the_artist_is_away(comfyui_pack):
+    from treegrpo.comfyui import artist, watch
+
+    board = artist.ArtistBoard()
+    old, artist.BOARD = artist.BOARD, board
+    try:
+        assert watch._artist_away() is None
+        board.fell_back("tab")
+        board.fell_back("tab")
+        assert watch._artist_away() == "artist away: 2 trees fell back"
+    finally:
+        artist.BOARD = old
