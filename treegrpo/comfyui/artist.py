@@ -87,6 +87,11 @@ class ArtistBoard:
             self._away[client_id] = self._away.get(client_id, 0) + 1
             return self._away[client_id]
 
+    def back(self, client_id: Optional[str]) -> None:
+        """Tab ``client_id`` is here (it just queued a run): its questions wait the full time again."""
+        with self._cv:
+            self._away.pop(client_id, None)
+
     def away_summary(self) -> Optional[str]:
         """``"artist away: N trees fell back"`` while some tab is away, else None (for the node's text)."""
         with self._cv:
@@ -361,6 +366,8 @@ def train_node_artist(every: int, mode: str, timeout_s: float, *, board: ArtistB
     about; the other trees, and those the person does not answer in ``timeout_s``, keep the reward models' weighted
     score. One reward per leaf either way (each tree is z-scored on its own, so the two scales do not mix)."""
     from ..advantages import weighted_raw
+
+    board.back(client_id)            # whoever queued this run is at the page now
 
     def ask(trainer, batch, images, raw):
         first = trainer.iteration * batch.n_trees

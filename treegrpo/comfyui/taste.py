@@ -66,6 +66,7 @@ def train_node_taste(encoder, mode: str, timeout_s: float, config: Optional[Tast
     from .artist import BOARD, ask_trees
 
     state: dict = {}
+    (board or BOARD).back(client_id)          # whoever queued this run is at the page now
 
     def online(trainer) -> OnlineTaste:
         if "taste" not in state:
