@@ -109,8 +109,8 @@ CONFIG_CASES = [
     # sizes that multiply into work or memory: bounded before the model loads, the bound and its reason named
     ("steps_huge", {"tree.steps": 100000}, "TreeConfig.steps: must be <= 1000 (the finest schedule"),
     ("tail_steps_huge", {"tree.tail_steps": 10 ** 9}, "TreeConfig.tail_steps: must be <= 1000 (every leaf runs"),
-    ("tail_schedule_huge", {"tree.tail_steps_schedule": [[0, 10 ** 9]]}, "tail_steps 0..1000 (every leaf runs"),
-    ("lr_factor_huge", {"optim.lr_factor_schedule": [[0, 1e300]]}, "a factor in (0, 100] (it multiplies optim.lr"),
+    ("tail_schedule_huge", {"tree.tail_steps_schedule": [[0, 10 ** 9]]}, "tail_steps <= 1000 (every leaf runs"),
+    ("lr_factor_huge", {"optim.lr_factor_schedule": [[0, 1e300]]}, "a factor > 0 and <= 100 (it multiplies optim.lr"),
     ("frames_huge", {"video.frames": 100000}, "VideoConfig.frames: must be <= 1024"),
     ("height_huge", {"pipeline.height": 65536}, "PipelineConfig.height: must be <= 8192 pixels"),
 ]

@@ -122,8 +122,8 @@ EXECUTION_CASES = [
     ("train_tail_solver_unknown", train(tail_solver="rk4"), "tail_solver: 'rk4'"),
     ("train_offload_unknown", train(offload_rewards="yes"), "offload_rewards: 'yes'"),
     # issue 51: schedule values bounded, a changed setting's way on, new choices checked
-    ("train_tail_schedule_huge", train(tail_steps_schedule="[[0, 1000000000]]"), "tail_steps 0..1000"),
-    ("train_lr_factor_huge", train(lr_factor_schedule="[[0, 1e300]]"), "a factor in (0, 100]"),
+    ("train_tail_schedule_huge", train(tail_steps_schedule="[[0, 1000000000]]"), "tail_steps <= 1000"),
+    ("train_lr_factor_huge", train(lr_factor_schedule="[[0, 1e300]]"), "a factor > 0 and <= 100"),
     ("train_existing_run_unknown", train(existing_run="replace"), "existing_run: 'replace' is not one of"),
     ("train_preset_unknown", train(preset="turbo"), "preset: 'turbo' is not one of"),
     ("sampler_scheduler_unknown", step(tree={"scheduler": "cosine"}), "scheduler: 'cosine' is not one of"),

@@ -190,8 +190,8 @@ class TreeConfig:
         _require(self.tail_steps <= MAX_STEPS, c, "tail_steps", f"must be <= {MAX_STEPS} (every leaf runs this many "
                  f"denoiser calls; {MAX_STEPS} is the finest schedule models are trained on), got {self.tail_steps}")
         _check_schedule(c, "tail_steps_schedule", self.tail_steps_schedule, lambda v: _whole(v) and v <= MAX_STEPS,
-                        f"entries must be [iteration, tail_steps] pairs of whole numbers, tail_steps 0..{MAX_STEPS} "
-                        "(every leaf runs this many denoiser calls)")
+                        f"entries must be [iteration, tail_steps] pairs of whole numbers >= 0, tail_steps <= "
+                        f"{MAX_STEPS} (every leaf runs this many denoiser calls)")
         _require(self.antithetic in (None, True, False), c, "antithetic",
                  f"must be true, false or null (auto), got {self.antithetic!r}")
         _require(self.leaves <= self.max_leaves, c, "branch",
@@ -358,8 +358,8 @@ class OptimConfig:
         _check_schedule(c, "lr_factor_schedule", self.lr_factor_schedule,
                         lambda v: (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
                                    and 0 < v <= MAX_LR_FACTOR),
-                        f"entries must be [iteration, factor] pairs: a whole iteration >= 0 and a factor in "
-                        f"(0, {MAX_LR_FACTOR:g}] (it multiplies optim.lr; set the lr itself for larger changes)")
+                        f"entries must be [iteration, factor] pairs: a whole iteration >= 0 and a factor > 0 and <= "
+                        f"{MAX_LR_FACTOR:g} (it multiplies optim.lr; set the lr itself for larger changes)")
 
 @dataclass
 class PipelineConfig:
