@@ -43,7 +43,7 @@ from treegrpo import cli  # noqa: E402
 from treegrpo.artist import Answer, pairwise_wins, win_rates  # noqa: E402
 from treegrpo.backends import load_policy  # noqa: E402
 from treegrpo.config import TrainConfig  # noqa: E402
-from treegrpo.demo.shapes import shape_area  # noqa: E402
+from treegrpo.demo.tastes import TASTES, taste as taste_fn  # noqa: E402
 from treegrpo.io import atomic_write_json  # noqa: E402
 from treegrpo.taste import OnlineTaste, TasteConfig, TasteModel  # noqa: E402
 from treegrpo.taste_features import DemoEncoder  # noqa: E402
@@ -56,7 +56,8 @@ STRATEGIES = ("oracle", "every", "unsure", "random", "d3po")
 TARGET_FRACTION = 0.7
 
 
-def artist_demo_config(seed: int, iterations: int, output_dir: str, strategy: str = "every") -> TrainConfig:
+def artist_demo_config(seed: int, iterations: int, output_dir: str, strategy: str = "every",
+                       kl_beta: float = 0.0) -> TrainConfig:
     """The artist demo workflow's settings on the core trainer (``d3po``: independent SDE pairs instead of trees)."""
     d = cli.demo_config_dict()
     d.update(prompts=[PROMPT], prompts_per_iter=2, trees_per_prompt=1, iterations=iterations, eval_every=0,
@@ -65,21 +66,23 @@ def artist_demo_config(seed: int, iterations: int, output_dir: str, strategy: st
     if strategy == "d3po":
         steps = d["tree"]["steps"]
         d["tree"].update(method="trajectory", group_size=2, window_start=0, window_width=steps, tail_steps=0)
-    d["optim"].update(lr=1e-3, clip_range=1e-4, kl_beta=0.0)
+    d["optim"].update(lr=1e-3, clip_range=1e-4, kl_beta=kl_beta)
     d["advantage"].update(backup="softmax", flat_floor=0.0)
     return TrainConfig.from_dict(d)
 
 
 class SimulatedArtist:
-    """Favourites with one pick: the biggest shape, or with probability ``error`` another leaf at random."""
+    """Favourites with one pick: the leaf the hidden taste values most, or with probability ``error`` another leaf
+    at random."""
 
-    def __init__(self, error: float, seed: int):
+    def __init__(self, error: float, seed: int, taste: str = "big"):
         self.error = error
+        self.value = taste_fn(taste)
         self.g = torch.Generator().manual_seed(10_000 + seed)
         self.answers = 0
 
     def pairs(self, images: torch.Tensor) -> list[tuple[int, int]]:
-        area = shape_area(images)
+        area = self.value(images)
         pick = int(area.argmax())
         if len(area) > 1 and float(torch.rand((), generator=self.g)) < self.error:
             others = [i for i in range(len(area)) if i != pick]
@@ -95,7 +98,7 @@ def make_hook(strategy: str, artist: SimulatedArtist, taste: OnlineTaste | None)
         images = images.float()
         leaf_tree = batch.leaf_tree.cpu()
         if strategy == "oracle":
-            return {"artist": shape_area(images)}, {"artist": 1.0}, None
+            return {"artist": artist.value(images)}, {"artist": 1.0}, None
         if strategy in ("every", "d3po"):
             rewards = torch.zeros(len(leaf_tree))
             for t in range(batch.n_trees):
@@ -113,44 +116,50 @@ def make_hook(strategy: str, artist: SimulatedArtist, taste: OnlineTaste | None)
     return hook
 
 
-def eval_area(policy, noise: torch.Tensor, steps: int) -> float:
+def eval_area(policy, noise: torch.Tensor, steps: int, value=None) -> float:
+    """The hidden taste's mean value (default ``big``: the shape's area) of ODE samples from ``noise``."""
     with torch.no_grad():
         imgs = policy.decode(sample_ode(policy, [PROMPT] * len(noise), noise, steps, 1.0))
-    return float(shape_area(imgs).mean())
+    return float((value or taste_fn("big"))(imgs).mean())
 
 
 def run(strategy: str, seed: int, iterations: int, error: float, output_dir: str, taste_cfg: TasteConfig,
-        ask_rate: float = 1.0, encoder=None) -> dict:
-    """One simulated run: after each iteration (answers so far, mean sample area); taste statistics."""
-    cfg = artist_demo_config(seed, iterations, output_dir, strategy)
+        ask_rate: float = 1.0, encoder=None, taste: str = "big", kl_beta: float = 0.0) -> dict:
+    """One simulated run: after each iteration (answers so far, the hidden taste's mean value); taste statistics."""
+    cfg = artist_demo_config(seed, iterations, output_dir, strategy, kl_beta)
     policy, _ = load_policy(cfg)
     trainer = Trainer(cfg, policy, {"demo_adherence": lambda im, p: torch.zeros(len(p))}, progress=False)
-    artist = SimulatedArtist(error, seed)
-    taste = None
+    artist = SimulatedArtist(error, seed, taste)
+    online = None
     if strategy in ("unsure", "random"):
-        taste = OnlineTaste(TasteModel(config=taste_cfg, features="demo"), encoder=encoder or DemoEncoder())
+        online = OnlineTaste(TasteModel(config=taste_cfg, features="demo"), encoder=encoder or DemoEncoder())
         if strategy == "random":
             g = torch.Generator().manual_seed(20_000 + seed)
-            taste.decide = lambda scores, seen, asked, c: (seen < c.warmup_trees or scores is None
+            online.decide = lambda scores, seen, asked, c: (seen < c.warmup_trees or scores is None
                                                            or float(torch.rand((), generator=g)) < ask_rate)
-    trainer.artist = make_hook(strategy, artist, taste)
+    trainer.artist = make_hook(strategy, artist, online)
     noise = torch.randn((EVAL_N, *policy.latent_shape()), generator=torch.Generator().manual_seed(EVAL_SEED))
-    curve = [(0, eval_area(policy, noise, cfg.tree.steps))]
-    fits, agree = [], []
+    curve = [(0, eval_area(policy, noise, cfg.tree.steps, artist.value))]
+    fits, agree, reasons, warnings = [], [], {}, []
     t0 = time.perf_counter()
     for _ in range(iterations):
         trainer.train_step()
-        curve.append((artist.answers, eval_area(policy, noise, cfg.tree.steps)))
+        curve.append((artist.answers, eval_area(policy, noise, cfg.tree.steps, artist.value)))
         st = getattr(trainer, "taste_stats", None)
         if st:
             if st["taste_asked"]:
                 fits.append(st["taste_fit_s"])
             if st["taste_agreement"] is not None:
                 agree.append((artist.answers, st["taste_agreement"]))
+            for k, v in st.get("taste_reasons", {}).items():
+                reasons[k] = reasons.get(k, 0) + v
+            warnings += [(len(curve) - 1, w) for w in st.get("taste_warnings", [])]
+            trainer.taste_stats = None
     trees = iterations * cfg.prompts_per_iter
-    return {"strategy": strategy, "seed": seed, "curve": curve, "answers": artist.answers, "trees": trees,
+    return {"strategy": strategy, "seed": seed, "taste": taste, "kl_beta": kl_beta, "curve": curve, "answers": artist.answers, "trees": trees,
             "ask_rate": artist.answers / trees if strategy != "oracle" else 0.0,
-            "fit_s": statistics.fmean(fits) if fits else None, "agreement": agree,
+            "fit_s": statistics.fmean(fits) if fits else None, "agreement": agree, "reasons": reasons,
+            "warnings": warnings,
             "seconds": time.perf_counter() - t0}
 
 
@@ -194,7 +203,9 @@ def report(runs: list[dict], fraction: float = TARGET_FRACTION) -> dict:
                 else float("nan") for s in seeds]
         rs = [by[(name, s)] for s in seeds if (name, s) in by]
         entry = {"answers_to_target": summary(vals), "ask_rate": statistics.fmean(r["ask_rate"] for r in rs),
-                 "final_gain": summary([r["curve"][-1][1] - r["curve"][0][1] for r in rs])}
+                 "final_gain": summary([r["curve"][-1][1] - r["curve"][0][1] for r in rs]),
+                 "final_value": [r["curve"][-1][1] for r in rs],
+                 "below_base": sum(r["curve"][-1][1] < r["curve"][0][1] for r in rs)}
         fits = [r["fit_s"] for r in rs if r.get("fit_s")]
         if fits:
             entry["fit_s"] = statistics.fmean(fits)
@@ -232,12 +243,21 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--iterations", type=int, default=40)
     ap.add_argument("--error", type=float, default=0.15, help="probability that an answer is wrong")
+    ap.add_argument("--taste", default="big", choices=sorted(TASTES), help="the simulated artist's hidden taste "
+                    "(treegrpo/demo/tastes.py)")
+    ap.add_argument("--kl", type=float, default=0.0, help="optim.kl_beta of every strategy")
     ap.add_argument("--only", action="append", choices=STRATEGIES, help="strategies to run (default: all)")
     ap.add_argument("--confident", type=float, default=TasteConfig.confident)
     ap.add_argument("--warmup", type=int, default=TasteConfig.warmup_trees)
     ap.add_argument("--heads", type=int, default=TasteConfig.heads)
     ap.add_argument("--l2", type=float, default=TasteConfig.l2)
     ap.add_argument("--max-ask-rate", type=float, default=TasteConfig.max_ask_rate)
+    ap.add_argument("--novelty", type=float, default=TasteConfig.novelty)
+    ap.add_argument("--min-ask-rate", type=float, default=TasteConfig.min_ask_rate)
+    ap.add_argument("--agreement-floor", type=float, default=TasteConfig.agreement_floor)
+    ap.add_argument("--diversity-floor", type=float, default=TasteConfig.diversity_floor)
+    ap.add_argument("--old-rule", action="store_true", help="the rule before issue 50: the heads' disagreement only "
+                    "(novelty, floor rate, agreement and diversity off)")
     ap.add_argument("--report", default=None, help="only recompute the report of this results file")
     ap.add_argument("--merge", nargs="+", metavar="ARTIST_JSON", help="pool the runs of these results files into "
                     "--out (a later file's run replaces an earlier one of the same strategy and seed: e.g. d3po again "
@@ -274,21 +294,26 @@ def main(argv: list[str] | None = None) -> dict:
         atomic_write_json(a.report, saved)
         print(json.dumps(saved["report"], indent=1, default=str)[:4000])
         return saved
+    if a.old_rule:
+        a.novelty = a.min_ask_rate = a.agreement_floor = a.diversity_floor = 0.0
     taste_cfg = TasteConfig(heads=a.heads, l2=a.l2, warmup_trees=a.warmup, confident=a.confident,
-                            max_ask_rate=a.max_ask_rate)
+                            max_ask_rate=a.max_ask_rate, novelty=a.novelty, min_ask_rate=a.min_ask_rate,
+                            agreement_floor=a.agreement_floor, diversity_floor=a.diversity_floor)
     encoder = DemoEncoder()
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(a.first_seed, a.first_seed + a.seeds):
             rate = 1.0
             for name in [s for s in STRATEGIES if s in strategies]:
-                r = run(name, seed, a.iterations, a.error, tmp, taste_cfg, ask_rate=rate, encoder=encoder)
+                r = run(name, seed, a.iterations, a.error, tmp, taste_cfg, ask_rate=rate, encoder=encoder,
+                        taste=a.taste, kl_beta=a.kl)
                 if name == "unsure":
                     rate = max(0.0, (r["answers"] - taste_cfg.warmup_trees) / max(1, r["trees"] - taste_cfg.warmup_trees))
                 runs.append(r)
                 print(f"seed {seed} {name:>6}: {r['answers']:3d} answers of {r['trees']} trees, area "
                       f"{r['curve'][0][1]:.3f} -> {r['curve'][-1][1]:.3f} ({r['seconds']:.0f} s)", flush=True)
-    out = {"iterations": a.iterations, "error": a.error, "taste": vars(taste_cfg), "report": report(runs),
+    out = {"iterations": a.iterations, "error": a.error, "hidden_taste": a.taste, "kl_beta": a.kl,
+           "taste": vars(taste_cfg), "report": report(runs),
            "runs": runs}
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     atomic_write_json(a.out, out)
@@ -304,7 +329,9 @@ def print_report(rep: dict) -> None:
         else:
             s = e["answers_to_target"]
             print(f"{name:>6}: {s['mean']:.1f} ± {s['sd']:.1f} answers to the target (reached {s['reached']}), "
-                  f"asked {e['ask_rate']:.0%} of trees" + (f", refit {1000 * e['fit_s']:.1f} ms" if e.get("fit_s") else ""))
+                  f"asked {e['ask_rate']:.0%} of trees" + (f", refit {1000 * e['fit_s']:.1f} ms" if e.get("fit_s") else "")
+                  + (f"; final {', '.join(f'{v:.2f}' for v in e['final_value'])}, {e['below_base']} below the base"
+                     if "final_value" in e else ""))
     for k, v in rep["ratios"].items():
         if v:
             print(f"{k}: {v['mean']:.2f} ± {v['sd']:.2f} (seeds {v['reached']}, min {v['min']:.2f}, max {v['max']:.2f}"

@@ -324,7 +324,7 @@ class Train(PackNode):
 
                 encoder = choose_encoder(taste_features, rewards, demo=model_name(model) == BASE_MODEL_NAME)
                 artist = train_node_taste(encoder, acfg.mode, acfg.timeout_s,
-                                          TasteConfig(max_ask_rate=1.0 / acfg.every), away_s=acfg.away_s, **where)
+                                          TasteConfig.one_in(acfg.every), away_s=acfg.away_s, **where)
             else:
                 artist = train_node_artist(acfg.every, acfg.mode, acfg.timeout_s, away_s=acfg.away_s, **where)
         trainer = train_full(model, vae, encoded, conds, rewards, tc, shape, scheduler=scheduler, judges=judges,

@@ -401,11 +401,69 @@ def test_the_catalogue_is_wide():
     assert len(CONFIG_CASES) + len(FILE_CASES) + 4 * 2 + 2 + 1 + 1 >= 64
 
 
-def test_a_checkpoint_config_of_another_version_is_reported(tmp_path):
-    assert ckpt.config_changes({"tree": {"nonsense": 1}, "prompts": ["a"]}, TrainConfig(prompts=["a"]))[0] \
-        .startswith("the checkpoint's config is not readable")
+def test_a_checkpoint_config_of_another_version_is_read_where_it_can_be(tmp_path):
+    """A newer version's config (a field this one does not know) is read with one warning naming the checkpoint and
+    the field, and is no change; a value this version cannot use is a change that says so; a newer checkpoint format
+    is refused naming both formats and the way out."""
+    now = TrainConfig(prompts=["a"])
+    saved = now.to_dict()
+    saved["tree"]["new_knob"] = 1
+    saved["future_section_field"] = "x"
+    with pytest.warns(UserWarning, match=r"checkpoint c.pt was written by a newer TreeGRPO: its settings "
+                                         r"\['future_section_field', 'tree.new_knob'\] are unknown"):
+        assert ckpt.config_changes(saved, now, source="checkpoint c.pt") == []
+    bad = now.to_dict()
+    bad["tree"]["steps"] = "many"
+    assert ckpt.config_changes(bad, now)[0].startswith("the checkpoint's config is not readable")
     with pytest.raises(ConfigError):
-        TrainConfig.from_dict({"prompts": ["a"], "tree": {"nonsense": 1}})
+        TrainConfig.from_dict({"prompts": ["a"], "tree": {"nonsense": 1}})      # a user's own file: still refused
+    import torch
+    path = tmp_path / "checkpoints" / "r-0000001.pt"
+    path.parent.mkdir()
+    torch.save({"format": ckpt.FORMAT + 1, "run_name": "r"}, path)
+    with pytest.raises(ckpt.CheckpointError, match=r"has format 2; this version reads format 1: it was written by a "
+                                                   r"newer TreeGRPO; update TreeGRPO"):
+        ckpt.read_checkpoint(str(path), "r")
+
+
+def test_lora_metadata_of_another_version_is_read_where_it_can_be(tmp_path):
+    """A PEFT-key LoRA whose ``treegrpo.lora_alpha`` another version or tool wrote as something other than a
+    number loads with its rank as alpha and one warning naming the key; unknown metadata keys are ignored."""
+    import torch
+    from treegrpo.lora import from_state_dict
+
+    sd = {"m.lora_A.weight": torch.zeros(4, 8), "m.lora_B.weight": torch.zeros(8, 4)}
+    assert from_state_dict(sd, {"treegrpo.lora_alpha": "16.0", "treegrpo.future": "{}"}).alpha == {"m": 16.0}
+    with pytest.warns(UserWarning, match="treegrpo.lora_alpha = 'sixteen' is not a positive number"):
+        assert from_state_dict(sd, {"treegrpo.lora_alpha": "sixteen"}).alpha == {"m": 4.0}
+    with pytest.warns(UserWarning, match="treegrpo.lora_alpha"):
+        assert from_state_dict(sd, {"treegrpo.lora_alpha": "-1"}).alpha == {"m": 4.0}
+
+
+def test_artist_labels_of_another_version_are_read_where_they_can_be(tmp_path, caplog):
+    """Every answer the artist gave is kept: a newer record format's unknown answer fields are left out with one
+    warning, an answer this version cannot use (an unknown mode) is left out with one warning naming its line, and
+    the others are read; a damaged line in the middle is refused naming the line."""
+    import logging
+
+    from treegrpo.taste import read_labels
+
+    recs = [{"version": 1, "outcome": "answered", "answer": {"mode": "favourites", "good": [1]}, "leaves": []},
+            {"version": 2, "outcome": "answered", "answer": {"mode": "favourites", "good": [0], "confidence": 0.9},
+             "leaves": [], "new": 1},
+            {"version": 2, "outcome": "answered", "answer": {"mode": "pairwise_v2", "pairs": [[0, 1]]}},
+            {"version": 2, "outcome": "timeout", "answer": None}]
+    path = tmp_path / "artist_labels.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    with caplog.at_level(logging.WARNING):
+        got = read_labels(path)
+    assert [a.good for _, a in got] == [(1,), (0,)]
+    text = caplog.text
+    assert "fields ['confidence'] are unknown here" in text and "record format [2]" in text
+    assert "lines [3] cannot be used by this version" in text
+    path.write_text(path.read_text().replace(json.dumps(recs[1]), "{not json"))
+    with pytest.raises(ValueError, match=r"line 2 is not JSON"):
+        read_labels(path)
 
 
 def test_sample_checks_its_output_and_the_lora_before_any_model(tmp_path, capsys, monkeypatch):

@@ -123,3 +123,24 @@ def test_a_taste_on_comfyuis_clip_vision_features(comfyui_pack, tmp_path):
     m.save(path)
     r = taste_reward(str(path), cv)
     assert torch.allclose(r(imgs, ["p"] * 8), m.scores(f), atol=1e-4)
+
+
+def test_novelty_on_comfyuis_clip_vision_features(comfyui_pack, tmp_path):
+    """Issue 50 on ComfyUI's CLIP Vision features (a tiny random-weight ClipVisionModel): pictures like the answered
+    ones lie about one spacing from them, smooth ramps far away, and the taste model asks about them as 'moved'."""
+    import comfy.clip_vision
+
+    from test_taste_drift import novelty_near_and_far
+    from treegrpo.comfyui.taste import ClipVisionEncoder
+
+    cfg = {"attention_dropout": 0.0, "dropout": 0.0, "hidden_act": "quick_gelu", "hidden_size": 32, "image_size": 28,
+           "initializer_factor": 1.0, "initializer_range": 0.02, "intermediate_size": 64, "layer_norm_eps": 1e-5,
+           "model_type": "clip_vision_model", "num_attention_heads": 2, "num_channels": 3, "num_hidden_layers": 2,
+           "patch_size": 14, "projection_dim": 16, "torch_dtype": "float32"}
+    (tmp_path / "tiny_clip_vision.json").write_text(json.dumps(cfg))
+    cv = comfy.clip_vision.ClipVisionModel(str(tmp_path / "tiny_clip_vision.json"))
+    g = torch.Generator().manual_seed(0)
+    cv.load_sd({k: (torch.randn(v.shape, generator=g) * 0.05 + (1.0 if "norm" in k and k.endswith("weight") else 0.0))
+                for k, v in cv.get_sd().items()})
+    near, far, reasons = novelty_near_and_far(ClipVisionEncoder(cv))
+    assert near < 1.5 < far and reasons == {"moved": 1}, (near, far, reasons)

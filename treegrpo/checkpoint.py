@@ -69,9 +69,13 @@ def read_checkpoint(path: str, run_name: str) -> dict:
     state = torch.load(path, map_location="cpu", weights_only=True)
     if state.get("run_name") != run_name:
         raise CheckpointError(f"checkpoint {path} belongs to run {state.get('run_name')!r}, not {run_name!r}")
-    if state.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint {path} has format {state.get('format')!r}; this version reads format "
-                              f"{FORMAT}: start a new run (another run_name) or use the version that wrote it")
+    fmt = state.get("format")
+    if fmt != FORMAT:
+        newer = isinstance(fmt, int) and fmt > FORMAT
+        raise CheckpointError(f"checkpoint {path} has format {fmt!r}; this version reads format {FORMAT}"
+                              + (": it was written by a newer TreeGRPO; update TreeGRPO to resume it, or start a new "
+                                 "run (another run_name)" if newer else
+                                 ": start a new run (another run_name) or use the version that wrote it"))
     return state
 
 
@@ -145,15 +149,21 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def config_changes(saved: dict, cfg) -> list[str]:
+def config_changes(saved: dict, cfg, source: str = "the checkpoint") -> list[str]:
     """``field: saved -> now`` for every training setting (``TrainConfig.training_settings``) of ``cfg`` that
-    differs from the checkpoint's config ``saved`` (a ``to_dict``)."""
+    differs from the checkpoint's config ``saved`` (a ``to_dict``). Fields a newer version wrote that this one does
+    not know are left out with one warning naming ``source`` and them (a newer version adds a field with a default
+    that trains as before); a value this version cannot use is a change that names it."""
     from .config import ConfigError, TrainConfig
 
     try:
-        before = _flat(TrainConfig.from_dict(saved).training_settings())
-    except ConfigError as e:
+        old, dropped = TrainConfig.from_dict_known(saved)
+    except (ConfigError, TypeError) as e:
         return [f"the checkpoint's config is not readable by this version ({e})"]
+    if dropped:
+        warnings.warn(f"{source} was written by a newer TreeGRPO: its settings {dropped} are unknown to this version "
+                      "and left out (update TreeGRPO to use them)")
+    before = _flat(old.training_settings())
     now = _flat(cfg.training_settings())
     return [f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(before) | set(now))
             if before.get(k) != now.get(k)]
@@ -172,7 +182,7 @@ def check_resume(output_dir: str, cfg, *, allow_changes: bool = False, required:
                               f"{os.path.join(output_dir, 'checkpoints')}; run without --resume to start it (or give "
                               "the run's output_dir and run_name)")
     path, state = read_latest_checkpoint(found, cfg.run_name)
-    changes = config_changes(json.loads(state.get("config", "{}")), cfg)
+    changes = config_changes(json.loads(state.get("config", "{}")), cfg, source=f"checkpoint {path}")
     if changes and not allow_changes:
         raise CheckpointError(f"run {cfg.run_name!r} was trained with other settings, so its LoRA's metadata would "
                               f"misdescribe it: {'; '.join(changes)}. Resume with the same settings (only the "

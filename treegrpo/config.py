@@ -651,6 +651,22 @@ class TrainConfig:
         return cls(**d)
 
     @classmethod
+    def from_dict_known(cls, d: dict[str, Any]) -> tuple["TrainConfig", list[str]]:
+        """A config written by another TreeGRPO version (a checkpoint's): the fields this version knows, and the
+        dotted names of those it does not (left out). Values it cannot use still raise ConfigError."""
+        if not isinstance(d, dict):
+            raise ConfigError(f"TrainConfig: a config is a mapping of fields, got {type(d).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        dropped = sorted(set(d) - known)
+        out = {k: v for k, v in d.items() if k in known}
+        for sub, klass in config_sections().items():
+            if isinstance(out.get(sub), dict):
+                kn = {f.name for f in dataclasses.fields(klass)}
+                dropped += sorted(f"{sub}.{k}" for k in set(out[sub]) - kn)
+                out[sub] = {k: v for k, v in out[sub].items() if k in kn}
+        return cls(**out), dropped
+
+    @classmethod
     def from_file(cls, path: str) -> "TrainConfig":
         """Read a JSON (or, when PyYAML is installed, YAML) config file."""
         return cls.from_dict(read_config_file(path))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 from dataclasses import dataclass
 from typing import Iterator, Optional
@@ -182,12 +183,30 @@ def to_peft(w: LoraWeights, prefix: str = "") -> dict:
     return out
 
 
+def _metadata_number(metadata: Optional[dict], key: str) -> Optional[float]:
+    """A number stored in a LoRA's metadata, or None when absent; a value this version cannot read as a number
+    (another version's or tool's) is left out with a warning naming it."""
+    raw = (metadata or {}).get(key)
+    if raw in (None, "", "null"):
+        return None
+    try:
+        v = json.loads(raw) if isinstance(raw, str) else raw
+    except ValueError:
+        v = None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        import warnings
+        warnings.warn(f"LoRA metadata {key} = {raw!r} is not a positive number this version can read; it is left "
+                      "out (the LoRA's alpha then defaults to its rank)")
+        return None
+    return float(v)
+
+
 def from_state_dict(sd: dict[str, torch.Tensor], metadata: Optional[dict] = None, prefix: Optional[str] = None) -> LoraWeights:
     """Parse ComfyUI (``lora_down/lora_up/alpha``) or PEFT (``lora_A/lora_B``) keys; strips ``prefix``
     (default: ``diffusion_model.`` for ComfyUI keys, none for PEFT keys)."""
     down, up, alpha = {}, {}, {}
     comfy = any(k.endswith(".lora_down.weight") for k in sd)
-    peft_alpha = json.loads((metadata or {}).get("treegrpo.lora_alpha", "null") or "null")
+    peft_alpha = _metadata_number(metadata, "treegrpo.lora_alpha")
     for k, v in sd.items():
         for suf, store in ((".lora_down.weight", down), (".lora_up.weight", up), (".lora_A.weight", down),
                            (".lora_B.weight", up)):

@@ -1,16 +1,26 @@
 """A preference model of the artist's taste: Bradley–Terry heads on frozen image features, a bootstrap ensemble for
-its uncertainty, and the rule that asks the artist only where the ensemble is unsure (docs/design.md, "Ask only when
+its uncertainty, and the rule that asks the artist only where the model may be wrong (docs/design.md, "Ask only when
 unsure").
 
-* **Model**: a leaf with features x (D,) gets the score s(x) = θ·z(x), where z standardises the features with the mean and spread of every leaf answered so far. Bradley–Terry: the artist
-  prefers leaf i over leaf j with probability σ(s_i − s_j).
+* **Model**: a leaf with features x (D,) gets the score s(x) = θ·z(x), where z standardises the features with the mean
+  and spread of every leaf answered so far. Bradley–Terry: the artist prefers leaf i over leaf j with probability
+  σ(s_i − s_j).
 * **Fit**: the pairs an answer implies (:func:`treegrpo.artist.pairwise_wins`) by penalised maximum likelihood,
   ``min_θ Σ −log σ(θ·(z_w − z_l)) + λ/2 ‖θ‖²`` (convex; Newton's method in float64).
 * **Uncertainty**: ``heads`` fits, each on a bootstrap resample of the answered *trees* (a tree's pairs come from one
   look at it, so they are resampled together); the reward is the mean of the heads' scores.
-* **When to ask**: always for the first ``warmup_trees`` trees; afterwards when the ensemble's mean probability that
-  its top leaf beats the runner-up, ``mean_k σ(s_k[top] − s_k[second])``, is below ``confident`` (heads that
-  disagree pull it towards ½ or below), and at most ``max_ask_rate`` of the trees seen.
+* **When to ask** (:func:`ask_reason`): always for the first ``warmup_trees`` trees; then, at least ``min_ask_rate``
+  of the trees for the whole run; and, within ``max_ask_rate`` of the trees seen, when the heads are unsure
+  (their mean probability that the top leaf beats the runner-up, ``mean_k σ(s_k[top] − s_k[second])``, is below
+  ``confident``), when the samples have **moved** away from what was answered (a leaf's distance to the nearest
+  answered leaf, in standardised features, is more than ``novelty`` times the answered leaves' own spacing: heads
+  fit on the answers can agree confidently far from them), or when the model **disagreed** with the artist's recent
+  answers (its agreement with the last ``recent`` answers, each measured before it learnt from it, is below
+  ``agreement_floor``).
+* **Being fooled** (:func:`taste_warnings`): the model's score of the samples rising while its agreement with the
+  artist's recent answers is low, or the samples' diversity (mean pairwise feature distance of a round's leaves)
+  falling under ``diversity_floor`` of the warm-up's, is a warning in the run's log and on the node, and the next
+  tree is asked about whatever the rate.
 """
 from __future__ import annotations
 
@@ -39,6 +49,20 @@ class TasteConfig:
     confident: float = 0.9          # ask when P(top leaf beats the runner-up) is below this (0.5..1)
     max_ask_rate: float = 0.25      # ask about at most this fraction of the trees seen (0..1], warm-up included
     seed: int = 0                   # the bootstrap's seed
+    novelty: float = 1.5            # ask when a leaf is farther than this many answered-leaf spacings from the
+    #                                 answered leaves (0: never for this reason)
+    min_ask_rate: float = 0.05      # ask about at least this fraction of the trees seen, all run long
+    agreement_floor: float = 0.6    # ask while the model agreed with less than this share of the recent answers
+    recent: int = 5                 # how many answers (and rounds) "recent" means
+    diversity_floor: float = 0.5    # warn and ask when a round's leaves are less diverse than this share of the
+    #                                 warm-up rounds' (0: off)
+
+    @classmethod
+    def one_in(cls, every: int, **kw) -> "TasteConfig":
+        """The settings that ask about at most one tree in ``every`` (the Train node's ``artist_every``), the floor
+        rate lowered to that where it is higher."""
+        rate = 1.0 / every
+        return cls(max_ask_rate=rate, min_ask_rate=min(cls.min_ask_rate, rate), **kw)
 
     def __post_init__(self):
         def need(ok, what):
@@ -53,6 +77,16 @@ class TasteConfig:
              f"got {self.confident!r}")
         need(_finite(self.max_ask_rate) and 0 < self.max_ask_rate <= 1,
              f"max_ask_rate must be in (0, 1], got {self.max_ask_rate!r}")
+        need(_finite(self.novelty) and 0 <= self.novelty <= 100,
+             f"novelty must be a number in [0, 100] (0: off), got {self.novelty!r}")
+        need(_finite(self.min_ask_rate) and 0 <= self.min_ask_rate <= self.max_ask_rate,
+             f"min_ask_rate must be in [0, max_ask_rate = {self.max_ask_rate}], got {self.min_ask_rate!r}")
+        need(_finite(self.agreement_floor) and 0 <= self.agreement_floor <= 1,
+             f"agreement_floor must be a share in [0, 1] (0: off), got {self.agreement_floor!r}")
+        need(isinstance(self.recent, int) and 1 <= self.recent <= 1000,
+             f"recent must be an integer 1..1000, got {self.recent!r}")
+        need(_finite(self.diversity_floor) and 0 <= self.diversity_floor < 1,
+             f"diversity_floor must be a share in [0, 1) (0: off), got {self.diversity_floor!r}")
 
 
 def _finite(v) -> bool:
@@ -99,13 +133,69 @@ def win_probability(scores: torch.Tensor) -> tuple[int, float]:
 
 
 def should_ask(scores: Optional[torch.Tensor], trees_seen: int, answers: int, cfg: TasteConfig) -> bool:
-    """Ask the artist about this tree? ``scores`` (K, n): the heads' scores of its leaves (None: no model yet);
-    ``trees_seen``: trees before this one; ``answers``: questions asked so far."""
+    """Ask the artist about this tree, judged by the heads' disagreement alone? ``scores`` (K, n): the heads' scores
+    of its leaves (None: no model yet); ``trees_seen``: trees before this one; ``answers``: questions asked so far.
+    (:func:`ask_reason` adds the other reasons.)"""
+    return ask_reason(scores, trees_seen, answers, cfg) is not None
+
+
+REASONS = ("warm-up", "warning", "floor", "unsure", "moved", "disagrees")
+
+
+def ask_reason(scores: Optional[torch.Tensor], trees_seen: int, answers: int, cfg: TasteConfig, *,
+               novelty: Optional[float] = None, agreement: Optional[float] = None,
+               warned: bool = False) -> Optional[str]:
+    """Why to ask the artist about this tree (one of :data:`REASONS`), or None to let the model score it.
+
+    ``scores`` (K, n): the heads' scores of its leaves (None: no model yet); ``trees_seen``: trees before this one;
+    ``answers``: questions asked so far; ``novelty``: :meth:`TasteModel.novelty` of its leaves; ``agreement``: the
+    model's mean agreement with the artist's recent answers; ``warned``: a :func:`taste_warnings` warning asks for
+    this tree. Order: warm-up, warning, the floor rate; then, within ``max_ask_rate``: unsure, moved, disagrees."""
     if trees_seen < cfg.warmup_trees or scores is None:
-        return True
+        return "warm-up"
+    if warned:
+        return "warning"
+    if answers < cfg.min_ask_rate * (trees_seen + 1):
+        return "floor"
     if answers + 1 > cfg.max_ask_rate * (trees_seen + 1):
-        return False
-    return win_probability(scores)[1] < cfg.confident
+        return None
+    if win_probability(scores)[1] < cfg.confident:
+        return "unsure"
+    if cfg.novelty > 0 and novelty is not None and novelty > cfg.novelty:
+        return "moved"
+    if agreement is not None and agreement < cfg.agreement_floor:
+        return "disagrees"
+    return None
+
+
+def feature_spread(features: torch.Tensor) -> float:
+    """The mean pairwise Euclidean distance between the rows of ``features`` (n, D), divided by √D (0 for n < 2):
+    how diverse a round's leaves are, in the encoder's units."""
+    n, dim = features.shape
+    if n < 2:
+        return 0.0
+    d = torch.cdist(features.double(), features.double())
+    return float(d.sum() / (n * (n - 1)) / math.sqrt(dim))
+
+
+def taste_warnings(score_rise: Optional[float], agreement: Optional[float], diversity: Optional[float],
+                   warmup_diversity: Optional[float], cfg: TasteConfig) -> dict[str, str]:
+    """The signs that the taste model is being fooled, ``{"fooled" | "collapse": a sentence for the log and node}``.
+
+    ``score_rise``: the current model's mean score of this round's leaves minus its score of the leaves ``recent``
+    rounds ago (standardised units; > 0: the samples move where the model says the artist is happier);
+    ``agreement``: its mean agreement with the artist's last ``recent`` answers; ``diversity`` /
+    ``warmup_diversity``: :func:`feature_spread` of this round's leaves and the warm-up rounds' mean."""
+    out = {}
+    if score_rise is not None and agreement is not None and score_rise > 0 and agreement < cfg.agreement_floor:
+        out["fooled"] = (f"the taste model rates the samples higher (+{score_rise:.2f}) while it agreed with only "
+                   f"{agreement:.0%} of your last {cfg.recent} answers: it may be learning something you do not want; "
+                   f"asking you about the next tree")
+    if (cfg.diversity_floor > 0 and diversity is not None and warmup_diversity
+            and diversity < cfg.diversity_floor * warmup_diversity):
+        out["collapse"] = (f"the samples are {diversity / warmup_diversity:.0%} as diverse as at the start: they may "
+                           f"be collapsing onto what the taste model likes; asking you about the next tree")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -134,6 +224,8 @@ class TasteModel:
     std: Optional[torch.Tensor] = None
     fit_seconds: float = 0.0
     info: dict = field(default_factory=dict)
+    answered_z: Optional[torch.Tensor] = None    # (N, D) the answered leaves, standardised (after fit)
+    spacing: Optional[float] = None              # their median distance to the nearest leaf of another tree
 
     @property
     def answers(self) -> int:
@@ -180,7 +272,18 @@ class TasteModel:
                 counts = torch.bincount(torch.randint(n, (n,), generator=g), minlength=n).double()
             thetas.append(fit_bradley_terry(d, self.config.l2, weights=counts[tree_of]))
         self.thetas = torch.stack(thetas)
+        self.answered_z = (allf - self.mean) / self.std
+        self.spacing = _spacing(self.answered_z, [len(t.features) for t in self.trees])
         self.fit_seconds = time.perf_counter() - t0
+
+    def novelty(self, features: torch.Tensor) -> Optional[float]:
+        """How far leaves ``features`` (n, D) lie from the answered ones: the largest distance of a leaf to its
+        nearest answered leaf (standardised features) in units of :attr:`spacing`. About 1 where the answers are;
+        None without answers from two trees (or a model read from a file, which keeps no leaves)."""
+        if self.answered_z is None or not self.spacing:
+            return None
+        z = (features.detach().double().cpu() - self.mean) / self.std
+        return float(torch.cdist(z, self.answered_z).amin(1).max()) / self.spacing
 
     def head_scores(self, features: torch.Tensor) -> Optional[torch.Tensor]:
         """(K, n) every head's score of leaves with ``features`` (n, D); None before the first answer."""
@@ -257,6 +360,18 @@ class TasteModel:
         return m
 
 
+def _spacing(z: torch.Tensor, sizes: list[int]) -> Optional[float]:
+    """The median over answered leaves ``z`` (N, D) of the distance to the nearest leaf of another answered tree
+    (``sizes``: leaves per tree, in order); None with fewer than two trees or all distances 0."""
+    if len(sizes) < 2:
+        return None
+    tree = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
+    d = torch.cdist(z, z)
+    d[tree[:, None] == tree[None, :]] = float("inf")
+    s = float(d.amin(1).median())
+    return s if s > 0 and math.isfinite(s) else None
+
+
 def _config_from_file(path: str, meta: dict) -> "TasteConfig":
     """The TasteConfig a taste model file was written with. A file of another version is read where it can be:
     fields this version does not know are left out with one warning naming the file, its version and the fields;
@@ -290,16 +405,51 @@ def _config_from_file(path: str, meta: dict) -> "TasteConfig":
 
 @dataclass
 class OnlineTaste:
-    """Drives the taste model over a run: for each tree, ask the artist (``ask``) when :func:`should_ask` says so,
-    learn from the answer, and otherwise score the leaves with the model. Counts and the agreement of the model with
-    each answer before it learnt from it (the signal "does the model know the taste yet") are kept in ``log``."""
+    """Drives the taste model over a run: for each tree, ask the artist (``ask``) when :func:`ask_reason` gives a
+    reason, learn from the answer, and otherwise score the leaves with the model. Counts, the reasons, the agreement
+    of the model with each answer before it learnt from it (the signal "does the model know the taste yet") and the
+    :func:`taste_warnings` are kept in ``log``."""
 
     model: TasteModel
     encoder: Optional[object] = None
-    decide: Optional[object] = None          # (scores, trees_seen, asked, config) -> bool; default should_ask
+    decide: Optional[object] = None          # (scores, trees_seen, asked, config) -> bool; default: ask_reason
     trees_seen: int = 0
     asked: int = 0
     log: list = field(default_factory=list)
+    agreements: list = field(default_factory=list)     # per answer, before the model learnt from it
+    round_means: list = field(default_factory=list)    # per round, the leaves' mean features (D,)
+    warmup_spread: list = field(default_factory=list)  # feature_spread of the warm-up rounds
+    warned: bool = False                               # a warning asks about the next tree
+    active: set = field(default_factory=set)           # warnings raised and not yet cleared (raised once each)
+
+    def recent_agreement(self) -> Optional[float]:
+        a = self.agreements[-self.model.config.recent:]
+        return sum(a) / len(a) if len(a) >= min(3, self.model.config.recent) else None
+
+    def _reason(self, f: torch.Tensor) -> Optional[str]:
+        scores = self.model.head_scores(f)
+        if self.decide is not None:
+            return "custom" if self.decide(scores, self.trees_seen, self.asked, self.model.config) else None
+        return ask_reason(scores, self.trees_seen, self.asked, self.model.config, novelty=self.model.novelty(f)
+                          if scores is not None else None, agreement=self.recent_agreement(), warned=self.warned)
+
+    def _watch(self, features: torch.Tensor, warmup: bool) -> list[str]:
+        """This round's :func:`taste_warnings` (each said once until its cause clears)."""
+        cfg = self.model.config
+        spread = feature_spread(features.double())
+        if warmup:
+            self.warmup_spread.append(spread)
+        self.round_means.append(features.double().mean(0))
+        rise = None
+        if self.model.thetas is not None and len(self.round_means) > cfg.recent:
+            then, now = self.round_means[-1 - cfg.recent], self.round_means[-1]
+            s = self.model.scores(torch.stack([then, now]))
+            rise = float(s[1] - s[0])
+        ref = sum(self.warmup_spread) / len(self.warmup_spread) if self.warmup_spread and not warmup else None
+        found = taste_warnings(rise, self.recent_agreement(), spread, ref, cfg)
+        new = [w for k, w in found.items() if k not in self.active]
+        self.active = set(found)
+        return new
 
     def round(self, images: torch.Tensor, leaf_tree: torch.Tensor, ask, features: Optional[torch.Tensor] = None):
         """One batch: ``images`` (n, 3, H, W) leaves in [0, 1], ``leaf_tree`` (n,) their tree, ``ask(tree) ->``
@@ -307,7 +457,7 @@ class OnlineTaste:
 
         Returns ``(rewards (n,) float32, exclude (n_trees,) bool, stats)``: asked trees get their win rates, the
         others the model's scores; a tree without preference is excluded, an unanswered one keeps the model's
-        scores (excluded while there is no model)."""
+        scores (excluded while there is no model). ``stats["taste_warnings"]``: the warnings raised this round."""
         from .artist import win_rates
 
         if features is None:
@@ -316,14 +466,17 @@ class OnlineTaste:
         n_trees = int(leaf_tree.max()) + 1 if leaf_tree.numel() else 0
         rewards = torch.zeros(leaf_tree.numel())
         exclude = torch.zeros(n_trees, dtype=torch.bool)
-        agreements, asked_trees = [], []
+        agreements, asked_trees, reasons = [], [], {}
+        warmup = self.trees_seen < self.model.config.warmup_trees
         for t in range(n_trees):
             idx = (leaf_tree == t).nonzero().flatten()
             f = features[idx]
-            decide = self.decide or should_ask
-            if decide(self.model.head_scores(f), self.trees_seen, self.asked, self.model.config):
+            reason = self._reason(f)
+            if reason is not None:
+                self.warned = False
                 self.asked += 1
                 asked_trees.append(t)
+                reasons[reason] = reasons.get(reason, 0) + 1
                 pairs = ask(t)
                 if pairs is None:                       # nobody answered: the model's guess, if it has one
                     if self.model.thetas is None:
@@ -335,46 +488,97 @@ class OnlineTaste:
                     a = self.model.agreement(f, pairs)
                     if a is not None:
                         agreements.append(a)
+                        self.agreements.append(a)
                     self.model.add(f, pairs)
                     rewards[idx] = win_rates(pairs, len(idx))
             else:
                 rewards[idx] = self.model.scores(f)
             self.trees_seen += 1
+        warnings = self._watch(features.detach().double().cpu(), warmup)
+        if warnings:
+            self.warned = True
         stats = {"taste_asked": len(asked_trees), "taste_trees": n_trees, "taste_answers": self.model.answers,
                  "taste_agreement": (sum(agreements) / len(agreements)) if agreements else None,
-                 "taste_fit_s": self.model.fit_seconds}
+                 "taste_recent_agreement": self.recent_agreement(), "taste_reasons": reasons,
+                 "taste_warnings": warnings, "taste_fit_s": self.model.fit_seconds}
         self.log.append(stats)
         return rewards, exclude, stats
 
 
-def from_labels(folder: str | os.PathLike, encoder, config: Optional[TasteConfig] = None,
-                features: str = "demo") -> TasteModel:
-    """A taste model learnt from a run's ``artist_labels.jsonl`` (the answered trees whose leaf images are kept
-    beside it, in ``artist/``): what a resumed run starts from, and what ``treegrpo taste`` fits offline."""
-    import numpy as np
-    from PIL import Image
+def read_labels(path: str | os.PathLike) -> list[tuple[dict, "object"]]:
+    """The answered records of an ``artist_labels.jsonl`` with their :class:`treegrpo.artist.Answer`, in order.
 
-    from .artist import Answer, pairwise_wins
+    Written by any version: fields of a record or of its answer that this version does not know are left out with
+    one warning naming the file, the record format (``version``) and the fields; a record whose answer this version
+    cannot use (an unknown mode, a leaf outside the tree) is left out with one warning naming the file and its line;
+    a last line cut off by a crash is ignored. A line that is not JSON in the middle of the file is refused, naming
+    the file and the line (the file was edited or damaged there)."""
+    import logging
 
-    path = os.path.join(os.fspath(folder), "artist_labels.jsonl")
-    model = TasteModel(config=config or TasteConfig(), features=features)
-    if not os.path.isfile(path):
-        return model
-    with open(path, encoding="utf-8") as f:
+    from .artist import LABELS_VERSION, MODES, Answer
+
+    p = os.fspath(path)
+    with open(p, encoding="utf-8") as f:
         lines = [ln for ln in f.read().splitlines() if ln.strip()]
+    out, unknown, versions, unusable = [], set(), set(), []
+    fields = {"mode", "good", "bad", "ranking", "best", "worst", "seconds"}
     for n, ln in enumerate(lines):
         try:
             rec = json.loads(ln)
         except json.JSONDecodeError:
             if n == len(lines) - 1:      # a last line cut off by a crash: the answers before it count
                 break
-            raise ValueError(f"{path}: line {n + 1} is not JSON; the labels file is damaged there") from None
+            raise ValueError(f"{p}: line {n + 1} is not JSON; the labels file is damaged there") from None
+        if not isinstance(rec, dict):
+            unusable.append(n + 1)
+            continue
+        versions.add(rec.get("version", 1))
         if rec.get("outcome") != "answered" or not rec.get("answer"):
             continue
+        raw = rec["answer"]
+        extra = set(raw) - fields if isinstance(raw, dict) else set()
+        try:
+            answer = Answer.from_dict({k: v for k, v in raw.items() if k in fields})
+            if answer.mode not in MODES:
+                raise ValueError(answer.mode)
+        except (ValueError, TypeError, AttributeError):
+            unusable.append(n + 1)
+            continue
+        unknown |= extra
+        out.append((rec, answer))
+    newer = sorted(v for v in versions if not isinstance(v, int) or v > LABELS_VERSION)
+    if unknown:
+        logging.warning("TreeGRPO: %s holds answers written by record format %s (this TreeGRPO writes %d); their "
+                        "fields %s are unknown here and left out", p, newer or sorted(versions, key=str),
+                        LABELS_VERSION, sorted(unknown))
+    if unusable:
+        logging.warning("TreeGRPO: %s: the answers on lines %s cannot be used by this version%s and are left out "
+                        "(the file is kept as it is)", p, unusable[:10] + (["..."] if len(unusable) > 10 else []),
+                        f" (record format {newer}, this TreeGRPO reads {LABELS_VERSION})" if newer else "")
+    return out
+
+
+def from_labels(folder: str | os.PathLike, encoder, config: Optional[TasteConfig] = None,
+                features: str = "demo") -> TasteModel:
+    """A taste model learnt from a run's ``artist_labels.jsonl`` (the answered trees whose leaf images are kept
+    beside it, in ``artist/``; :func:`read_labels`): what a resumed run starts from."""
+    import numpy as np
+    from PIL import Image
+
+    from .artist import pairwise_wins
+
+    path = os.path.join(os.fspath(folder), "artist_labels.jsonl")
+    model = TasteModel(config=config or TasteConfig(), features=features)
+    if not os.path.isfile(path):
+        return model
+    for rec, answer in read_labels(path):
         leaves = [os.path.join(os.fspath(folder), p) for p in rec.get("leaves", [])]
         if len(leaves) < 2 or not all(os.path.isfile(p) for p in leaves):
             continue
-        pairs = pairwise_wins(Answer.from_dict(rec["answer"]), len(leaves))
+        try:
+            pairs = pairwise_wins(answer, len(leaves))
+        except ValueError:
+            continue
         imgs = torch.stack([torch.from_numpy(np.asarray(Image.open(p).convert("RGB"), dtype=np.float32) / 255.0)
                             for p in leaves]).movedim(-1, 1)
         model.add(encoder(imgs), pairs, refit=False)

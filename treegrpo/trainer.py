@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import logging
 import math
 import os
 import random
@@ -284,6 +285,9 @@ class Trainer:
         stats["total_nfe"] = self.total_nfe
         if not math.isfinite(stats["loss"]):
             raise FloatingPointError(f"non-finite loss at iteration {self.iteration}")
+        for w in stats.get("taste_warnings") or ():
+            self.warnings.append(f"iteration {self.iteration}: {w}")
+            logging.warning("TreeGRPO %s, iteration %d: %s", self.cfg.run_name, self.iteration, w)
         self.iteration += 1
         self.history.append(stats)
         return stats

@@ -24,7 +24,7 @@ import time
 import uuid
 from typing import Any, Callable, Optional
 
-from ..artist import Answer
+from ..artist import LABELS_VERSION, Answer
 
 QUESTION_EVENT = "treegrpo.artist.question"
 WAITING_EVENT = "treegrpo.artist.waiting"
@@ -349,8 +349,8 @@ def ask_trees(batch, images, *, folder: str, iteration: int, seed, run_name: str
                 outcome, answered_by = answer.mode, "skipped"
             else:
                 rewards[idx] = r
-        append_label(folder, {"time": time.time(), "prompt_id": prompt_id, "run_name": run_name,
-                              "iteration": iteration, "seed": seed,
+        append_label(folder, {"version": LABELS_VERSION, "time": time.time(), "prompt_id": prompt_id,
+                              "run_name": run_name, "iteration": iteration, "seed": seed,
                               "tree": t, "prompt": b.prompts[t], "leaves": kept, "groups": q.groups, "mode": mode,
                               "answer": answer.to_dict() if answer is not None else None, "outcome": outcome,
                               "answered_by": answered_by, "waited_s": wait_s,

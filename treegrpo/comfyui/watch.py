@@ -86,6 +86,8 @@ class RunWatcher:
         away = _artist_away()
         if away:
             line += f" | {away}"
+        for w in stats.get("taste_warnings") or ():
+            line += f" | warning: {w}"
         self.log(line)
         self.show_text(line.split(": ", 1)[1].replace(" | ", "\n"))
         done = int(stats["iteration"]) + 1
