@@ -13,6 +13,7 @@ from treegrpo.comfyui.watch import EXISTING_RUN
 from treegrpo.config import (AdvantageConfig, ArtistConfig, ConfigError, LoraConfig, MemoryConfig, OptimConfig,
                              TrainConfig, TreeConfig, VideoConfig, check_run_name)
 from treegrpo.lora import LoraDict
+from treegrpo.rewards.base import check_config_prompts
 from treegrpo.presets import CHOICES as PRESET_CHOICES
 from treegrpo.presets import apply_preset, presets_help
 
@@ -298,6 +299,7 @@ class Train(PackNode):
                          video=VideoConfig(frames=frames or 1,
                                            reward_frames=reward_frames or VideoConfig().reward_frames,
                                            frame_stride=frame_stride or VideoConfig().frame_stride))
+        check_config_prompts(tc, texts)          # e.g. the ocr reward: every prompt quotes the text to write
         r = vae.spacial_compression_decode()
         if width % r or height % r:
             raise ValueError(f"width {width} and height {height} must be multiples of the VAE's scale factor {r}")

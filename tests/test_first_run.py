@@ -189,7 +189,7 @@ def _sd15_workflow(comfyui_pack, **train) -> dict:
         elif kind == "TreeGRPORewardModelLoader":
             inputs["options"] = json.dumps({"arch": rf.TINY_HPS})
         elif kind == "TreeGRPOTrain":          # the shipped settings, at 64 px and two iterations
-            inputs.update(width=64, height=64, iterations=2, eval_every=1, save_every=1, **train)
+            inputs.update({"width": 64, "height": 64, "iterations": 2, "eval_every": 1, "save_every": 1, **train})
     return api
 
 
@@ -232,3 +232,38 @@ def test_the_sd15_workflow_on_a_single_file_checkpoint_as_a_user_runs_it(comfyui
     _run(srv, _sd15_workflow(comfyui_pack, learning_rate=1e-4, existing_run="new"))
     assert (base / "models" / "loras" / "treegrpo" / f"{run}-2" / f"{run}-2.safetensors").is_file()
     assert any(f"TreeGRPO {run}-2: it 2/2" in ln for ln in srv.log_text().splitlines())
+
+
+def test_the_ocr_reward_trains_from_the_graph_and_refuses_prompts_without_text(comfyui_pack, user_comfyui):
+    """The OCR workflow's reward and prompt set (treegrpo_sd35_ocr_lora: the ocr reward, the shipped text-rendering
+    prompts) on the user's SD1.5 checkpoint through the real server: one iteration trains and evaluates with the real
+    OCR model; the same graph with prompts that quote no text stops before any work, naming the reward and a prompt."""
+    pytest.importorskip("rapidocr_onnxruntime")
+    ocr = _api(comfyui_pack, "treegrpo_sd35_ocr_lora")
+    loader = next(n for n in ocr.values() if n["class_type"] == "TreeGRPORewardModelLoader")["inputs"]
+    plist = next(n for n in ocr.values() if n["class_type"] == "TreeGRPOPromptList")["inputs"]
+    assert loader["reward"] == "ocr" and plist["file"] == "treegrpo/text_rendering.txt"
+    srv, run = user_comfyui, "treegrpo_ocr_graph"
+    api = _sd15_workflow(comfyui_pack, iterations=1, save_every=0, run_name=run, prompts_per_iteration=1)
+    for node in api.values():
+        if node["class_type"] == "TreeGRPORewardModelLoader":
+            node["inputs"].update(reward="ocr", file=loader["file"], options="{}")    # as the web UI sets it
+        elif node["class_type"] == "TreeGRPOPromptList":
+            node["inputs"].update(file=plist["file"], eval_count=1)
+        elif node["class_type"] == "TreeGRPOSaveLoRA":
+            node["inputs"]["filename_prefix"] = f"treegrpo/{run}/{run}_saved"
+    _run(srv, api)
+    log = json.loads((Path(srv.base_dir) / "output" / "treegrpo" / run / "log.json").read_text())
+    assert len(log["train"]) == 1 and "reward/ocr" in log["train"][0], log["train"][0].keys()
+    assert 0.0 <= log["train"][0]["reward/ocr"] <= 1.0 and len(log["eval"]) == 2
+    for node in api.values():
+        if node["class_type"] == "TreeGRPOPromptList":
+            node["inputs"]["file"] = "my_prompts.txt"
+        elif node["class_type"] == "TreeGRPOTrain":
+            node["inputs"]["run_name"] = run + "_plain"
+    before = len(srv.log_text())
+    entry = _run(srv, api, check=False)
+    text = json.dumps(entry["status"]["messages"])
+    assert entry["status"]["status_str"] == "error" and "reward 'ocr'" in text and "quote none" in text, text
+    assert "TreeGRPO " + run + "_plain: it " not in srv.log_text()[before:]
+    assert not (Path(srv.base_dir) / "output" / "treegrpo" / (run + "_plain") / "log.json").exists()

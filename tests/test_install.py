@@ -83,6 +83,25 @@ def test_requirements_change_nothing_a_used_comfyui_has(used_comfyui_venv, tmp_p
     assert not replaced, f"the install would replace {replaced}"
 
 
+@pytest.mark.parametrize("module", ["ImageReward", "rapidocr_onnxruntime"])
+def test_optional_extras_change_nothing_a_used_comfyui_has(used_comfyui_venv, tmp_path, module):
+    """Each optional reward's install commands (treegrpo.deps.OPTIONAL, the lines the loader shows) replace nothing
+    that is installed and never add opencv-python beside the headless OpenCV that packs install."""
+    from treegrpo.deps import OPTIONAL
+
+    python = used_comfyui_venv
+    before = _installed(python)
+    for i, args in enumerate(OPTIONAL[module][1]):
+        report = tmp_path / f"report{i}.json"
+        r = _pip(python, "install", "--dry-run", "--report", str(report), *args.split())
+        assert r.returncode == 0, r.stderr[-3000:]
+        would = {_canon(x["metadata"]["name"]): x["metadata"]["version"]
+                 for x in json.loads(report.read_text())["install"]}
+        replaced = {n: (before[n], v) for n, v in would.items() if n in before and before[n] != v}
+        assert not replaced, f"pip install {args} would replace {replaced}"
+        assert "opencv-python" not in would and not set(map(_canon, NEVER_ADDED[1:])) & set(would), (args, would)
+
+
 def test_requirements_have_no_upper_bounds_or_torch_pins():
     lines = [ln.split("#", 1)[0].strip() for ln in (ROOT / "requirements.txt").read_text().splitlines()]
     lines = [ln for ln in lines if ln]

@@ -191,8 +191,13 @@ def preflight(cfg: TrainConfig, resume: bool = False, allow_changes: bool = Fals
     (unless ``overwrite``: the Trainer then moves its files aside)."""
     from . import checkpoint as ckpt
 
-    cfg.load_prompts()
+    prompts = cfg.load_prompts()
     check_reward_names(cfg)
+    from .rewards.base import check_config_prompts
+    try:
+        check_config_prompts(cfg, prompts)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     out = cfg.output_dir
     check_output_dir(out)
     if cfg.lora.init_from and not os.path.isfile(cfg.lora.init_from):

@@ -21,7 +21,12 @@ REQUIRED = {
 OPTIONAL = {
     # image-reward 1.5 pins timm==0.6.13, fairscale and datasets; its model code runs on timm 1.x and needs none
     # of the others (rewards/imagereward.py imports its model files only), so it is installed without them
-    "ImageReward": ("the image_reward reward (ImageReward)", "--no-deps image-reward==1.5"),
+    "ImageReward": ("the image_reward reward (ImageReward)", ("--no-deps image-reward==1.5",)),
+    # rapidocr-onnxruntime 1.4.4 requires opencv-python, which clashes with the opencv-python-headless that ComfyUI
+    # packs install: its other needs are installed normally (none pins what ComfyUI has), itself without them; it
+    # carries its PP-OCRv4 ONNX models inside the wheel (nothing is downloaded)
+    "rapidocr_onnxruntime": ("the ocr reward (RapidOCR: PP-OCRv4 text detection and recognition)",
+                             ("onnxruntime pyclipper shapely", "--no-deps rapidocr-onnxruntime==1.4.4")),
 }
 
 
@@ -31,7 +36,12 @@ class OptionalPackageMissing(ImportError):
 
 def optional_install_command(module: str) -> str:
     """The command that installs the optional ``module`` into this Python (ComfyUI's own)."""
-    return f'"{sys.executable}" -m pip install {OPTIONAL[module][1]}'
+    return " && ".join(f'"{sys.executable}" -m pip install {args}' for args in OPTIONAL[module][1])
+
+
+def optional_pip_command(module: str) -> str:
+    """The same as plain ``pip install ...`` lines (the README's and the loader's tooltip)."""
+    return " && ".join(f"pip install {args}" for args in OPTIONAL[module][1])
 
 
 def require_optional(module: str) -> None:

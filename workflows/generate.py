@@ -40,9 +40,19 @@ def train_node(key, model, clip, vae, reward, judge=None, links=None, **w):
     return (key, "TreeGRPOTrain", widgets, links)
 
 
+HPS_TEXT = ("Reward: HPS v2.1 — HPS_v2.1_compressed.pt (HPSv2 project, github.com/tgxs002/HPSv2, Hugging Face "
+            "xswu/HPSv2; Apache-2.0) into ComfyUI/models/reward_models/.")
+OCR_TEXT = ("Reward: ocr — how much of the text the prompt quotes (a sign that says \"OPEN\") RapidOCR's PP-OCRv4 "
+            "models read in the image: 1 − edit distance / text length, case and spaces ignored. No file: the models "
+            "come inside the package. Install once into ComfyUI's Python: pip install onnxruntime pyclipper shapely "
+            "&& pip install --no-deps rapidocr-onnxruntime==1.4.4 (OpenCV too if no other pack brought it: pip "
+            "install opencv-python-headless). Every prompt must quote its text.")
+
+
 def real_model_workflow(loader_nodes, model, clip, vae, size, reward_note, *, run_name, steps=20, cfg=4.5,
                         extra_note="", height=None, negative="blurry, low quality", prompts=None,
-                        prompt_file="treegrpo/general_subjects.txt", preset="balanced", **train):
+                        prompt_file="treegrpo/general_subjects.txt", preset="balanced", reward=None,
+                        reward_text=None, **train):
     """A real-model Train workflow. Each has its own ``run_name`` (its run folder, its LoRA folder
     ``models/loras/treegrpo/<run_name>/`` and the Save LoRA prefix), so that workflows queued one after another never
     meet. Prompts come from ``prompt_file`` through the Prompt List (4 held out for evaluation) unless ``prompts``
@@ -52,7 +62,7 @@ def real_model_workflow(loader_nodes, model, clip, vae, size, reward_note, *, ru
     return [
         *loader_nodes,
         *plist,
-        ("rm", "TreeGRPORewardModelLoader", {"reward": "hpsv2", "file": "HPS_v2.1_compressed.pt"}, {}),
+        ("rm", "TreeGRPORewardModelLoader", reward or {"reward": "hpsv2", "file": "HPS_v2.1_compressed.pt"}, {}),
         train_node("train", model, clip, vae, ("rm", 0), links=links,
                    prompts=prompts or "(from the Prompt List)", width=size, height=height or size,
                    steps=steps, cfg=cfg, window_start=1, window_width=3, iterations=200, prompts_per_iteration=2,
@@ -63,10 +73,9 @@ def real_model_workflow(loader_nodes, model, clip, vae, size, reward_note, *, ru
          {"lora": ("train", 1)}),
         ("curve", "PreviewImage", {}, {"images": ("train", 2)}),
         ("grid", "PreviewImage", {}, {"images": ("train", 3)}),
-        note("n1", "TreeGRPO LoRA training.\n" + reward_note + "\nReward: HPS v2.1 — HPS_v2.1_compressed.pt (HPSv2 "
-             "project, github.com/tgxs002/HPSv2, Hugging Face xswu/HPSv2; Apache-2.0) into "
-             "ComfyUI/models/reward_models/. The Reward Model Loader's tooltip lists every reward's files, where they "
-             "come from and their licence; its file list shows the files that can be the chosen reward.\n"
+        note("n1", "TreeGRPO LoRA training.\n" + reward_note + "\n" + (reward_text or HPS_TEXT) + " The Reward Model "
+             "Loader's tooltip lists every reward's files, where they come from and their licence; its file list shows "
+             "the files that can be the chosen reward.\n"
              "Prompts: the Prompt List reads a .txt/.csv/.jsonl file from ComfyUI/input/ (or a set the pack ships) and "
              "holds 4 prompts out for evaluation.\nRuns: run_name " + run_name + " — its LoRAs appear in LoraLoader "
              "under treegrpo/" + run_name + "/ (every save_every iterations, the best by the judge, the last); "
@@ -189,6 +198,13 @@ WORKFLOWS = {
         ("ckpt", 0), ("ckpt", 1), ("ckpt", 2), 1024,
         "Model: put sd3.5_medium_incl_clips_t5xxlfp8scaled.safetensors into ComfyUI/models/checkpoints/.",
         run_name="treegrpo_sd35", steps=20, cfg=4.5),
+    "treegrpo_sd35_ocr_lora": real_model_workflow(
+        [("ckpt", "CheckpointLoaderSimple", {"ckpt_name": "sd3.5_medium_incl_clips_t5xxlfp8scaled.safetensors"}, {})],
+        ("ckpt", 0), ("ckpt", 1), ("ckpt", 2), 1024,
+        "Legible text: SD3.5-Medium learns to write the words its prompts quote. Model: put "
+        "sd3.5_medium_incl_clips_t5xxlfp8scaled.safetensors into ComfyUI/models/checkpoints/.",
+        run_name="treegrpo_sd35_ocr", steps=20, cfg=4.5, prompt_file="treegrpo/text_rendering.txt",
+        reward={"reward": "ocr", "file": "(none: built-in weights or none needed)"}, reward_text=OCR_TEXT),
     "treegrpo_flux_lora": real_model_workflow(
         [("unet", "UNETLoader", {"unet_name": "flux1-dev.safetensors", "weight_dtype": "fp8_e4m3fn"}, {}),
          ("clips", "DualCLIPLoader", {"clip_name1": "clip_l.safetensors", "clip_name2": "t5xxl_fp16.safetensors",

@@ -73,8 +73,8 @@ def reward_files(name: str) -> dict:
     module = getattr(cls, "requires_module", None)
     install = ""
     if module:
-        from ..deps import OPTIONAL
-        install = f"pip install {OPTIONAL[module][1]}"
+        from ..deps import optional_pip_command
+        install = optional_pip_command(module)
     return {"files": getattr(cls, "expected_files", "") or "", "folder": bool(getattr(cls, "is_folder", False)),
             "source": getattr(cls, "source", "") or "", "licence": getattr(cls, "licence", "") or "", "install": install}
 
@@ -134,6 +134,28 @@ def check_options(name: str, options: dict, where: str = "options") -> None:
             raise ValueError(f"{where}: option 'dtype' of reward {name!r}: {e}") from None
 
 
+def check_reward_prompts(name: str, prompts: list[str]) -> None:
+    """Refuse prompts reward ``name`` cannot score (its class's ``check_prompts``, e.g. ``ocr``: a prompt that quotes
+    no text), before any model is built; nothing for rewards that take any prompt."""
+    _import_builtin()
+    check = getattr(_REGISTRY.get(name), "check_prompts", None)
+    if check is not None:
+        check(list(prompts), name)
+
+
+def check_config_prompts(cfg, prompts: list[str]) -> None:
+    """The prompts each reward of a TrainConfig ``cfg`` will score (the training prompts and the evaluation prompts;
+    the judges the evaluation prompts) are ones it can score, before any model is built; ValueError naming the
+    config field."""
+    evals = list(cfg.eval_prompts) or list(prompts)
+    for field_name, texts in (("rewards", list(prompts) + list(cfg.eval_prompts)), ("eval_rewards", evals)):
+        for i, r in enumerate(getattr(cfg, field_name)):
+            try:
+                check_reward_prompts(r.name, texts)
+            except ValueError as e:
+                raise ValueError(f"TrainConfig.{field_name}[{i}]: {e}") from None
+
+
 def check_batch(images: torch.Tensor, prompts: list[str], who: str) -> None:
     """Clear errors for the inputs every reward model shares."""
     if images.ndim != 4 or images.shape[1] != 3:
@@ -147,7 +169,7 @@ def check_batch(images: torch.Tensor, prompts: list[str], who: str) -> None:
 def _import_builtin() -> None:
     from . import jpeg  # noqa: F401
     # torch reward models: their heavy libraries (open_clip, transformers, image-reward) load when one is built
-    from . import aesthetic, clipscore, hps, imagereward, pickscore, taste  # noqa: F401
+    from . import aesthetic, clipscore, hps, imagereward, ocr, pickscore, taste  # noqa: F401
     try:
         from . import demo_adherence  # noqa: F401
     except ImportError:  # pragma: no cover - demo package missing

@@ -1,0 +1,108 @@
+"""``ocr``: does the image show the text the prompt asks for? Flow-GRPO's OCR task, on a real OCR model.
+
+The prompt names the text in double quotes (straight ``"…"`` or curly ``“…”``), as Flow-GRPO's OCR prompts do:
+``a storefront sign that says "OPEN"``; several quoted spans are one text, joined by a space. RapidOCR (PP-OCRv4
+text detection and recognition, ONNX on the CPU; the models ship inside its wheel, nothing is downloaded) reads the
+image; the text found is its boxes' texts in the order it returns them (top to bottom, left to right), boxes below
+``min_score`` confidence left out.
+
+Both texts are compared after :func:`normalise`: lower case, every whitespace character removed (an OCR model
+splits or joins words at will: "Hello World" is often read "HelloWorld"). With t the wanted text and r the text
+read, ``reward = 1 − min(d(r, t), |t|) / |t|`` where d is the Levenshtein distance (insertions, deletions and
+substitutions of one character each cost 1): 1 for the exact text, 0 when nothing was read or nothing matches. This
+is Flow-GRPO's ``ocr.py`` rule (it uses PaddleOCR; the models here are the same PP-OCRv4 family run by RapidOCR).
+"""
+from __future__ import annotations
+
+import re
+
+import torch
+
+from .base import check_batch, register
+
+_QUOTED = re.compile(r'"([^"]+)"|“([^”]+)”')
+
+
+def quoted_text(prompt: str) -> str:
+    """The text a prompt asks to be written: its double-quoted spans joined by a space ('' when it has none)."""
+    return " ".join((a or b).strip() for a, b in _QUOTED.findall(prompt) if (a or b).strip())
+
+
+def normalise(text: str) -> str:
+    """Lower case, whitespace removed."""
+    return "".join(text.lower().split())
+
+
+def levenshtein(a: str, b: str) -> int:
+    """The edit distance between ``a`` and ``b`` (insert, delete, substitute: 1 each); O(|a|·|b|)."""
+    if len(a) < len(b):
+        a, b = b, a
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
+def text_reward(read: str, wanted: str) -> float:
+    """``1 − min(d, |t|) / |t|`` on the normalised texts (t: ``wanted``, not empty after normalising)."""
+    r, t = normalise(read), normalise(wanted)
+    if not t:
+        raise ValueError(f"the text to write, {wanted!r}, is empty once whitespace is removed")
+    return 1.0 - min(levenshtein(r, t), len(t)) / len(t)
+
+
+def check_prompts(prompts: list[str], who: str = "ocr") -> None:
+    """Refuse, naming them, prompts that quote no text (the reward would have nothing to compare with)."""
+    bad = [p for p in prompts if not normalise(quoted_text(p))]
+    if bad:
+        shown = "; ".join(repr(p[:80]) for p in bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise ValueError(f"reward {who!r} compares the text the prompt quotes with the text read in the image, and "
+                         f"{len(bad)} prompt(s) quote none: {shown}. Put the text in double quotes, e.g. "
+                         f'a storefront sign that says "OPEN" (the shipped set text_rendering.txt has such prompts)')
+
+
+@register("ocr")
+class OCRReward:
+    """Reward = how much of the prompt's quoted text a real OCR model reads in the image (see the module)."""
+
+    name = "ocr"
+    requires_module = "rapidocr_onnxruntime"     # an optional extra (treegrpo.deps.OPTIONAL)
+    check_prompts = staticmethod(check_prompts)
+    source = "RapidOCR (github RapidAI/RapidOCR): PP-OCRv4 models inside the rapidocr-onnxruntime wheel"
+    licence = "Apache-2.0"
+
+    def __init__(self, path=None, device="cpu", min_score: float = 0.5):
+        if path:
+            raise ValueError(f"{self.name} needs no weight file (its models come with rapidocr-onnxruntime), got "
+                             f"path={path!r}")
+        if not 0.0 <= float(min_score) <= 1.0:
+            raise ValueError(f"{self.name}: min_score must be a confidence in [0, 1], got {min_score!r}")
+        from ..deps import require_optional
+        require_optional("rapidocr_onnxruntime")
+        try:
+            import cv2  # noqa: F401 - RapidOCR's image handling
+        except ImportError:
+            raise ImportError("the ocr reward needs OpenCV, which is not installed: pip install "
+                              "opencv-python-headless (or opencv-python where your ComfyUI already uses that)") from None
+        from rapidocr_onnxruntime import RapidOCR
+
+        self.engine = RapidOCR(print_verbose=False)
+        self.min_score = float(min_score)
+
+    def read(self, image: torch.Tensor) -> str:
+        """The text read in one image (3, H, W) in [0, 1]: the boxes' texts with confidence ≥ ``min_score``."""
+        import numpy as np
+
+        arr = (image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+        result, _ = self.engine(np.ascontiguousarray(arr[:, :, ::-1]))       # RapidOCR takes OpenCV's BGR order
+        return " ".join(text for _, text, score in (result or []) if float(score) >= self.min_score)
+
+    def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        """(B,) rewards in [0, 1] of images (B, 3, H, W) in [0, 1] for their prompts."""
+        check_batch(images, prompts, self.name)
+        check_prompts(prompts, self.name)
+        return torch.tensor([text_reward(self.read(img), quoted_text(p)) for img, p in zip(images, prompts)],
+                            dtype=torch.float32)
