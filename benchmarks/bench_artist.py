@@ -140,7 +140,7 @@ def run(strategy: str, seed: int, iterations: int, error: float, output_dir: str
     trainer.artist = make_hook(strategy, artist, online)
     noise = torch.randn((EVAL_N, *policy.latent_shape()), generator=torch.Generator().manual_seed(EVAL_SEED))
     curve = [(0, eval_area(policy, noise, cfg.tree.steps, artist.value))]
-    fits, agree, reasons, warnings = [], [], {}, []
+    fits, agree, reasons, warnings, novelty = [], [], {}, [], []
     t0 = time.perf_counter()
     for _ in range(iterations):
         trainer.train_step()
@@ -154,12 +154,14 @@ def run(strategy: str, seed: int, iterations: int, error: float, output_dir: str
             for k, v in st.get("taste_reasons", {}).items():
                 reasons[k] = reasons.get(k, 0) + v
             warnings += [(len(curve) - 1, w) for w in st.get("taste_warnings", [])]
+            novelty.append(st.get("taste_novelty"))
+            reasons["beyond"] = reasons.get("beyond", 0) + st.get("taste_beyond", 0)
             trainer.taste_stats = None
     trees = iterations * cfg.prompts_per_iter
     return {"strategy": strategy, "seed": seed, "taste": taste, "kl_beta": kl_beta, "curve": curve, "answers": artist.answers, "trees": trees,
             "ask_rate": artist.answers / trees if strategy != "oracle" else 0.0,
             "fit_s": statistics.fmean(fits) if fits else None, "agreement": agree, "reasons": reasons,
-            "warnings": warnings,
+            "warnings": warnings, "novelty": novelty,
             "seconds": time.perf_counter() - t0}
 
 

@@ -158,10 +158,15 @@ def test_tastes_on_hand_drawn_pictures():
     assert float(tastes.up(_picture(0, 16, 0, 4))) == pytest.approx(1 - 2 / 16)
     assert float(tastes.big(left_block)) == pytest.approx(0.25)
     assert float(tastes.small(left_block)) == pytest.approx(1 - 0.25 / 0.5)
+    assert float(tastes.small(_picture(0, 4, 0, 2))) == pytest.approx((1 - 8 / 256 / 0.5) * (8 / 256 / 0.06))
     assert float(tastes.warm(left_block)) == pytest.approx(0.5)             # pure red: 20° from the liked hue
     # an orange-red at exactly 20°: r = 1, b = 0, g = 1/3 -> hue 60° × (1/3) = 20°
     assert float(tastes.warm(_picture(0, 8, 0, 8, (1.0, 1 / 3, 0.0)))) == pytest.approx(1.0, abs=1e-5)
     assert float(tastes.warm(_picture(0, 8, 0, 8, (0.1, 0.1, 0.9)))) == 0.0  # blue is not a red
+    # a shape fading into the background is worth less to every taste: clarity = min(1, distance / 0.5)
+    faint = _picture(0, 4, 0, 16, rgb=(0.45, 0.2, 0.2))          # 0.25 from the grey: clarity 0.5
+    assert float(tastes.clarity(faint)) == pytest.approx(0.5) and float(tastes.clarity(left_block)) == 1.0
+    assert float(tastes.taste("left")(faint)) == pytest.approx(0.5 * float(tastes.left(faint)))
     with pytest.raises(ValueError, match="unknown taste"):
         tastes.taste("pretty")
 
@@ -203,3 +208,29 @@ def test_novelty_on_a_reward_models_image_tower(tmp_path):
     enc = feature_encoder("reward:hpsv2", reward=load_reward("hpsv2", path=path, arch=arch))
     near, far, reasons = novelty_near_and_far(enc)
     assert near < 1.5 < far and reasons == {"moved": 1}, (near, far, reasons)
+
+
+def test_trees_beyond_the_answers_are_not_trained_on_when_no_question_is_left():
+    """The rate allows no more questions and the samples have moved far from the answered leaves: the model would be
+    extrapolating, so those trees are excluded (weight 0) rather than scored; trees among the answers are scored."""
+    g = torch.Generator().manual_seed(3)
+    cfg = TasteConfig(heads=3, warmup_trees=8, confident=0.5, max_ask_rate=0.5, min_ask_rate=0.0,
+                      agreement_floor=0.0, diversity_floor=0.0)
+    taste = OnlineTaste(TasteModel(config=cfg))
+    feats = []
+
+    def ask(t):
+        f = feats[t]
+        return pairwise_wins(Answer("favourites", good=(int(f[:, 0].argmax()),)), len(f))
+
+    leaf_tree = torch.arange(2).repeat_interleave(4)
+    for _ in range(4):
+        feats[:] = [torch.randn(4, 6, generator=g) for _ in range(2)]
+        taste.round(None, leaf_tree, ask, features=torch.cat(feats))
+    taste.asked = 100                                           # no question left in the rate
+    far = torch.zeros(6)
+    far[1:] = 8.0
+    feats[:] = [_leaves(torch.zeros(6), g), _leaves(far, g)]
+    r, ex, st = taste.round(None, leaf_tree, ask, features=torch.cat(feats))
+    assert st["taste_asked"] == 0 and st["taste_beyond"] == 1 and ex.tolist() == [False, True], st
+    assert st["taste_novelty"] > cfg.novelty and r[:4].abs().sum() > 0

@@ -16,7 +16,8 @@ unsure").
   answered leaf, in standardised features, is more than ``novelty`` times the answered leaves' own spacing: heads
   fit on the answers can agree confidently far from them), or when the model **disagreed** with the artist's recent
   answers (its agreement with the last ``recent`` answers, each measured before it learnt from it, is below
-  ``agreement_floor``).
+  ``agreement_floor``). A tree that has moved beyond the answers when the rate allows no question is **not trained
+  on**: the model would be extrapolating there, and the samples would follow it away from the artist.
 * **Being fooled** (:func:`taste_warnings`): the model's score of the samples rising while its agreement with the
   artist's recent answers is low, or the samples' diversity (mean pairwise feature distance of a round's leaves)
   falling under ``diversity_floor`` of the warm-up's, is a warning in the run's log and on the node, and the next
@@ -420,18 +421,25 @@ class OnlineTaste:
     round_means: list = field(default_factory=list)    # per round, the leaves' mean features (D,)
     warmup_spread: list = field(default_factory=list)  # feature_spread of the warm-up rounds
     warned: bool = False                               # a warning asks about the next tree
+    _novelty: list = field(default_factory=list)       # this round's trees' novelty
     active: set = field(default_factory=set)           # warnings raised and not yet cleared (raised once each)
 
     def recent_agreement(self) -> Optional[float]:
         a = self.agreements[-self.model.config.recent:]
         return sum(a) / len(a) if len(a) >= min(3, self.model.config.recent) else None
 
-    def _reason(self, f: torch.Tensor) -> Optional[str]:
+    def _reason(self, f: torch.Tensor) -> tuple[Optional[str], bool]:
+        """(why to ask about the tree with leaf features ``f``, or None; whether it lies beyond the answers)."""
         scores = self.model.head_scores(f)
         if self.decide is not None:
-            return "custom" if self.decide(scores, self.trees_seen, self.asked, self.model.config) else None
-        return ask_reason(scores, self.trees_seen, self.asked, self.model.config, novelty=self.model.novelty(f)
-                          if scores is not None else None, agreement=self.recent_agreement(), warned=self.warned)
+            return ("custom" if self.decide(scores, self.trees_seen, self.asked, self.model.config) else None), False
+        cfg = self.model.config
+        novelty = self.model.novelty(f) if scores is not None else None
+        if novelty is not None:
+            self._novelty.append(novelty)
+        far = cfg.novelty > 0 and novelty is not None and novelty > cfg.novelty
+        return ask_reason(scores, self.trees_seen, self.asked, cfg, novelty=novelty,
+                          agreement=self.recent_agreement(), warned=self.warned), far
 
     def _watch(self, features: torch.Tensor, warmup: bool) -> list[str]:
         """This round's :func:`taste_warnings` (each said once until its cause clears)."""
@@ -468,11 +476,17 @@ class OnlineTaste:
         exclude = torch.zeros(n_trees, dtype=torch.bool)
         agreements, asked_trees, reasons = [], [], {}
         warmup = self.trees_seen < self.model.config.warmup_trees
+        beyond, self._novelty = 0, []
         for t in range(n_trees):
             idx = (leaf_tree == t).nonzero().flatten()
             f = features[idx]
-            reason = self._reason(f)
-            if reason is not None:
+            reason, far = self._reason(f)
+            if reason is None and far:
+                # beyond what the answers cover and no question left in the rate: the model would be extrapolating,
+                # so the tree is not trained on (a run whose samples outrun the answers slows down, never runs away)
+                exclude[t] = True
+                beyond += 1
+            elif reason is not None:
                 self.warned = False
                 self.asked += 1
                 asked_trees.append(t)
@@ -500,7 +514,8 @@ class OnlineTaste:
         stats = {"taste_asked": len(asked_trees), "taste_trees": n_trees, "taste_answers": self.model.answers,
                  "taste_agreement": (sum(agreements) / len(agreements)) if agreements else None,
                  "taste_recent_agreement": self.recent_agreement(), "taste_reasons": reasons,
-                 "taste_warnings": warnings, "taste_fit_s": self.model.fit_seconds}
+                 "taste_warnings": warnings, "taste_beyond": beyond,
+                 "taste_novelty": max(self._novelty) if self._novelty else None, "taste_fit_s": self.model.fit_seconds}
         self.log.append(stats)
         return rewards, exclude, stats
 

@@ -1,10 +1,14 @@
 """Hidden tastes of a simulated artist on the demo's pictures (benchmarks/bench_artist.py, the tests' scripted
 artists). Each taste maps images (B, 3, H, W) in [0, 1] to (B,) values in [0, 1], higher = liked, and each guards
 against the degenerate picture: a picture with almost no shape drawn (under ``MIN_AREA`` of its pixels) is worth 0
-to every taste, so no taste can be satisfied by drawing nothing.
+to every taste, and a shape that fades into the background is worth less — every value is multiplied by the
+shape's clarity, ``min(1, c / CLEAR)`` with c the mean over its pixels of their largest channel distance from the
+background (the demo draws its colours at 0.55–0.75). So no taste can be satisfied by drawing nothing, or by
+drawing less and less of something (the way a generator most easily makes a shape "smaller").
 
 * ``big``: the fraction of the picture the shape covers (:func:`treegrpo.demo.shapes.shape_area`);
-* ``small``: ``1 − area / 0.5`` (a small shape, but one that is there);
+* ``small``: ``(1 − area / 0.5) · min(1, area / 0.06)``: a small shape, but one that can be seen (liked most at 6 %
+  of the picture, less below: a taste whose best is next to the empty picture would be one no training can follow);
 * ``left`` / ``right`` / ``up``: the shape's centre of mass towards that side: ``1 − x̄`` for ``left`` with x̄ the
   centroid's horizontal position in [0, 1] (0 = the left edge), ``x̄`` for ``right``, ``1 − ȳ`` for ``up``;
 * ``warm``: the shape's mean colour has a hue near ``WARM_HUE`` (20°, an orange-leaning red): ``1 − |hue − 20°| /
@@ -25,6 +29,8 @@ MIN_AREA = 0.02          # below this the picture counts as empty (about 5 of 25
 THRESHOLD = 0.15         # a pixel belongs to the shape when a channel is this far from the background grey
 WARM_HUE = 20.0          # degrees
 HUE_WIDTH = 40.0         # degrees from WARM_HUE at which ``warm`` reaches 0
+SMALL_BEST = 0.06        # the area ``small`` likes most
+CLEAR = 0.5              # a shape this far from the background (largest channel) is fully clear
 
 
 def _mask(images: torch.Tensor) -> torch.Tensor:
@@ -39,6 +45,15 @@ def _present(mask: torch.Tensor) -> torch.Tensor:
     return mask.mean((1, 2)) >= MIN_AREA
 
 
+def clarity(images: torch.Tensor) -> torch.Tensor:
+    """(B,) in [0, 1]: ``min(1, c / CLEAR)``, c the mean over the shape's pixels of their largest channel distance
+    from the background (0 without shape pixels)."""
+    away = (images.float() - BACKGROUND_RGB.to(images.device).view(1, 3, 1, 1)).abs().amax(1)
+    m = (away > THRESHOLD).float()
+    c = (away * m).sum((1, 2)) / m.sum((1, 2)).clamp_min(1)
+    return (c / CLEAR).clamp(0, 1)
+
+
 def big(images: torch.Tensor) -> torch.Tensor:
     m = _mask(images)
     area = m.mean((1, 2))
@@ -48,7 +63,8 @@ def big(images: torch.Tensor) -> torch.Tensor:
 def small(images: torch.Tensor) -> torch.Tensor:
     m = _mask(images)
     area = m.mean((1, 2))
-    return torch.where(_present(m), (1 - area / 0.5).clamp(0, 1), torch.zeros_like(area))
+    v = (1 - area / 0.5).clamp(0, 1) * (area / SMALL_BEST).clamp(max=1)
+    return torch.where(_present(m), v, torch.zeros_like(area))
 
 
 def _centroid(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,8 +115,17 @@ def warm(images: torch.Tensor) -> torch.Tensor:
     return torch.where(_present(m), v, torch.zeros_like(v))
 
 
+def _clear(value: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    def taste_value(images: torch.Tensor) -> torch.Tensor:
+        return value(images) * clarity(images)
+    taste_value.__name__ = value.__name__
+    return taste_value
+
+
+#: the tastes as the simulated artist sees them: each function's value times the shape's clarity
 TASTES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "big": big, "small": small, "left": left, "right": right, "up": up, "warm": warm}
+    name: _clear(f) for name, f in {"big": big, "small": small, "left": left, "right": right, "up": up,
+                                    "warm": warm}.items()}
 
 
 def taste(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
