@@ -12,6 +12,7 @@ from treegrpo.comfyui.session import ManagedReward
 from treegrpo.rewards.base import (available, check_options, load_reward, missing_package, reward_files_help,
                                    reward_options)
 from treegrpo.rewards.scoring import score_images
+from treegrpo.rewards.vlm_judge import DEFAULT_QUESTION as VLM_DEFAULT_QUESTION
 from treegrpo.video import group_frames
 
 from .sockets import CATEGORY, PackNode, RewardModel, Rewards
@@ -44,12 +45,16 @@ class RewardModelLoader(PackNode):
                 io.ClipVision.Input("clip_vision", optional=True,
                                     tooltip="reward 'taste' learnt on CLIP Vision features: the same CLIP Vision "
                                             "model (Load CLIP Vision) it was learnt with"),
+                io.String.Input("question", default="", multiline=True, optional=True,
+                                tooltip="reward 'vlm_judge': the yes/no question asked about each image; {prompt} "
+                                        "becomes the image's prompt; the reward is P(Yes). Empty: "
+                                        + VLM_DEFAULT_QUESTION),
             ],
             outputs=[RewardModel.Output(display_name="reward_model", tooltip="to a Reward Scorer or the Train node")],
         )
 
     @classmethod
-    def validate_inputs(cls, reward=None, options=None):
+    def validate_inputs(cls, reward=None, options=None, question=None):
         ok = cls.check_choice("reward", reward, available())
         if ok is not True or reward is None:
             return ok
@@ -58,6 +63,12 @@ class RewardModelLoader(PackNode):
             return missing
         if options is None:
             return ok
+        if reward == "vlm_judge" and (question or "").strip():
+            try:
+                question.strip().format(prompt="x")
+            except (ValueError, KeyError, IndexError) as e:
+                return (f"question {question.strip()!r} cannot be filled in ({e}): the only placeholder is "
+                        "{prompt}; write other braces as {{ and }}")
         try:
             parse_options(reward, options)
         except ValueError as e:
@@ -65,8 +76,10 @@ class RewardModelLoader(PackNode):
         return True
 
     @classmethod
-    def execute(cls, reward, file, options="{}", clip_vision=None):
+    def execute(cls, reward, file, options="{}", clip_vision=None, question=""):
         opts = parse_options(reward, options)
+        if reward == "vlm_judge" and (question or "").strip():
+            opts["question"] = question.strip()
         path = None if file == NO_FILE else folder_paths.get_full_path_or_raise(FOLDER, file)
         if reward == "taste":
             from treegrpo.comfyui.taste import taste_reward

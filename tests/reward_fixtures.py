@@ -317,3 +317,50 @@ def make_imagereward_folder(folder: str, bert_layers: int = 2, seed: int = 5, to
     sd = {k: v for k, v in model.state_dict().items()}
     torch.save(sd, os.path.join(folder, "ImageReward.pt"))
     return folder
+
+
+def make_qwen2vl_folder(folder: str, seed: int = 6) -> str:
+    """A tiny random Qwen2-VL model folder in the published layout (config.json, model.safetensors, tokenizer.json,
+    tokenizer_config.json, processor and chat template files), with a byte-level BPE tokenizer trained here on a few
+    sentences (Qwen's special tokens included) and the Qwen2-VL chat template's image turn."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import (Qwen2TokenizerFast, Qwen2VLConfig, Qwen2VLForConditionalGeneration,
+                              Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor)
+
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+               "<|video_pad|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = ['Does this image show: "a red circle"? Answer yes or no.', "Yes", "No", "user assistant",
+              'a storefront sign that says "OPEN"', "Is the text legible?"] * 3
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=special,
+                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = Qwen2TokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                              unk_token=None, bos_token=None)
+    template = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}"
+                "{{ message['content'] }}{% else %}{% for c in message['content'] %}{% if c['type'] == 'image' %}"
+                "<|vision_start|><|image_pad|><|vision_end|>{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}"
+                "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+                "{% endif %}")
+    proc = Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16),
+                            tokenizer=fast, video_processor=Qwen2VLVideoProcessor(), chat_template=template)
+    ids = {t: fast.convert_tokens_to_ids(t) for t in special}
+    cfg = Qwen2VLConfig(
+        text_config=dict(vocab_size=len(fast), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+                         rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
+                         bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"]),
+        vision_config=dict(depth=1, embed_dim=32, hidden_size=32, num_heads=2, mlp_ratio=2, patch_size=14,
+                           spatial_merge_size=2, temporal_patch_size=2, in_chans=3),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"])
+    torch.manual_seed(seed)
+    model = Qwen2VLForConditionalGeneration(cfg).eval()
+    with torch.no_grad():      # logits spread enough that P(yes) differs from image to image
+        model.lm_head.weight.mul_(20.0)
+    os.makedirs(folder, exist_ok=True)
+    model.save_pretrained(folder)
+    proc.save_pretrained(folder)
+    return folder

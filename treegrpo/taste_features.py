@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 import torch
 
-TOWER_REWARDS = ("hpsv2", "pickscore", "clipscore", "laion_aesthetic")
+TOWER_REWARDS = ("hpsv2", "pickscore", "clipscore", "laion_aesthetic", "vlm_judge")
 
 
 class DemoEncoder:

@@ -1,0 +1,130 @@
+"""``vlm_judge``: the reward is a sentence. A local vision-language model is asked a yes/no question about each leaf
+and the reward is the probability it gives the answer "Yes" (VQAScore, Lin et al. 2024).
+
+The question is the user's (``question``; ``{prompt}`` in it becomes the leaf's prompt), by default
+``Does this image show: "{prompt}"? Answer yes or no.``. Each image and its question go through the model's own chat
+template as one user turn (the image, then the text) with the assistant's turn opened; the reward is
+``softmax(logits)[Yes]`` at the first answer position, over the whole vocabulary, as VQAScore computes it (``answer``
+names the token: its first token id is used). A batch is padded on the left so that every row's last position is the
+answer position; batching gives the same scores as one image at a time.
+
+Models: the Qwen2-VL and Qwen2.5-VL families of ``transformers`` (``Qwen2VLForConditionalGeneration``,
+``Qwen2_5_VLForConditionalGeneration``), a model folder as published (config.json, the weights, the processor
+files), in ``models/reward_models/`` or anywhere. bf16 on a GPU by default; moved to the CPU between scorings like the
+other rewards. Images are resized by the model's processor (``max_pixels`` caps the pixels per image: fewer visual
+tokens, less memory).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from .base import register
+from .clipscore import TorchReward, files_error, folder_of
+
+DEFAULT_QUESTION = 'Does this image show: "{prompt}"? Answer yes or no.'
+ARCHITECTURES = {"Qwen2VLForConditionalGeneration": "Qwen2VLForConditionalGeneration",
+                 "Qwen2_5_VLForConditionalGeneration": "Qwen2_5_VLForConditionalGeneration"}
+
+
+@register("vlm_judge")
+class VLMJudge(TorchReward):
+    """Reward = P("Yes") a Qwen2-VL / Qwen2.5-VL model gives to a yes/no question about the image (see the module)."""
+
+    name = "vlm_judge"
+    is_folder = True
+    expected_files = ("a Qwen2-VL or Qwen2.5-VL model folder: config.json, model*.safetensors and the processor files "
+                      "(tokenizer.json or vocab.json + merges.txt, tokenizer_config.json, preprocessor_config.json, "
+                      "the chat template)")
+    source = ("Hugging Face: Qwen/Qwen2-VL-2B-Instruct, Qwen/Qwen2-VL-7B-Instruct, Qwen/Qwen2.5-VL-3B-Instruct or "
+              "Qwen/Qwen2.5-VL-7B-Instruct (the whole folder, e.g. huggingface-cli download)")
+    licence = "Apache-2.0 (Qwen2-VL 2B/7B, Qwen2.5-VL 7B); Qwen2.5-VL-3B: the Qwen Research licence"
+
+    def __init__(self, path=None, device="cpu", *, question: str = DEFAULT_QUESTION, answer: str = "Yes",
+                 dtype=None, batch_size: int = 4, max_pixels: int = 448 * 448):
+        import transformers
+
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError(f"{self.name}: question must be a sentence, e.g. {DEFAULT_QUESTION!r}")
+        try:
+            question.format(prompt="x")
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"{self.name}: question {question!r} cannot be filled in ({e}); the only placeholder "
+                             "is {prompt}; write other braces as {{ and }}") from None
+        if int(max_pixels) < 28 * 28 * 4:
+            raise ValueError(f"{self.name}: max_pixels must be at least {28 * 28 * 4} (4 visual tokens)")
+        if dtype is None and torch.device(device).type == "cuda":
+            dtype = "bfloat16"
+        self._setup(device, dtype, batch_size)
+        folder = folder_of(path, self.name, self.expected_files, self.source)
+        config_path = os.path.join(folder, "config.json")
+        if not os.path.isfile(config_path):
+            raise files_error(self.name, f"{folder} has no config.json", self.expected_files, self.source)
+        with open(config_path, encoding="utf-8") as f:
+            arch = (json.load(f).get("architectures") or ["?"])[0]
+        if arch not in ARCHITECTURES:
+            raise ValueError(f"{self.name}: {folder} holds a {arch} model; this reward runs "
+                             f"{', '.join(ARCHITECTURES)} (Qwen2-VL, Qwen2.5-VL)")
+        try:
+            self.processor = transformers.AutoProcessor.from_pretrained(folder)
+        except (OSError, ValueError, TypeError) as e:
+            raise files_error(self.name, f"the processor files in {folder} cannot be read ({e})", self.expected_files,
+                              self.source) from None
+        self.processor.tokenizer.padding_side = "left"
+        ip = self.processor.image_processor               # the pixel cap, where each transformers version keeps it
+        if getattr(ip, "max_pixels", None) is not None:
+            ip.max_pixels = min(int(ip.max_pixels), int(max_pixels))
+        if isinstance(getattr(ip, "size", None), dict) and "longest_edge" in ip.size:
+            ip.size["longest_edge"] = min(int(ip.size["longest_edge"]), int(max_pixels))
+        cls = getattr(transformers, ARCHITECTURES[arch])
+        self.module = cls.from_pretrained(folder, dtype=self.dtype)
+        ids = self.processor.tokenizer.encode(answer, add_special_tokens=False)
+        if not ids:
+            raise ValueError(f"{self.name}: the answer {answer!r} is no token of this model's tokenizer")
+        self.answer_id = int(ids[0])
+        self.question, self.answer = question, answer
+        self._finish()
+
+    def messages(self, prompt: str) -> list[dict]:
+        """The chat of one question: a user turn with the image and the question filled in with ``prompt``."""
+        return [{"role": "user", "content": [{"type": "image"},
+                                             {"type": "text", "text": self.question.format(prompt=prompt)}]}]
+
+    def _inputs(self, images: torch.Tensor, prompts: list[str]) -> dict:
+        from PIL import Image
+
+        texts = [self.processor.apply_chat_template(self.messages(p), add_generation_prompt=True) for p in prompts]
+        arr = (images.float().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+        pil = [Image.fromarray(a) for a in arr]
+        enc = self.processor(text=texts, images=pil, padding=True, return_tensors="pt")
+        return {k: (v.to(self.device, self.dtype) if k == "pixel_values" else v.to(self.device))
+                for k, v in enc.items()}
+
+    def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        """(B,) P(answer) for images (B, 3, H, W) in [0, 1]."""
+        logits = self.module(**self._inputs(images, prompts)).logits[:, -1, :].float()
+        return torch.softmax(logits, dim=-1)[:, self.answer_id]
+
+    def _embed(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, D) the vision tower's merged patch features averaged over each image, unit-normalised."""
+        enc = self._inputs(images, [""] * images.shape[0])
+        visual = getattr(self.module, "visual", None) or self.module.model.visual
+        out = visual(enc["pixel_values"], grid_thw=enc["image_grid_thw"])
+        if torch.is_tensor(out):
+            tokens = out
+        else:       # transformers 5: the merged tokens are the pooler output
+            tokens = out.pooler_output if getattr(out, "pooler_output", None) is not None else out[0]
+        patches = enc["image_grid_thw"].prod(-1)
+        merged = patches // visual.spatial_merge_size ** 2
+        counts = (merged if int(merged.sum()) == tokens.shape[0] else patches).tolist()
+        feats = torch.stack([t.float().mean(0) for t in torch.split(tokens, counts)])
+        return torch.nn.functional.normalize(feats, dim=-1)
+
+    @staticmethod
+    def p_yes_by_hand(logits: torch.Tensor, answer_id: int) -> torch.Tensor:
+        """``exp(l[yes]) / Σ exp(l)`` per row of ``logits`` (B, V): the VQAScore formula, written out."""
+        m = logits.max(-1, keepdim=True).values
+        e = (logits - m).exp()
+        return e[:, answer_id] / e.sum(-1)
