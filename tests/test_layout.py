@@ -81,7 +81,7 @@ def test_layering_check_catches_an_upward_import(tmp_path, monkeypatch):
 #: widgets that set something the config dataclasses do not have (node inputs, not run settings)
 NODE_ONLY = {"prompts", "width", "height", "scheduler", "trees_per_latent", "prompt", "weight", "weight_2",
              "lora_targets", "frames_per_video", "guidance",
-             "reward", "file", "options", "filename_prefix", "text",
+             "reward", "file", "options", "question", "filename_prefix", "text",
              "eval_prompts", "existing_run", "save_every", "preset", "eval_count"}
 
 
