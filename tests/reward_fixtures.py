@@ -364,3 +364,34 @@ def make_qwen2vl_folder(folder: str, seed: int = 6) -> str:
     model.save_pretrained(folder)
     proc.save_pretrained(folder)
     return folder
+
+
+def make_hpsv3_folder(folder: str, seed: int = 7) -> str:
+    """A tiny HPSv3 in the published layout: the tiny Qwen2-VL's config and processor files (as Qwen2-VL-7B-Instruct's
+    folder holds them) and ``HPSv3.safetensors`` with the whole reward model's weights under the transformers 4.x key
+    names the published file has (``model.layers…``, ``visual…``, ``lm_head``, ``rm_head.0`` … ``rm_head.5``), the
+    vocabulary grown by ``<|Reward|>``."""
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoProcessor, Qwen2VLForConditionalGeneration
+
+    from treegrpo.rewards.hpsv3 import REWARD_TOKEN, ranknet_head
+
+    make_qwen2vl_folder(folder, seed=seed)
+    os.unlink(os.path.join(folder, "model.safetensors"))            # the base weights are not needed
+    tok = AutoProcessor.from_pretrained(folder).tokenizer
+    tok.add_special_tokens({"additional_special_tokens": [REWARD_TOKEN]})
+    cfg = AutoConfig.from_pretrained(folder)
+    cfg.text_config.vocab_size = len(tok)
+    torch.manual_seed(seed)
+    model = Qwen2VLForConditionalGeneration(cfg).eval()
+    head = ranknet_head(cfg.text_config.hidden_size)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.5)
+    state = {}
+    for k, v in model.state_dict().items():
+        k = k.replace("model.language_model.", "model.").replace("model.visual.", "visual.")
+        state[k] = v.contiguous()
+    state.update({f"rm_head.{k}": v.contiguous() for k, v in head.state_dict().items()})
+    save_file(state, os.path.join(folder, "HPSv3.safetensors"))
+    return folder

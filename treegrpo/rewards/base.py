@@ -169,7 +169,7 @@ def check_batch(images: torch.Tensor, prompts: list[str], who: str) -> None:
 def _import_builtin() -> None:
     from . import jpeg  # noqa: F401
     # torch reward models: their heavy libraries (open_clip, transformers, image-reward) load when one is built
-    from . import aesthetic, clipscore, hps, imagereward, ocr, pickscore, taste, vlm_judge  # noqa: F401
+    from . import aesthetic, clipscore, hps, hpsv3, imagereward, ocr, pickscore, taste, vlm_judge  # noqa: F401
     try:
         from . import demo_adherence  # noqa: F401
     except ImportError:  # pragma: no cover - demo package missing

@@ -29,6 +29,26 @@ ARCHITECTURES = {"Qwen2VLForConditionalGeneration": "Qwen2VLForConditionalGenera
                  "Qwen2_5_VLForConditionalGeneration": "Qwen2_5_VLForConditionalGeneration"}
 
 
+def set_pixels(ip, lo: int | None = None, hi: int | None = None, exact: bool = False) -> None:
+    """Bound the pixels per image of a Qwen2-VL image processor (``lo``: at least, ``hi``: at most — the smaller of
+    it and the processor's own unless ``exact``), wherever the installed transformers keeps the bounds
+    (``min_pixels`` / ``max_pixels``, or ``size``'s ``shortest_edge`` / ``longest_edge``, a dict or an object)."""
+    def cap(old, new, keep_smaller):
+        if new is None:
+            return old
+        return min(int(old), new) if (keep_smaller and not exact and old is not None) else new
+
+    for attr, new, smaller in (("min_pixels", lo, False), ("max_pixels", hi, True)):
+        if getattr(ip, attr, None) is not None:
+            setattr(ip, attr, cap(getattr(ip, attr), new, smaller))
+    size = getattr(ip, "size", None)
+    for key, new, smaller in (("shortest_edge", lo, False), ("longest_edge", hi, True)):
+        if isinstance(size, dict) and size.get(key) is not None:
+            size[key] = cap(size[key], new, smaller)
+        elif size is not None and not isinstance(size, dict) and getattr(size, key, None) is not None:
+            setattr(size, key, cap(getattr(size, key), new, smaller))
+
+
 @register("vlm_judge")
 class VLMJudge(TorchReward):
     """Reward = P("Yes") a Qwen2-VL / Qwen2.5-VL model gives to a yes/no question about the image (see the module)."""
@@ -73,11 +93,7 @@ class VLMJudge(TorchReward):
             raise files_error(self.name, f"the processor files in {folder} cannot be read ({e})", self.expected_files,
                               self.source) from None
         self.processor.tokenizer.padding_side = "left"
-        ip = self.processor.image_processor               # the pixel cap, where each transformers version keeps it
-        if getattr(ip, "max_pixels", None) is not None:
-            ip.max_pixels = min(int(ip.max_pixels), int(max_pixels))
-        if isinstance(getattr(ip, "size", None), dict) and "longest_edge" in ip.size:
-            ip.size["longest_edge"] = min(int(ip.size["longest_edge"]), int(max_pixels))
+        set_pixels(self.processor.image_processor, hi=int(max_pixels))
         cls = getattr(transformers, ARCHITECTURES[arch])
         self.module = cls.from_pretrained(folder, dtype=self.dtype)
         ids = self.processor.tokenizer.encode(answer, add_special_tokens=False)
