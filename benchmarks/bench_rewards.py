@@ -32,9 +32,13 @@ import reward_fixtures as rf  # noqa: E402
 from treegrpo.io import atomic_write_json  # noqa: E402
 from treegrpo.rewards.base import load_reward  # noqa: E402
 
-MODELS = ["jpeg_compressibility", "laion_aesthetic", "clipscore", "hpsv2", "pickscore", "image_reward"]
+MODELS = ["jpeg_compressibility", "laion_aesthetic", "clipscore", "hpsv2", "pickscore", "image_reward", "ocr",
+          "vlm_judge", "hpsv3"]
 ARCH = {"hpsv2": "ViT-H-14", "pickscore": "ViT-H-14 (transformers)", "laion_aesthetic": "ViT-L-14 image tower + MLP",
-        "clipscore": "ViT-L-14", "image_reward": "BLIP ViT-L + BERT-base (12 layers)", "jpeg_compressibility": "-"}
+        "clipscore": "ViT-L-14", "image_reward": "BLIP ViT-L + BERT-base (12 layers)", "jpeg_compressibility": "-",
+        "ocr": "PP-OCRv4 det + rec (ONNX, the real models)", "vlm_judge": "Qwen2-VL", "hpsv3": "Qwen2-VL-7B + head"}
+#: built only at the tiny size here: their published sizes (2-7 B parameters) need a GPU's memory
+GPU_ONLY = ("vlm_judge", "hpsv3")
 
 
 def build(name: str, folder: str, size: str, device: str):
@@ -54,6 +58,11 @@ def build(name: str, folder: str, size: str, device: str):
         path = rf.make_pickscore_folder(folder, size)
     elif name == "image_reward":
         path = rf.make_imagereward_folder(folder, bert_layers=2 if size == "tiny" else 12)
+    elif name in GPU_ONLY:
+        if size != "tiny":
+            raise SystemExit(f"{name}: the published model has billions of parameters; time it on a GPU with its "
+                             "real files, or here with --size tiny (the computation only)")
+        path = rf.make_qwen2vl_folder(folder) if name == "vlm_judge" else rf.make_hpsv3_folder(folder)
     else:
         path = None
     t1 = time.perf_counter()
@@ -66,16 +75,34 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def time_batches(model, batches, device, res, repeat):
+def text_images(n: int, res: int) -> torch.Tensor:
+    """(n, 3, res, res) pictures with a word drawn in them (what the OCR reward reads; noise it skips early)."""
+    import numpy as np
+    from PIL import Image, ImageDraw, ImageFont
+
+    words = ["OPEN", "COFFEE", "SALE", "HOTEL"]
+    out = []
+    for i in range(n):
+        im = Image.new("RGB", (res, res), (235, 230, 215))
+        ImageDraw.Draw(im).text((res // 2, res // 2), words[i % 4], fill=(20, 20, 20),
+                                font=ImageFont.load_default(size=res // 8), anchor="mm")
+        out.append(torch.from_numpy(np.asarray(im, dtype=np.float32) / 255).permute(2, 0, 1))
+    return torch.stack(out)
+
+
+def time_batches(model, batches, device, res, repeat, name=""):
     g = torch.Generator().manual_seed(0)
     prompts_pool = ["a photo of a cat on a sofa", "an oil painting of a lighthouse at sunset",
                     "a red sports car in the rain", "a bowl of ramen, studio lighting"]
+    if name == "ocr":
+        prompts_pool = [f'a sign that says "{w}"' for w in ("OPEN", "COFFEE", "SALE", "HOTEL")]
+    draw = (lambda b: text_images(b, res)) if name == "ocr" else (lambda b: torch.rand(b, 3, res, res, generator=g))
     rows = []
-    warm = torch.rand(2, 3, res, res, generator=g)
+    warm = draw(2)
     model(warm.to(device), prompts_pool[:2])
     sync(device)
     for b in batches:
-        imgs = torch.rand(b, 3, res, res, generator=g).to(device)
+        imgs = draw(b).to(device)
         prompts = [prompts_pool[i % 4] for i in range(b)]
         if repeat > 1:
             model(imgs, prompts)
@@ -115,10 +142,10 @@ def main(argv=None) -> int:
         folder = tempfile.mkdtemp(prefix=f"bench-{name}-")
         try:
             model, t_write, t_load = build(name, folder, a.size, a.device)
-            rows = time_batches(model, a.batches, a.device, a.res, repeat)
+            rows = time_batches(model, a.batches, a.device, a.res, repeat, name)
             dtype = str(getattr(model, "dtype", "-")).replace("torch.", "")
             params = sum(p.numel() for p in model.module.parameters()) if hasattr(model, "module") else 0
-            arch = ARCH[name] if a.size == "real" or name.startswith("jpeg") else "tiny test config"
+            arch = ARCH[name] if a.size == "real" or name.startswith("jpeg") or name == "ocr" else "tiny test config"
             results["rows"].append({"model": name, "architecture": arch, "dtype": dtype, "params": params,
                                     "load_s": t_load, "write_files_s": t_write, "batches": rows})
             print(f"{name:22s} {arch:36s} {dtype:9s} " + " ".join(f"{r['images_per_s']:11.2f}" for r in rows),
