@@ -234,3 +234,31 @@ def test_trees_beyond_the_answers_are_not_trained_on_when_no_question_is_left():
     r, ex, st = taste.round(None, leaf_tree, ask, features=torch.cat(feats))
     assert st["taste_asked"] == 0 and st["taste_beyond"] == 1 and ex.tolist() == [False, True], st
     assert st["taste_novelty"] > cfg.novelty and r[:4].abs().sum() > 0
+
+
+def test_a_taste_warning_reaches_the_runs_warnings_and_log(tmp_path, caplog):
+    """The Train node's taste hook puts its round's statistics in ``batch.stats['taste']``; a warning there becomes
+    one of the run's warnings (kept with the iteration) and a log line, as the reward-hacking warnings are."""
+    import logging
+
+    from treegrpo import cli
+    from treegrpo.backends import load_policy
+    from treegrpo.config import TrainConfig
+    from treegrpo.trainer import Trainer
+
+    d = cli.demo_config_dict()
+    d.update(iterations=1, eval_every=0, prompts_per_iter=2, output_dir=str(tmp_path), run_name="warned")
+    cfg = TrainConfig.from_dict(d)
+    policy, _ = load_policy(cfg)
+    trainer = Trainer(cfg, policy, {"demo_adherence": lambda im, p: torch.rand(len(p))}, progress=False)
+    said = "the samples are 40% as diverse as at the start: asking you about the next tree"
+
+    def hook(tr, batch, images, raw):
+        batch.stats["taste"] = {"taste_warnings": [said], "taste_asked": 0}
+        return {"artist": torch.rand(images.shape[0])}, {"artist": 1.0}, None
+
+    trainer.artist = hook
+    with caplog.at_level(logging.WARNING):
+        stats = trainer.train_step()
+    assert stats["taste_warnings"] == [said] and trainer.warnings == [f"iteration 0: {said}"]
+    assert said in caplog.text
