@@ -156,9 +156,9 @@ def main(argv=None) -> int:
         r = run(name, torch.device(ns.device), ns.budget_gb * GB, ns.layers, ns.px, ns.steps)
         rows.append(r)
         print(json.dumps(r), flush=True)
+        bm.write_json(ns.out, rows)          # after every model: a run cut off by its time limit keeps what it did
         if ns.device == "cuda":
             torch.cuda.empty_cache()
-    bm.write_json(ns.out, rows)
     return 0
 
 
