@@ -72,11 +72,11 @@ def _leaves(centre, g, n=4, dim=6):
     return centre + 0.3 * torch.randn(n, dim, generator=g)
 
 
-def test_online_taste_asks_where_the_samples_moved():
-    """Answers cover a cloud at the origin; the samples then drift away: the heads stay sure (the taste is clear) but
-    the drifted trees are asked about ('moved'), trees inside the cloud are not."""
-    g = torch.Generator().manual_seed(1)
-    cfg = TasteConfig(heads=3, warmup_trees=8, confident=0.5, max_ask_rate=1.0, min_ask_rate=0.0,
+def _warmed_up(seed: int, max_ask_rate: float):
+    """An OnlineTaste after 8 answered trees (2 a round) of features around the origin, by an artist who prefers the
+    largest first feature: (taste, its ask function, the list the next round's features go in, leaf_tree, g)."""
+    g = torch.Generator().manual_seed(seed)
+    cfg = TasteConfig(heads=3, warmup_trees=8, confident=0.5, max_ask_rate=max_ask_rate, min_ask_rate=0.0,
                       agreement_floor=0.0, diversity_floor=0.0)
     taste = OnlineTaste(TasteModel(config=cfg))
     feats = []
@@ -86,9 +86,16 @@ def test_online_taste_asks_where_the_samples_moved():
         return pairwise_wins(Answer("favourites", good=(int(f[:, 0].argmax()),)), len(f))
 
     leaf_tree = torch.arange(2).repeat_interleave(4)
-    for _ in range(4):                                          # warm-up: 8 trees around 0
-        feats[:] = [torch.randn(4, 6, generator=g) * 1.0 for _ in range(2)]
+    for _ in range(4):
+        feats[:] = [torch.randn(4, 6, generator=g) for _ in range(2)]
         taste.round(None, leaf_tree, ask, features=torch.cat(feats))
+    return taste, ask, feats, leaf_tree, g
+
+
+def test_online_taste_asks_where_the_samples_moved():
+    """Answers cover a cloud at the origin; the samples then drift away: the heads stay sure (the taste is clear) but
+    the drifted trees are asked about ('moved'), trees inside the cloud are not."""
+    taste, ask, feats, leaf_tree, g = _warmed_up(1, max_ask_rate=1.0)
     feats[:] = [_leaves(torch.zeros(6), g) for _ in range(2)]
     _, _, st = taste.round(None, leaf_tree, ask, features=torch.cat(feats))
     assert st["taste_reasons"].get("moved", 0) == 0
@@ -213,20 +220,8 @@ def test_novelty_on_a_reward_models_image_tower(tmp_path):
 def test_trees_beyond_the_answers_are_not_trained_on_when_no_question_is_left():
     """The rate allows no more questions and the samples have moved far from the answered leaves: the model would be
     extrapolating, so those trees are excluded (weight 0) rather than scored; trees among the answers are scored."""
-    g = torch.Generator().manual_seed(3)
-    cfg = TasteConfig(heads=3, warmup_trees=8, confident=0.5, max_ask_rate=0.5, min_ask_rate=0.0,
-                      agreement_floor=0.0, diversity_floor=0.0)
-    taste = OnlineTaste(TasteModel(config=cfg))
-    feats = []
-
-    def ask(t):
-        f = feats[t]
-        return pairwise_wins(Answer("favourites", good=(int(f[:, 0].argmax()),)), len(f))
-
-    leaf_tree = torch.arange(2).repeat_interleave(4)
-    for _ in range(4):
-        feats[:] = [torch.randn(4, 6, generator=g) for _ in range(2)]
-        taste.round(None, leaf_tree, ask, features=torch.cat(feats))
+    taste, ask, feats, leaf_tree, g = _warmed_up(3, max_ask_rate=0.5)
+    cfg = taste.model.config
     taste.asked = 100                                           # no question left in the rate
     far = torch.zeros(6)
     far[1:] = 8.0

@@ -94,14 +94,9 @@ def test_the_reward_model_loader_scores_a_taste_file_as_the_cli_does(comfyui_pac
         loader.execute(reward="taste", file="cv_taste.safetensors", options="{}")
 
 
-def test_a_taste_on_comfyuis_clip_vision_features(comfyui_pack, tmp_path):
-    """ComfyUI's own ClipVisionModel (a tiny config, random weights) as the taste features: unit-norm image_embeds
-    per image, and a taste saved on them scores through the loader path (taste_reward with that CLIP Vision) as the
-    model it was saved from."""
+def tiny_clip_vision(tmp_path):
+    """ComfyUI's own ClipVisionModel on a tiny config with random weights, and the generator after them."""
     import comfy.clip_vision
-
-    from treegrpo.comfyui.taste import ClipVisionEncoder, taste_reward
-    from treegrpo.taste import TasteConfig, TasteModel
 
     cfg = {"attention_dropout": 0.0, "dropout": 0.0, "hidden_act": "quick_gelu", "hidden_size": 32, "image_size": 28,
            "initializer_factor": 1.0, "initializer_range": 0.02, "intermediate_size": 64, "layer_norm_eps": 1e-5,
@@ -112,6 +107,17 @@ def test_a_taste_on_comfyuis_clip_vision_features(comfyui_pack, tmp_path):
     g = torch.Generator().manual_seed(0)
     cv.load_sd({k: (torch.randn(v.shape, generator=g) * 0.05 + (1.0 if "norm" in k and k.endswith("weight") else 0.0))
                 for k, v in cv.get_sd().items()})
+    return cv, g
+
+
+def test_a_taste_on_comfyuis_clip_vision_features(comfyui_pack, tmp_path):
+    """ComfyUI's own ClipVisionModel (a tiny config, random weights) as the taste features: unit-norm image_embeds
+    per image, and a taste saved on them scores through the loader path (taste_reward with that CLIP Vision) as the
+    model it was saved from."""
+    from treegrpo.comfyui.taste import ClipVisionEncoder, taste_reward
+    from treegrpo.taste import TasteConfig, TasteModel
+
+    cv, g = tiny_clip_vision(tmp_path)
     enc = ClipVisionEncoder(cv)
     imgs = torch.rand(8, 3, 32, 32, generator=g)
     f = enc(imgs)
@@ -128,19 +134,9 @@ def test_a_taste_on_comfyuis_clip_vision_features(comfyui_pack, tmp_path):
 def test_novelty_on_comfyuis_clip_vision_features(comfyui_pack, tmp_path):
     """Issue 50 on ComfyUI's CLIP Vision features (a tiny random-weight ClipVisionModel): pictures like the answered
     ones lie about one spacing from them, smooth ramps far away, and the taste model asks about them as 'moved'."""
-    import comfy.clip_vision
-
     from test_taste_drift import novelty_near_and_far
     from treegrpo.comfyui.taste import ClipVisionEncoder
 
-    cfg = {"attention_dropout": 0.0, "dropout": 0.0, "hidden_act": "quick_gelu", "hidden_size": 32, "image_size": 28,
-           "initializer_factor": 1.0, "initializer_range": 0.02, "intermediate_size": 64, "layer_norm_eps": 1e-5,
-           "model_type": "clip_vision_model", "num_attention_heads": 2, "num_channels": 3, "num_hidden_layers": 2,
-           "patch_size": 14, "projection_dim": 16, "torch_dtype": "float32"}
-    (tmp_path / "tiny_clip_vision.json").write_text(json.dumps(cfg))
-    cv = comfy.clip_vision.ClipVisionModel(str(tmp_path / "tiny_clip_vision.json"))
-    g = torch.Generator().manual_seed(0)
-    cv.load_sd({k: (torch.randn(v.shape, generator=g) * 0.05 + (1.0 if "norm" in k and k.endswith("weight") else 0.0))
-                for k, v in cv.get_sd().items()})
+    cv, g = tiny_clip_vision(tmp_path)
     near, far, reasons = novelty_near_and_far(ClipVisionEncoder(cv))
     assert near < 1.5 < far and reasons == {"moved": 1}, (near, far, reasons)
