@@ -2,8 +2,8 @@
 (B, D) float32``, named so that a saved taste model finds its encoder again.
 
 * ``demo``: the embedded demo's classifier trunk (256 pooled features; no files);
-* ``reward:<name>``: the image tower of a CLIP-based reward model (hpsv2, pickscore, clipscore, laion_aesthetic),
-  from the same files that reward loads (its ``path``);
+* ``reward:<name>``: the image tower of a reward model (the CLIP-based hpsv2, pickscore, clipscore,
+  laion_aesthetic; the Qwen2-VL vision tower of vlm_judge and hpsv3), from the same files that reward loads;
 * ``clip_vision``: in ComfyUI, a CLIP Vision model of ``CLIPVisionLoader`` (its ``image_embeds``;
   treegrpo/comfyui/taste.py).
 """
@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 import torch
 
-TOWER_REWARDS = ("hpsv2", "pickscore", "clipscore", "laion_aesthetic", "vlm_judge")
+TOWER_REWARDS = ("hpsv2", "pickscore", "clipscore", "laion_aesthetic", "vlm_judge", "hpsv3")
 
 
 class DemoEncoder:

@@ -27,7 +27,7 @@ from torch import nn
 
 from .base import register
 from .clipscore import TorchReward, files_error, folder_of
-from .vlm_judge import set_pixels
+from .vlm_judge import set_pixels, vision_features
 
 INSTRUCTION = ("\nYou are tasked with evaluating a generated image based on Visual Quality and Text Alignment and give "
                "a overall score to estimate the human preference. Please provide a rating from 0 to 10, with 0 being "
@@ -168,3 +168,7 @@ class HPSv3(TorchReward):
     def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         """(B,) μ for images (B, 3, H, W) in [0, 1]."""
         return self.module(self.reward_token_id, **self.inputs(images, prompts))[:, 0]
+
+    def _embed(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, D) its vision tower's features (:func:`treegrpo.rewards.vlm_judge.vision_features`)."""
+        return vision_features(self.module.vlm, self.inputs(images, [""] * images.shape[0]))

@@ -49,6 +49,22 @@ def set_pixels(ip, lo: int | None = None, hi: int | None = None, exact: bool = F
             setattr(size, key, cap(getattr(size, key), new, smaller))
 
 
+def vision_features(model: torch.nn.Module, enc: dict) -> torch.Tensor:
+    """(B, D) a Qwen2-VL model's vision tower output (the merged patch tokens) averaged over each image of the
+    processor's output ``enc``, unit-normalised: the features a taste model learns on."""
+    visual = getattr(model, "visual", None) or model.model.visual
+    out = visual(enc["pixel_values"], grid_thw=enc["image_grid_thw"])
+    if torch.is_tensor(out):
+        tokens = out
+    else:       # transformers 5: the merged tokens are the pooler output
+        tokens = out.pooler_output if getattr(out, "pooler_output", None) is not None else out[0]
+    patches = enc["image_grid_thw"].prod(-1)
+    merged = patches // visual.spatial_merge_size ** 2
+    counts = (merged if int(merged.sum()) == tokens.shape[0] else patches).tolist()
+    feats = torch.stack([t.float().mean(0) for t in torch.split(tokens, counts)])
+    return torch.nn.functional.normalize(feats, dim=-1)
+
+
 @register("vlm_judge")
 class VLMJudge(TorchReward):
     """Reward = P("Yes") a Qwen2-VL / Qwen2.5-VL model gives to a yes/no question about the image (see the module)."""
@@ -125,18 +141,7 @@ class VLMJudge(TorchReward):
 
     def _embed(self, images: torch.Tensor) -> torch.Tensor:
         """(B, D) the vision tower's merged patch features averaged over each image, unit-normalised."""
-        enc = self._inputs(images, [""] * images.shape[0])
-        visual = getattr(self.module, "visual", None) or self.module.model.visual
-        out = visual(enc["pixel_values"], grid_thw=enc["image_grid_thw"])
-        if torch.is_tensor(out):
-            tokens = out
-        else:       # transformers 5: the merged tokens are the pooler output
-            tokens = out.pooler_output if getattr(out, "pooler_output", None) is not None else out[0]
-        patches = enc["image_grid_thw"].prod(-1)
-        merged = patches // visual.spatial_merge_size ** 2
-        counts = (merged if int(merged.sum()) == tokens.shape[0] else patches).tolist()
-        feats = torch.stack([t.float().mean(0) for t in torch.split(tokens, counts)])
-        return torch.nn.functional.normalize(feats, dim=-1)
+        return vision_features(self.module, self._inputs(images, [""] * images.shape[0]))
 
     @staticmethod
     def p_yes_by_hand(logits: torch.Tensor, answer_id: int) -> torch.Tensor:
