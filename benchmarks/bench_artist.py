@@ -193,7 +193,7 @@ def report(runs: list[dict], fraction: float = TARGET_FRACTION) -> dict:
     targets = {}
     for s in seeds:
         o = by.get(("oracle", s))
-        if o is not None:
+        if o is not None and o["curve"][-1][1] > o["curve"][0][1]:    # no gain to reach where the oracle has none
             targets[s] = fraction * (o["curve"][-1][1] - o["curve"][0][1])
     for name in strategies:
         if name == "oracle":
@@ -231,7 +231,7 @@ def report(runs: list[dict], fraction: float = TARGET_FRACTION) -> dict:
                 vals.append(x / by[(b, s)]["answers"])
                 bounded += 1
             else:
-                vals.append(x / y)
+                vals.append(x / y if y > 0 else float("nan"))
         return dict(summary(vals), bounded=bounded)
 
     out["ratios"] = {"unsure/every": ratio("unsure", "every"), "random/every": ratio("random", "every"),
