@@ -1,28 +1,31 @@
 """The artist's time: how many answers each way of asking needs before the samples show a hidden taste.
 
 The artist demo's settings (workflows/treegrpo_artist_demo_cpu.json: 'a red circle', 2 trees of 4 leaves per
-iteration, window 2, branch 2, noise level 0.9, LoRA rank 8, lr 1e-3, no KL) on the core trainer. The simulated
-artist has a hidden preference the trainer never sees: big shapes (treegrpo.demo.shapes.shape_area, the browser
-test's scripted artist). It answers in favourites mode with the biggest leaf, and with probability ``--error`` (15 %)
-with another leaf drawn at random (for a pair: the pair flipped).
+iteration, window 2, branch 2, noise level 0.9, LoRA rank 8, lr 1e-3; ``--kl`` the KL weight, 0 before issue 50) on
+the core trainer. The simulated artist has a hidden taste the trainer never sees (``--taste``, one of
+treegrpo/demo/tastes.py: ``big`` — the browser test's scripted artist —, ``small``, ``left``, ``right``, ``up``,
+``warm``; each worth 0 for an empty picture and less for a fading one). It answers in favourites mode with the leaf
+the taste values most, and with probability ``--error`` (15 %) with another leaf drawn at random.
 
 Strategies, each for ``--iterations`` iterations, paired per seed (same seeds, same evaluation noises):
 
-* ``oracle``: trained on the hidden preference itself (every leaf's area as its reward; no answers);
+* ``oracle``: trained on the hidden taste itself (every leaf's value as its reward; no answers);
 * ``every``: the artist asked about every tree (issue 33);
-* ``unsure``: the taste model (treegrpo/taste.py on the demo's built-in features), the artist asked only where it is
-  unsure; the other trees are scored by the model;
+* ``unsure``: the taste model (treegrpo/taste.py on the demo's built-in features), the artist asked where it may be
+  wrong (``ask_reason``; ``--old-rule``: the heads' disagreement alone, as before issue 50); the other trees are
+  scored by the model, or not trained on when they lie beyond the answers and no question is left;
 * ``random``: the same model, the artist asked about trees drawn at random at the rate ``unsure`` ended with;
 * ``d3po``: D3PO-style pairs: two trajectories from one shared initial noise without a shared denoising prefix (SDE
   from the first step), one pick per pair, every pair asked (the same GRPO update on them).
 
-After every iteration the mean shape area of 64 ODE samples from fixed noises is measured; the target is 70 % of the
-gain ``oracle`` reaches in the same iterations (per seed). Reported: the answers each strategy has given when it first
-reaches the target (first passage), their ratios (unsure / every, every / d3po) paired per seed, and the taste model's
-refit time and agreement with the artist's next answers.
+After every iteration the taste's mean value over 64 ODE samples from fixed noises is measured; the target is 70 % of
+the gain ``oracle`` reaches in the same iterations (per seed; a seed where the oracle gains nothing has no target).
+Reported: the answers each strategy has given when it first reaches the target (first passage), their ratios
+(unsure / every, every / d3po) paired per seed, every strategy's final value per seed and how many seeds end below the
+base model, and the taste model's refit time, reasons to ask, warnings and agreement with the artist's next answers.
 
-    python benchmarks/bench_artist.py [--seeds 8] [--iterations 40] [--error 0.15] [--only every --only unsure ...]
-                                      [--out benchmarks/results/artist.json]
+    python benchmarks/bench_artist.py [--taste big] [--kl 0.1] [--seeds 8] [--first-seed 0] [--iterations 40]
+                                      [--error 0.15] [--only every --only unsure ...] [--out results/artist.json]
 """
 from __future__ import annotations
 
