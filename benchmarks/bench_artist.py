@@ -60,7 +60,7 @@ TARGET_FRACTION = 0.7
 
 
 def artist_demo_config(seed: int, iterations: int, output_dir: str, strategy: str = "every",
-                       kl_beta: float = 0.0) -> TrainConfig:
+                       kl_beta: float = 0.1) -> TrainConfig:
     """The artist demo workflow's settings on the core trainer (``d3po``: independent SDE pairs instead of trees)."""
     d = cli.demo_config_dict()
     d.update(prompts=[PROMPT], prompts_per_iter=2, trees_per_prompt=1, iterations=iterations, eval_every=0,
@@ -127,7 +127,7 @@ def eval_area(policy, noise: torch.Tensor, steps: int, value=None) -> float:
 
 
 def run(strategy: str, seed: int, iterations: int, error: float, output_dir: str, taste_cfg: TasteConfig,
-        ask_rate: float = 1.0, encoder=None, taste: str = "big", kl_beta: float = 0.0) -> dict:
+        ask_rate: float = 1.0, encoder=None, taste: str = "big", kl_beta: float = 0.1) -> dict:
     """One simulated run: after each iteration (answers so far, the hidden taste's mean value); taste statistics."""
     cfg = artist_demo_config(seed, iterations, output_dir, strategy, kl_beta)
     policy, _ = load_policy(cfg)
@@ -250,7 +250,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--error", type=float, default=0.15, help="probability that an answer is wrong")
     ap.add_argument("--taste", default="big", choices=sorted(TASTES), help="the simulated artist's hidden taste "
                     "(treegrpo/demo/tastes.py)")
-    ap.add_argument("--kl", type=float, default=0.0, help="optim.kl_beta of every strategy")
+    ap.add_argument("--kl", type=float, default=0.1, help="optim.kl_beta of every strategy (the artist workflows' "
+                    "0.1; the results before issue 50 used 0)")
     ap.add_argument("--only", action="append", choices=STRATEGIES, help="strategies to run (default: all)")
     ap.add_argument("--confident", type=float, default=TasteConfig.confident)
     ap.add_argument("--warmup", type=int, default=TasteConfig.warmup_trees)

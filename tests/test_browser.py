@@ -599,8 +599,8 @@ LEAF_AREAS_JS = """() => [...document.querySelectorAll('#treegrpo-artist .leaf')
 ARTIST_QUEUES = 12        # queued prompts of the artist demo: 2 trees each, 24 answers ("a few dozen")
 # The taste shows: the mean shape area of the trained LoRA's samples (64 fixed noises, ODE) exceeds the base model's
 # by at least this much. Base: 0.279 (spread 0.10 over the 64). benchmarks/bench_artist.py's simulation of these 24
-# answers on the core trainer: +0.21 (spread 0.04, lowest +0.16 over 8 seeds); this test measured +0.20 on both
-# lanes. A paired difference over 64 noises has a standard error of about 0.01: 0.08 is far outside chance and half
+# answers on the core trainer with the workflow's KL 0.1: +0.19 (lowest +0.13 over seeds 100-107; +0.21 without KL on
+# seeds 0-7); this test measured +0.20 on both lanes without KL. A paired difference over 64 noises has a standard error of about 0.01: 0.08 is far outside chance and half
 # of the weakest seed's gain.
 ARTIST_MIN_AREA_GAIN = 0.08
 

@@ -159,7 +159,7 @@ WORKFLOWS = {
     "treegrpo_artist_demo_cpu": [
         ("demo", "TreeGRPOLoadDemoModel", {}, {}),
         ("run", "TreeGRPOTrainerState", {"run_name": "treegrpo_artist", "lora_rank": 8, "lora_alpha": 16.0,
-                                         "learning_rate": 1e-3, "clip_range": 1e-4, "kl_beta": 0.0, "seed": 0}, {}),
+                                         "learning_rate": 1e-3, "clip_range": 1e-4, "kl_beta": 0.1, "seed": 0}, {}),
         ("pos", "CLIPTextEncode", {"text": "a red circle"}, {"clip": ("demo", 1)}),
         ("neg", "CLIPTextEncode", {"text": ""}, {"clip": ("demo", 1)}),
         ("empty", "EmptyImage", {"width": 16, "height": 16, "batch_size": 2, "color": 0}, {}),
