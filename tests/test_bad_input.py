@@ -609,11 +609,12 @@ def test_a_ctrl_c_that_a_library_swallows_still_stops_the_run_with_130(tmp_path,
 
     monkeypatch.setattr(backends, "load_policy", load_and_swallow)
     cfg = write(tmp_path, "c.json", base(tmp_path, iterations=50))
+    before = signal.getsignal(signal.SIGINT)    # Python's default, or SIG_IGN when pytest runs as a background job
     assert cli.main(["train", "--config", cfg, "--quiet"]) == 130
     out, err = capsys.readouterr()
     assert err.strip().splitlines()[-1].startswith("treegrpo: interrupted"), err
     assert '"iterations"' not in out          # no summary: the run did not go on to its end
-    assert not cli._INTERRUPT.is_set() and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert not cli._INTERRUPT.is_set() and signal.getsignal(signal.SIGINT) is before     # put back as it was
 
 
 def test_a_sigint_handler_a_library_installed_is_replaced_at_the_next_step(tmp_path, capsys, monkeypatch):
@@ -639,12 +640,13 @@ def test_a_sigint_handler_a_library_installed_is_replaced_at_the_next_step(tmp_p
     monkeypatch.setattr(backends, "load_policy", load_and_take_sigint)
     monkeypatch.setattr(Trainer, "train_step", step_then_ctrl_c)
     cfg = write(tmp_path, "c.json", base(tmp_path, iterations=4, checkpoint_every=1))
+    before = signal.getsignal(signal.SIGINT)    # Python's default, or SIG_IGN when pytest runs as a background job
     assert cli.main(["train", "--config", cfg, "--quiet"]) == 130
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1].startswith("treegrpo: interrupted; the last finished iteration is saved"), err
     run_name = TrainConfig.from_dict(json.loads(Path(cfg).read_text())).run_name
     assert ckpt.checkpoint_paths(str(tmp_path / "out"), run_name)[-1].endswith("-0000001.pt")
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 def _float_fields():
