@@ -27,7 +27,7 @@ from torch import nn
 
 from .base import register
 from .clipscore import TorchReward, files_error, folder_of
-from .vlm_judge import set_pixels, vision_features
+from .vlm_judge import chat_inputs, set_pixels, vision_features
 
 INSTRUCTION = ("\nYou are tasked with evaluating a generated image based on Visual Quality and Text Alignment and give "
                "a overall score to estimate the human preference. Please provide a rating from 0 to 10, with 0 being "
@@ -150,20 +150,13 @@ class HPSv3(TorchReward):
     def _keep_fp32(self) -> None:
         self.module.rm_head.float()            # the reference runs its head in float32
 
-    def texts(self, prompts: list[str]) -> list[str]:
-        msgs = [[{"role": "user", "content": [{"type": "image"},
-                                              {"type": "text", "text": INSTRUCTION.format(text_prompt=p) + REWARD_PROMPT}]}]
-                for p in prompts]
-        return [self.processor.apply_chat_template(m, add_generation_prompt=True) for m in msgs]
+    def chats(self, prompts: list[str]) -> list[list[dict]]:
+        """One user turn per prompt: the image, then the instruction with the prompt and the reward token."""
+        return [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": INSTRUCTION.format(
+            text_prompt=p) + REWARD_PROMPT}]}] for p in prompts]
 
     def inputs(self, images: torch.Tensor, prompts: list[str]) -> dict:
-        from PIL import Image
-
-        arr = (images.float().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
-        enc = self.processor(text=self.texts(prompts), images=[Image.fromarray(a) for a in arr], padding=True,
-                             return_tensors="pt")
-        return {k: (v.to(self.device, self.dtype) if k == "pixel_values" else v.to(self.device))
-                for k, v in enc.items()}
+        return chat_inputs(self.processor, self.chats(prompts), images, self.device, self.dtype)
 
     def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         """(B,) μ for images (B, 3, H, W) in [0, 1]."""

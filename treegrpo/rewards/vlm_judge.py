@@ -25,8 +25,18 @@ from .base import register
 from .clipscore import TorchReward, files_error, folder_of
 
 DEFAULT_QUESTION = 'Does this image show: "{prompt}"? Answer yes or no.'
-ARCHITECTURES = {"Qwen2VLForConditionalGeneration": "Qwen2VLForConditionalGeneration",
-                 "Qwen2_5_VLForConditionalGeneration": "Qwen2_5_VLForConditionalGeneration"}
+ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")   # transformers classes
+
+
+def chat_inputs(processor, chats: list[list[dict]], images: torch.Tensor, device, dtype) -> dict:
+    """The processor's tensors for one chat per image (images (B, 3, H, W) in [0, 1], as 8-bit pictures), the
+    assistant's turn opened, on ``device`` (pixel values in ``dtype``)."""
+    from PIL import Image
+
+    texts = [processor.apply_chat_template(c, add_generation_prompt=True) for c in chats]
+    arr = (images.float().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+    enc = processor(text=texts, images=[Image.fromarray(a) for a in arr], padding=True, return_tensors="pt")
+    return {k: (v.to(device, dtype) if k == "pixel_values" else v.to(device)) for k, v in enc.items()}
 
 
 def set_pixels(ip, lo: int | None = None, hi: int | None = None, exact: bool = False) -> None:
@@ -110,7 +120,7 @@ class VLMJudge(TorchReward):
                               self.source) from None
         self.processor.tokenizer.padding_side = "left"
         set_pixels(self.processor.image_processor, hi=int(max_pixels))
-        cls = getattr(transformers, ARCHITECTURES[arch])
+        cls = getattr(transformers, arch)
         self.module = cls.from_pretrained(folder, dtype=self.dtype)
         ids = self.processor.tokenizer.encode(answer, add_special_tokens=False)
         if not ids:
@@ -125,14 +135,7 @@ class VLMJudge(TorchReward):
                                              {"type": "text", "text": self.question.format(prompt=prompt)}]}]
 
     def _inputs(self, images: torch.Tensor, prompts: list[str]) -> dict:
-        from PIL import Image
-
-        texts = [self.processor.apply_chat_template(self.messages(p), add_generation_prompt=True) for p in prompts]
-        arr = (images.float().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
-        pil = [Image.fromarray(a) for a in arr]
-        enc = self.processor(text=texts, images=pil, padding=True, return_tensors="pt")
-        return {k: (v.to(self.device, self.dtype) if k == "pixel_values" else v.to(self.device))
-                for k, v in enc.items()}
+        return chat_inputs(self.processor, [self.messages(p) for p in prompts], images, self.device, self.dtype)
 
     def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         """(B,) P(answer) for images (B, 3, H, W) in [0, 1]."""
