@@ -2,7 +2,7 @@
 
 Long demo runs, hot enough for hacking to appear (by default lr 6e-3 for 100 iterations, where the tree collapsed
 without KL), for each ``optim.kl_beta`` and seed. Every run evaluates every ``--eval-every`` iterations with the
-demo's held-out judge and the hacking signals (``treegrpo.signals``); per run it reports, at the end and at the
+demo's held-out judge and the hacking signals (``treegrpo.hacking``); per run it reports, at the end and at the
 best checkpoint (the evaluation with the best judge score):
 
 - the training reward (the demo classifier) and the held-out judge (an independent classifier, never trained on);
@@ -52,7 +52,7 @@ def point(e: dict, base: dict) -> dict:
 
 def run_one(kl: float, seed: int, args) -> dict:
     from treegrpo import cli
-    from treegrpo.signals import best_index
+    from treegrpo.hacking import best_index
 
     with tempfile.TemporaryDirectory() as out:
         t0 = time.perf_counter()

@@ -16,7 +16,7 @@ from PIL import Image  # noqa: E402
 
 import reward_fixtures as rf  # noqa: E402
 from treegrpo.rewards.base import available, load_reward  # noqa: E402
-from treegrpo.rewards.clipscore import OPENAI_MEAN, OPENAI_STD, resolve_dtype  # noqa: E402
+from treegrpo.rewards.torch_reward import OPENAI_MEAN, OPENAI_STD, resolve_dtype  # noqa: E402
 
 NAMES = ["image_reward", "hpsv2", "pickscore", "laion_aesthetic", "clipscore"]
 PROMPTS = ["a photo of a cat", "a red dog on the mountain", "a photo of a cat"]
@@ -219,7 +219,7 @@ def test_clipscore_all_file_formats_and_reference(tmp_path):
     assert model.pre["mean"] == OPENAI_MEAN and model.pre["size"] == 224 and model.pre["interpolation"] == "bicubic"
 
     ref_px = torch.stack([reference_clip_transform()(to_pil(x)) for x in imgs])
-    from treegrpo.rewards.clipscore import clip_preprocess
+    from treegrpo.rewards.clip_models import clip_preprocess
     assert_pixels_close(clip_preprocess(imgs, model.pre), ref_px)
     # OpenAI-format loading by open_clip itself, and transformers' CLIP on the converted file
     ref = open_clip.load_openai_model(paths["torchscript"], precision="fp32", device="cpu").eval()
@@ -239,7 +239,7 @@ def test_clipscore_all_file_formats_and_reference(tmp_path):
 
 
 def test_clipscore_pretrained_tag_sets_preprocessing(tmp_path):
-    from treegrpo.rewards.clipscore import preprocess_cfg, pretrained_quick_gelu
+    from treegrpo.rewards.clip_models import preprocess_cfg, pretrained_quick_gelu
     assert pretrained_quick_gelu("ViT-L-14", "openai") and not pretrained_quick_gelu("ViT-H-14", "laion2b_s32b_b79k")
     assert preprocess_cfg("ViT-L-14", "openai", {})["mean"] == OPENAI_MEAN
     assert preprocess_cfg("ViT-B-16", "datacomp_xl_s13b_b90k", {"resize_mode": "squash"})["resize_mode"] == "squash"

@@ -435,7 +435,7 @@ class MemoryConfig:
 
 @dataclass
 class SignalsConfig:
-    """Reward-hacking signals at every evaluation (``treegrpo.signals``): the warnings they raise and the best
+    """Reward-hacking signals at every evaluation (``treegrpo.hacking``): the warnings they raise and the best
     checkpoint they select."""
 
     judge_drop: float = _f(0.05, "warn when a held-out judge falls this far below its best while the training "

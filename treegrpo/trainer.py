@@ -33,7 +33,7 @@ from .io import atomic_write, atomic_write_json
 from . import memory
 from .lora import PeftLoRA, check_base_model, from_state_dict, read_lora_file, save_lora_file, to_peft
 from .policy import Policy
-from .signals import best_index, hacking_warnings, image_signals
+from .hacking import best_index, hacking_warnings, image_signals
 from .tree import TreeBatch, at_iteration, sample_ode, sample_ode_window_kl, sample_trees, window_start_at
 from .update import grpo_update, lr_factor, matching_update
 from .video import first_frames, score_over_frames
@@ -332,7 +332,7 @@ class Trainer:
     def evaluate(self, prompts: Optional[list[str]] = None, seeds: Optional[int] = None,
                  return_images: bool = False) -> dict:
         """Deterministic ODE samples on fixed (prompt, noise) pairs, scored by the training rewards and the held-out
-        judges, with the reward-hacking signals (``treegrpo.signals``: diversity, high-frequency energy,
+        judges, with the reward-hacking signals (``treegrpo.hacking``: diversity, high-frequency energy,
         saturation, near-black / near-white share) and the window KL to the base model. Not training time."""
         prompts = prompts or self.eval_prompts
         seeds = seeds or self.cfg.eval_seeds
@@ -367,7 +367,7 @@ class Trainer:
         return out
 
     def record_evaluation(self) -> dict:
-        """Evaluate, log, warn about reward hacking (:func:`treegrpo.signals.hacking_warnings`) and keep the best
+        """Evaluate, log, warn about reward hacking (:func:`treegrpo.hacking.hacking_warnings`) and keep the best
         LoRA (``signals.keep_best``); returns the record."""
         rec = self.evaluate(return_images=self.keep_eval_images)
         self.last_eval_images = rec.pop("images", None)   # (B, 3, H, W) for an eval callback; not in the logs

@@ -241,7 +241,7 @@ def monitor_tree(tree: TreeResult, images: torch.Tensor, rewards: dict, judge: O
     from ..advantages import weighted_raw
     from ..config import SignalsConfig
     from ..io import atomic_write_json
-    from ..signals import hacking_warnings, image_signals
+    from ..hacking import hacking_warnings, image_signals
 
     run = tree.run
     if run is None:

@@ -3,7 +3,7 @@ L2-normalised CLIP ViT-L/14 image embedding, predicting a 1–10 aesthetic ratin
 
 Files: the head ``sac+logos+ava1-l14-linearMSE.pth`` = bare state dict ``layers.{0,2,4,6,7}.{weight,bias}``
 (768→1024→128→64→16→1, dropouts between, no activations), and OpenAI's CLIP ViT-L/14 (any format
-``clipscore.read_weights`` reads: OpenAI's TorchScript ``ViT-L-14.pt``, an open_clip state dict, or a
+``weightfiles.read_weights`` reads: OpenAI's TorchScript ``ViT-L-14.pt``, an open_clip state dict, or a
 transformers/ComfyUI ``clip_vision`` file). Only the image tower is built.
 
 Preprocessing as the reference (``clip.load("ViT-L/14")``'s transform): shorter side to 224 (bicubic),
@@ -18,9 +18,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .base import register
-from .clipscore import (OPENAI_MEAN, OPENAI_STD, TorchReward, build_open_clip, files_error, find_file, folder_of,
-                        nearby_folders,
-                        load_into, normalize, read_weights, resize_shortest_crop, wrong_file, empty_init)
+from .clip_models import build_open_clip
+from .torch_reward import (OPENAI_MEAN, OPENAI_STD, TorchReward, empty_init, files_error, find_file, folder_of,
+                           load_into, nearby_folders, normalize, read_weights, resize_shortest_crop, wrong_file)
 
 HEAD_NAMES = ("sac+logos+ava1-l14-linearMSE.pth", "sac+logos+ava1-l14-linearMSE.safetensors")
 CLIP_NAMES = ("ViT-L-14.pt", "open_clip_pytorch_model.bin", "open_clip_model.safetensors", "clip_vision_l.safetensors",

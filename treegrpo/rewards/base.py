@@ -127,7 +127,7 @@ def check_options(name: str, options: dict, where: str = "options") -> None:
         if want:
             raise ValueError(f"{where}: option {k!r} of reward {name!r} must be {want}, got {v!r}")
     if options.get("dtype") is not None:
-        from .clipscore import resolve_dtype
+        from .torch_reward import resolve_dtype
         try:
             resolve_dtype(options["dtype"], torch.device("cpu"))
         except ValueError as e:

@@ -14,8 +14,9 @@ from __future__ import annotations
 import torch.nn.functional as F
 
 from .base import register
-from .clipscore import (OPENAI_MEAN, OPENAI_STD, TorchReward, build_open_clip, normalize, open_clip_tokenizer,
-                        read_weights, require_file, resize_longest_pad, unique_prompt_index)
+from .clip_models import build_open_clip, open_clip_tokenizer, unique_prompt_index
+from .torch_reward import (OPENAI_MEAN, OPENAI_STD, TorchReward, normalize, read_weights, require_file,
+                           resize_longest_pad)
 
 
 @register("hpsv2")

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from .base import register
-from .clipscore import TorchReward, files_error, folder_of
+from .torch_reward import TorchReward, files_error, folder_of
 from .vlm_judge import chat_inputs, set_pixels, vision_features
 
 INSTRUCTION = ("\nYou are tasked with evaluating a generated image based on Visual Quality and Text Alignment and give "
@@ -99,7 +99,7 @@ class HPSv3(TorchReward):
         import transformers
         from safetensors.torch import load_file
 
-        from .clipscore import empty_init
+        from .torch_reward import empty_init
 
         if dtype is None and torch.device(device).type == "cuda":
             dtype = "bfloat16"

@@ -37,9 +37,8 @@ from typing import Optional
 import torch
 
 from .base import register
-from .clipscore import (OPENAI_MEAN, OPENAI_STD, TorchReward, empty_init, files_error, folder_of, load_into,
-                        nearby_folders,
-                        normalize, read_weights, resize_shortest_crop, wrong_file)
+from .torch_reward import (OPENAI_MEAN, OPENAI_STD, TorchReward, empty_init, files_error, folder_of, load_into,
+                           nearby_folders, normalize, read_weights, resize_shortest_crop, wrong_file)
 
 MEAN, STD = 0.16717362830052426, 1.0333394966054072
 MAX_LENGTH = 35

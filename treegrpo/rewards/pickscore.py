@@ -24,8 +24,9 @@ from typing import Optional
 import torch.nn.functional as F
 
 from .base import register
-from .clipscore import (TorchReward, files_error, folder_of, nearby_folders, normalize, resize_shortest_crop,
-                        unique_prompt_index, wrong_file)
+from .clip_models import unique_prompt_index
+from .torch_reward import (TorchReward, files_error, folder_of, nearby_folders, normalize, resize_shortest_crop,
+                           wrong_file)
 
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 TOKENIZER_SETS = (("tokenizer.json",), ("vocab.json", "merges.txt"))

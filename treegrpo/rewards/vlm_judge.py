@@ -22,7 +22,7 @@ import os
 import torch
 
 from .base import register
-from .clipscore import TorchReward, files_error, folder_of
+from .torch_reward import TorchReward, files_error, folder_of
 
 DEFAULT_QUESTION = 'Does this image show: "{prompt}"? Answer yes or no.'
 ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")   # transformers classes

@@ -5,24 +5,24 @@ import math
 import pytest
 import torch
 
-from treegrpo import signals
+from treegrpo import hacking
 
 
 def test_high_frequency_energy_of_known_patterns():
     h = w = 16
     flat = torch.full((1, 3, h, w), 0.4)
-    assert signals.high_frequency_energy(flat).item() == 0.0
+    assert hacking.high_frequency_energy(flat).item() == 0.0
     y, x = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
     checker = ((x + y) % 2).float().expand(1, 3, h, w)                 # ±0.5 around its mean, at Nyquist
-    assert signals.high_frequency_energy(checker).item() == pytest.approx(3 * 0.25)
+    assert hacking.high_frequency_energy(checker).item() == pytest.approx(3 * 0.25)
     slow = (0.5 + 0.4 * torch.cos(2 * math.pi * x / 16)).expand(1, 3, h, w)  # 1/16 cycles/pixel: outside
-    assert signals.high_frequency_energy(slow).item() == pytest.approx(0.0, abs=1e-9)
+    assert hacking.high_frequency_energy(slow).item() == pytest.approx(0.0, abs=1e-9)
     fast = (0.5 + 0.4 * torch.cos(2 * math.pi * 6 * x / 16)).expand(1, 3, h, w)  # 3/8 cycles/pixel: inside
-    assert signals.high_frequency_energy(fast).item() == pytest.approx(3 * 0.4 ** 2 / 2, rel=1e-5)
+    assert hacking.high_frequency_energy(fast).item() == pytest.approx(3 * 0.4 ** 2 / 2, rel=1e-5)
     stripes = (0.5 + 0.1 * torch.cos(math.pi * y)).expand(1, 3, h, w)   # horizontal lines, period 2 px
-    assert signals.high_frequency_energy(stripes).item() == pytest.approx(3 * 0.1 ** 2, rel=1e-5)
+    assert hacking.high_frequency_energy(stripes).item() == pytest.approx(3 * 0.1 ** 2, rel=1e-5)
     both = (0.5 + 0.4 * torch.cos(2 * math.pi * x / 16) + 0.1 * torch.cos(math.pi * y)).expand(1, 3, h, w)
-    assert signals.high_frequency_energy(both).item() == pytest.approx(3 * 0.1 ** 2, rel=1e-5)  # the shape adds 0
+    assert hacking.high_frequency_energy(both).item() == pytest.approx(3 * 0.1 ** 2, rel=1e-5)  # the shape adds 0
 
 
 def test_saturation_and_extremes_of_known_images():
@@ -31,19 +31,19 @@ def test_saturation_and_extremes_of_known_images():
     img[0, :, 0, 1] = torch.tensor([0.5, 0.25, 0.25])     # 0.5
     img[0, :, 1, 0] = torch.tensor([0.6, 0.6, 0.6])       # grey: 0
     img[0, :, 1, 1] = 0.0                                 # black: 0 (and near-black)
-    assert signals.saturation(img).item() == pytest.approx(1.5 / 4)
-    assert signals.near_black(img).item() == pytest.approx(0.25)
-    assert signals.near_white(img).item() == 0.0
-    assert signals.near_white(torch.ones(2, 3, 4, 4)).tolist() == [1.0, 1.0]
+    assert hacking.saturation(img).item() == pytest.approx(1.5 / 4)
+    assert hacking.near_black(img).item() == pytest.approx(0.25)
+    assert hacking.near_white(img).item() == 0.0
+    assert hacking.near_white(torch.ones(2, 3, 4, 4)).tolist() == [1.0, 1.0]
 
 
 def test_diversity_is_the_mean_pairwise_rms_distance_within_a_prompt():
     a = torch.zeros(1, 3, 4, 4)
     same = torch.cat([a, a, a + 0.2, a + 0.2])             # two prompts, two identical images each
-    assert signals.diversity(same, 2) == 0.0
+    assert hacking.diversity(same, 2) == 0.0
     apart = torch.cat([a, a + 0.3, a, a + 0.1])            # distances 0.3 and 0.1
-    assert signals.diversity(apart, 2) == pytest.approx(0.2)
-    assert signals.diversity(apart, 1) == 0.0
+    assert hacking.diversity(apart, 2) == pytest.approx(0.2)
+    assert hacking.diversity(apart, 1) == 0.0
 
 
 def _run(rewards, judges=None, diversity=None, hf=None):
@@ -58,7 +58,7 @@ def _run(rewards, judges=None, diversity=None, hf=None):
 
 
 def warn(evals):
-    return signals.hacking_warnings(evals, judge_drop=0.03, diversity_floor=0.5, hf_ceiling=1.5)
+    return hacking.hacking_warnings(evals, judge_drop=0.03, diversity_floor=0.5, hf_ceiling=1.5)
 
 
 def test_the_warning_fires_when_the_judge_falls_while_the_reward_rises():
@@ -76,15 +76,15 @@ def test_the_warning_fires_on_collapsed_diversity_and_a_new_texture():
     assert warn(_run([0.5, 0.7], diversity=[0.2, 0.11])) == []
     assert "high-frequency energy rose to 0.1600" in warn(_run([0.5, 0.7], hf=[0.1, 0.16]))[0]
     assert warn(_run([0.5, 0.7], hf=[0.1, 0.14])) == []
-    assert signals.hacking_warnings(_run([0.5, 0.7], hf=[0.1, 0.9]), judge_drop=0, diversity_floor=0,
+    assert hacking.hacking_warnings(_run([0.5, 0.7], hf=[0.1, 0.9]), judge_drop=0, diversity_floor=0,
                                     hf_ceiling=0) == []
 
 
 def test_best_index_prefers_the_held_out_judge():
     evals = _run([0.5, 0.6, 0.9], judges=[0.5, 0.7, 0.6])
-    assert signals.best_index(evals) == 1
-    assert signals.best_index(_run([0.5, 0.9, 0.6])) == 1
-    assert signals.best_index([]) is None
+    assert hacking.best_index(evals) == 1
+    assert hacking.best_index(_run([0.5, 0.9, 0.6])) == 1
+    assert hacking.best_index([]) is None
 
 
 def test_the_best_checkpoint_is_the_one_with_the_best_held_out_score(tmp_path):
