@@ -1,6 +1,6 @@
 """Widgets whose defaults come from the config dataclasses (``treegrpo.config``), so that a node, the CLI and a
 config file start from the same values. ``CONFIG_WIDGETS`` names the field behind each such widget; the test
-``tests/test_layout.py`` checks every node's widget defaults against it."""
+``tests/unit/test_layout.py`` checks every node's widget defaults against it."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,4 +1,4 @@
-"""The seeded runs whose LoRA files pin the training behaviour (tests/test_behaviour.py).
+"""The seeded runs whose LoRA files pin the training behaviour (tests/e2e/test_behaviour.py).
 
 ``python tests/behaviour_fixture.py --record`` re-records ``tests/fixtures/behaviour/`` (each run's LoRA file) and
 ``tests/fixtures/behaviour.json`` (their metadata): do that only for a change that is meant to alter what training

@@ -1,4 +1,4 @@
-"""The pack in the real ComfyUI web UI, driven in a real (headless) Chromium -- helpers for tests/test_browser.py.
+"""The pack in the real ComfyUI web UI, driven in a real (headless) Chromium -- helpers for tests/browser/test_browser.py.
 
 * :func:`ensure_frontend` -- the ``comfyui-frontend-package`` version that the tested ComfyUI's requirements.txt
   pins (1.32.9 for 0.3.75, the floor lane; 1.48.7 for 0.33.0, the newest lane; ``comfy_harness.ensure_comfyui``

@@ -16,3 +16,28 @@ def _torch_threads_unchanged(request):
         torch.set_num_threads(before)
         pytest.fail(f"{request.node.nodeid} changed torch's thread count from {before} to {after} without "
                     "restoring it", pytrace=False)
+
+
+#: the folders of tests/ by what their tests need; a test in ``browser/`` or ``e2e/`` is also ``slow``
+FOLDERS = {"unit": "needs neither ComfyUI nor a browser (some tests of a module may still boot ComfyUI: marked comfyui)",
+           "comfyui": "mostly tests that boot a real ComfyUI in-process or as a server",
+           "browser": "drives the ComfyUI web UI in headless Chromium",
+           "e2e": "whole runs as a user makes them: install, first run, benchmarks, several processes, both ComfyUI lanes"}
+SLOW_FOLDERS = {"browser", "e2e"}
+SLOW_FIXTURES = {"comfyui_server"}   # a ComfyUI main.py subprocess: seconds to start, seconds a prompt
+
+
+def pytest_configure(config):
+    for name, what in FOLDERS.items():
+        config.addinivalue_line("markers", f"{name}: tests/{name}/ -- {what}")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each test with its folder, and ``slow`` the browser and end-to-end tests and those that start a ComfyUI
+    server (the fast lane is ``pytest -m "not slow"``; other tests that take seconds are marked where written)."""
+    for item in items:
+        folder = item.path.parent.name
+        if folder in FOLDERS:
+            item.add_marker(getattr(pytest.mark, folder))
+        if folder in SLOW_FOLDERS or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

@@ -26,7 +26,7 @@ import comfy_harness  # noqa: E402
 
 
 #: fixtures that mean "this test runs a real ComfyUI": such tests get the ``comfyui`` marker, and the newest-ComfyUI
-#: lane (tests/test_comfyui_lanes.py) runs exactly those again on the newest tree
+#: lane (tests/e2e/test_comfyui_lanes.py) runs exactly those again on the newest tree
 COMFY_FIXTURES = {"comfyui_dir", "comfyui", "comfyui_pack", "comfyui_server"}
 
 

@@ -1,5 +1,5 @@
 """Random-weight reward models of the real architectures, saved in the formats and folder layouts users
-have (see treegrpo/rewards/*.py). Shared by tests/test_rewards.py and benchmarks/bench_rewards.py.
+have (see treegrpo/rewards/*.py). Shared by tests/unit/test_rewards.py and benchmarks/bench_rewards.py.
 
 ``size="tiny"`` builds small configs of the same architectures (open_clip configs registered under
 ``treegrpo-tiny-*``, a tiny transformers CLIPModel, ImageReward with a 2-layer BERT via its med_config);

@@ -1,7 +1,7 @@
 """The artist as the reward: a person's picks among the leaves of one tree become leaf rewards.
 
 Leaves of one tree share their start and differ only by the branches taken in the window, so a pick among them says
-which branches were better. The rule (docs/design.md §9, tested on hand-worked cases in tests/test_artist.py):
+which branches were better. The rule (docs/design.md §9, tested on hand-worked cases in tests/unit/test_artist.py):
 
 * every answer implies pairwise wins between leaves of the same tree:
   - **favourites**: each favourite beats every other leaf; if bad leaves are marked, every unmarked leaf beats each

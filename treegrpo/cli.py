@@ -9,13 +9,12 @@ import argparse
 import dataclasses
 import json
 import os
-import signal
 import sys
 import tempfile
-import threading
 import time
 from typing import Any, Optional
 
+from . import interrupts
 from .config import ConfigError, TrainConfig, config_sections, read_config_file, shorten
 
 _SUBS = tuple(config_sections())      # every section of the config is a group of flags
@@ -259,7 +258,7 @@ def run_training(cfg: TrainConfig, resume: bool = False, progress: bool = True, 
     judges = build_rewards(cfg, device, cfg.eval_rewards) if cfg.eval_every or cfg.eval_every_s else {}
     policy, base_name = load_policy(cfg, device)
     trainer = Trainer(cfg, policy, rewards_ready, progress=progress, base_model_name=base_name, dist=dist,
-                      judges=judges, stop=interrupt_requested)
+                      judges=judges, stop=interrupts.interrupt_requested)
     summary = trainer.train(resume=resume)
     if write_lora:
         summary["lora"] = trainer.save_lora()
@@ -557,67 +556,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-# Set by main's SIGINT / SIGTERM handlers. The handlers also raise KeyboardInterrupt, but library code can swallow
-# that (a bare ``except:`` around an import or a finaliser): the trainer's stop check and main's return read this flag,
-# so a swallowed Ctrl-C still ends the run at the next step, with its checkpoint, and exit code 130.
-_INTERRUPT = threading.Event()
-_HANDLERS: dict = {}        # signal number -> main's handler, while main has them installed
-
-
-def _on_sigint(signum, frame):
-    _INTERRUPT.set()
-    raise KeyboardInterrupt
-
-
-def _terminate(signum, frame):
-    """SIGTERM (docker stop, SLURM, systemd) is answered as Ctrl-C: the trainer checkpoints, then we exit."""
-    _INTERRUPT.set()
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-def interrupt_requested() -> bool:
-    """The trainer's ``stop`` check of the command line: True once Ctrl-C or SIGTERM came, even where a library
-    swallowed the KeyboardInterrupt. A handler that a library replaced main's with is put back (on the main thread)."""
-    if _HANDLERS and _main_thread():
-        for signum, handler in _HANDLERS.items():
-            if signal.getsignal(signum) is not handler:
-                signal.signal(signum, handler)
-    return _INTERRUPT.is_set()
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     """The command line: 0 done, 2 bad input (one line saying what to change), 130 interrupted (Ctrl-C at any
     moment, start-up included: one line, and where the last finished iteration is saved)."""
-    _INTERRUPT.clear()
-    main_thread = _main_thread()
-    previous = {}
-    if main_thread:
-        for signum, handler in ((signal.SIGTERM, _terminate), (signal.SIGINT, _on_sigint)):
-            previous[signum] = signal.signal(signum, handler)
-            _HANDLERS[signum] = handler
-    try:
-        parser = build_parser()
-        parser._argv = list(sys.argv[1:] if argv is None else argv)
-        ns = parser.parse_args(argv)
-        rc = ns.func(ns)
-        if _INTERRUPT.is_set():      # a Ctrl-C some library swallowed after the last stop check: still an interrupt
-            return _report_interrupt(exit_now=argv is None)
-        return rc
-    except KeyboardInterrupt:
-        return _report_interrupt(exit_now=argv is None)
-    except Exception as e:
-        if _INTERRUPT.is_set():  # Ctrl-C inside an import or a C call can surface as another error (ImportError from a
-            return _report_interrupt(exit_now=argv is None)   # half-imported torch, ...), or as the trainer's stop
-        if isinstance(e, (ConfigError, ValueError, FileNotFoundError, FloatingPointError)):
-            print(f"treegrpo: error: {short_message(str(e))}", file=sys.stderr)
-            return 2
-        raise
-    finally:
-        _HANDLERS.clear()
-        _INTERRUPT.clear()
-        for signum, handler in previous.items():
-            if handler is not None:
-                signal.signal(signum, handler)
+    with interrupts.handled() as interrupted:
+        try:
+            parser = build_parser()
+            parser._argv = list(sys.argv[1:] if argv is None else argv)
+            ns = parser.parse_args(argv)
+            rc = ns.func(ns)
+            if interrupted.is_set():    # a Ctrl-C some library swallowed after the last stop check: still an interrupt
+                return interrupts.report(exit_now=argv is None)
+            return rc
+        except KeyboardInterrupt:
+            return interrupts.report(exit_now=argv is None)
+        except Exception as e:
+            if interrupted.is_set():   # Ctrl-C inside an import or a C call can surface as another error (ImportError
+                return interrupts.report(exit_now=argv is None)   # from a half-imported torch, ...), or as the stop
+            if isinstance(e, (ConfigError, ValueError, FileNotFoundError, FloatingPointError)):
+                print(f"treegrpo: error: {short_message(str(e))}", file=sys.stderr)
+                return 2
+            raise
 
 
 def short_message(text: str, limit: int = 600) -> str:
@@ -627,26 +586,6 @@ def short_message(text: str, limit: int = 600) -> str:
 
     text = re.sub(r"'([^'\n]{100,})'", lambda m: repr(shorten(m.group(1))), text)
     return shorten(text, limit)
-
-
-def _report_interrupt(exit_now: bool = False) -> int:
-    """One line about the interrupt; 130. ``exit_now`` (the real command line): leave at once, as the shell expects
-    of Ctrl-C. Finalising the interpreter after an import was cut short (torch half-imported) sometimes ended the
-    process by SIGINT after this line; the checkpoint and the run lock are already dealt with by then."""
-    trainer = sys.modules.get("treegrpo.trainer")     # never import here: an import may be what was interrupted
-    saved = getattr(getattr(trainer, "Trainer", None), "last_checkpoint_written", None)
-    print("treegrpo: interrupted" + (f"; the last finished iteration is saved in {saved} (resume with --resume)"
-                                     if saved else " before any iteration finished: nothing to resume"),
-          file=sys.stderr)
-    if exit_now:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(130)
-    return 130
-
-
-def _main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -6,7 +6,7 @@ ComfyUI (the one the tests extract) for input order, widget order and socket typ
 Each spec node: ``(key, class_type, {widget: value}, {input: (source_key, output_slot)})``; ``Note`` nodes
 carry the user-facing instructions (which model files go where).  Nodes are laid out in columns by link depth
 with sizes estimated from their slots and widgets (no overlaps; checked in the browser by
-tests/test_browser.py) and coloured by menu category (``CATEGORY_COLORS``).  After a change, redraw the
+tests/browser/test_browser.py) and coloured by menu category (``CATEGORY_COLORS``).  After a change, redraw the
 template-browser thumbnails: ``python workflows/make_thumbnails.py``.
 """
 from __future__ import annotations

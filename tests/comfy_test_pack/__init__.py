@@ -1,6 +1,6 @@
 """Test-only ComfyUI node pack: tiny random models of ComfyUI's real architectures (SD1.x and SDXL UNets, SD3
 MMDiT, Flux, Chroma, Qwen-Image, HunyuanVideo), built in memory with ComfyUI's own classes, plus a latent→image projection so rewards can score
-them. Loaded next to the real pack by tests/test_comfy_nodes.py; never shipped to users."""
+them. Loaded next to the real pack by tests/comfyui/test_comfy_nodes.py; never shipped to users."""
 import torch
 
 from .compat import newer_fields

@@ -3,7 +3,7 @@
 ComfyUI knows a model by its ``comfy.supported_models`` class (``model.model.model_config``). Every class of
 ComfyUI 0.3.75's registry (``comfy.supported_models.models``) has a row in :data:`FAMILIES`: a text-to-image or
 text-to-video family *trains*; the others (image-to-video, editing, inpainting, upscaling, audio, 3D, two-stage
-decoders) are *refused*, with the reason. The test ``tests/test_families.py`` builds a tiny random instance of
+decoders) are *refused*, with the reason. The test ``tests/comfyui/test_families.py`` builds a tiny random instance of
 every training family from ComfyUI's own classes and trains it; the README's table is :func:`markdown_table`.
 
 Sampling: TreeGRPO's SDE steps exist for rectified flow (ComfyUI's ``CONST``: x = (1−σ)·x0 + σ·n) and for the
@@ -247,12 +247,12 @@ _WARNED: set = set()
 def checkpointing_refusal(model) -> str:
     """Why gradient checkpointing must stay off for this model ("" when it may be on). Checkpointing is exact only
     where it was checked: every training family of :data:`FAMILIES` has its checkpointed LoRA gradient compared with
-    the plain one module by module (tests/test_checkpoint_gradients.py). A class outside the table was not, nor a
+    the plain one module by module (tests/comfyui/test_checkpoint_gradients.py). A class outside the table was not, nor a
     class that only derives from one in it (a newer ComfyUI's or a custom node's)."""
     name, fam = family_of(model)
     if (name in FAMILIES and FAMILIES[name].trains) or _is_own(model):
         return ""
-    return (f"{name} is not a family whose checkpointed gradient TreeGRPO has checked (tests/test_checkpoint_gradients"
+    return (f"{name} is not a family whose checkpointed gradient TreeGRPO has checked (tests/comfyui/test_checkpoint_gradients"
             ".py), and a block that updates activations in place could make it wrong: gradient checkpointing stays "
             "off for it (set it to auto or off; lower the batch or the resolution if memory is short)")
 

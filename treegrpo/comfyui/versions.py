@@ -1,7 +1,7 @@
 """The ComfyUI versions the pack is tested on, and the start-up line for one outside them.
 
 The test suite runs every real-ComfyUI test on the floor that ``requires-comfyui`` names (pyproject.toml) and on the
-newest ComfyUI tree the project has (tests/test_comfyui_lanes.py). Between the two the pack is expected to work; a
+newest ComfyUI tree the project has (tests/e2e/test_comfyui_lanes.py). Between the two the pack is expected to work; a
 version outside them gets one log line at start-up saying so."""
 from __future__ import annotations
 

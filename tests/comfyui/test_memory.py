@@ -75,6 +75,7 @@ def _check(predicted: dict, measured: dict, phases) -> None:
         assert want > 0 and abs(want - got) <= TOLERANCE * got, (k, got, want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("microbatch", [1, 5])
 def test_cli_demo_every_phase_is_predicted(tmp_path, microbatch):
     d = cli.demo_config_dict()
@@ -89,6 +90,7 @@ def test_cli_demo_every_phase_is_predicted(tmp_path, microbatch):
     _check(memory.phases(fp, wl), _measure(tr), memory.PHASES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["demo", "sd15", "sdxl", "sd3", "flux", "chroma", "qwen_image", "hunyuan_video"])
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_comfy_families_sampling_and_update_are_predicted(comfyui_pack, tmp_path, arch, checkpointing):
@@ -156,6 +158,7 @@ def test_nothing_fits_names_the_smallest_change():
     assert "fp8" not in memory.smallest_change(fp8, one, need - 3.5e9)
 
 
+@pytest.mark.slow
 def test_a_small_budget_turns_checkpointing_on_and_a_tiny_one_stops_before_sampling(tmp_path, monkeypatch):
     """The CLI path: ``memory.budget_gb`` stands for the free memory of a GPU. Between the peak without
     checkpointing (even at 1 parent per microbatch) and the peak with it, the plan turns checkpointing on; the
@@ -195,6 +198,7 @@ def test_a_small_budget_turns_checkpointing_on_and_a_tiny_one_stops_before_sampl
     assert tr2.iteration == 0 and not (tmp_path / "treegrpo_demo").exists()
 
 
+@pytest.mark.slow
 def test_the_train_node_plans_before_any_work(comfyui_pack, caplog):
     """The Train node's ``memory_budget_gb`` (what the GPU would report): a budget that fits logs the plan in one
     line and trains with checkpointing turned on; one that cannot fit stops before sampling (no run folder, no
@@ -242,6 +246,7 @@ def test_a_tiled_decode_is_chosen_when_the_decode_does_not_fit():
     assert p.workload.tiled_decode and p.workload.microbatch == 2 and "tiled VAE decode" in p.line()
 
 
+@pytest.mark.slow
 def test_the_diffusers_vae_decodes_in_tiles_in_less_memory(tmp_path):
     """diffusers' own tiling (``AutoencoderKL.enable_tiling``) measured by the probe: a 256 px decode with 32 px
     tiles allocates a fraction of the whole decode; the policy switches it on and off."""

@@ -11,7 +11,7 @@ import comfy_harness as ch
 from treegrpo.config import (AdvantageConfig, LoraConfig, MemoryConfig, OptimConfig, TrainConfig, TreeConfig,
                              VideoConfig, ArtistConfig)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "treegrpo"
 COMFY_TOP = {"comfy", "comfy_api", "comfy_extras", "comfy_execution", "folder_paths", "nodes", "server",
              "execution", "node_helpers", "latent_preview"}

@@ -4,10 +4,13 @@ it writes loads through the Reward Model Loader and scores as the CLI's load_rew
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from test_artist_server import run_with_scripted_artist
 from test_comfy_nodes import train_graph
+
+pytestmark = pytest.mark.slow   # a ComfyUI server and waits for a person: seconds a test
 
 ITERATIONS = 24          # 48 trees: 12 asked while warming up, then at most one in artist_every = 4
 # Mean shape area of 64 ODE samples of 'a red circle' (the browser test's measure): base 0.279. With the taste model,

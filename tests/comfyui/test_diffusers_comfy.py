@@ -17,7 +17,7 @@ from treegrpo.config import LoraConfig, PipelineConfig
 from treegrpo.lora import add_lora, extract_lora, save_lora_file
 
 PC = PipelineConfig(height=16, width=16)
-TEST_PACK = Path(__file__).parent / "comfy_test_pack" / "__init__.py"
+TEST_PACK = Path(__file__).resolve().parents[1] / "comfy_test_pack" / "__init__.py"
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import comfy_harness as ch
 from treegrpo.lora import read_lora_file
 
 NO_FILE = "(none: built-in weights or none needed)"
-TEST_PACK = Path(__file__).parent / "comfy_test_pack"
+TEST_PACK = Path(__file__).resolve().parents[1] / "comfy_test_pack"
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from lora_gradcheck import lora_gradient_and_difference
 
 from treegrpo.comfyui import families as F
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_every_registry_class_has_a_row_and_the_table_has_no_other(comfyui_pack):

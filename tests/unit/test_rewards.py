@@ -344,6 +344,7 @@ def test_pickscore_processor_layouts_and_errors(tmp_path):
 # ImageReward (full ViT-L image encoder: the slow test, ~10 s)
 # ------------------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_image_reward_matches_package_score(tmp_path):
     folder = rf.make_imagereward_folder(str(tmp_path / "ImageReward"), tokenizer_subdir="bert-base-uncased")
     imgs = smooth_images(2, 80, 64, seed=5)
@@ -496,6 +497,7 @@ def test_aesthetic_finds_its_clip_in_a_subfolder(tmp_path):
     assert torch.equal(model(imgs, PROMPTS[:2]), want)
 
 
+@pytest.mark.slow
 def test_image_reward_sibling_tokenizer_and_a_wrong_med_config_is_blamed(tmp_path):
     import json
     root = tmp_path / "reward_models"

@@ -8,7 +8,10 @@ import threading
 import time
 from types import SimpleNamespace
 
+import pytest
 import torch
+
+pytestmark = pytest.mark.slow   # a ComfyUI server and waits for a person: seconds a test
 
 
 def _batch(n_trees=4):

@@ -57,6 +57,7 @@ def ocr():
     return load_reward("ocr")
 
 
+@pytest.mark.slow
 def test_drawn_text_reads_back(ocr):
     """Every word in four fonts at 32 px on 256 px, 56 px on 384 px and 24 px on 512 px pictures: mean reward
     ≥ 0.95, each ≥ 0.88 (at most one character of 'SUMMIT 2 KM' misread: measured, one of the 36 reads one letter

@@ -7,7 +7,7 @@ from pathlib import Path
 import comfy_harness as ch
 from treegrpo.comfyui.versions import TESTED, outside_tested
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_versions_inside_the_tested_range_say_nothing_and_outside_one_line():

@@ -7,8 +7,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
 import comfy_harness as ch
 from test_comfy_nodes import demo_step_graph
+
+pytestmark = pytest.mark.slow   # a ComfyUI server and waits for a person: seconds a test
 
 
 def artist_graph(run, seed, timeout_s=120, on_timeout="skip the tree"):

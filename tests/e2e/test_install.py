@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 #: what other packs installed, older than what pip would choose today (so an upgrade would show)
 USER_HAS = {"timm": "1.0.20", "open-clip-torch": "3.1.0", "numpy": "2.2.6"}

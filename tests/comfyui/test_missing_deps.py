@@ -10,8 +10,10 @@ import comfy_harness as ch
 from behaviour_fixture import train_node_graph
 from treegrpo.deps import REQUIRED, install_command
 
+pytestmark = pytest.mark.slow   # starts ComfyUI or Python in a subprocess: seconds a test
+
 HIDDEN = ("diffusers", "peft", "open_clip", "matplotlib")   # ComfyUI itself imports none of them
-# (ImageReward is optional: tests/test_install.py)
+# (ImageReward is optional: tests/e2e/test_install.py)
 
 
 def hiding_sitecustomize(folder, names) -> str:

@@ -2,8 +2,8 @@
 the weight update within ``behaviour_fixture.TOLERANCE``, which the fixture module justifies from measured
 cross-CPU round-off and one-line changes). Recorded before the training loop was unified, so refactors of the loop
 cannot change what it computes. Byte identity is kept where it is a product promise: a resumed run equals the
-uninterrupted one and a node run equals the CLI run on one machine (tests/test_checkpoint.py,
-tests/test_step_equals_train.py, tests/test_comfy_nodes.py)."""
+uninterrupted one and a node run equals the CLI run on one machine (tests/comfyui/test_checkpoint.py,
+tests/comfyui/test_step_equals_train.py, tests/comfyui/test_comfy_nodes.py)."""
 import json
 
 import pytest

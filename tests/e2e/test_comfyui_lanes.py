@@ -28,7 +28,7 @@ def test_every_comfyui_test_passes_on_the_newest_comfyui():
     log = LOG_DIR / f"{tarball.name.removesuffix('.tar.gz')}.log"
     env = dict(os.environ, **{ch.LANE_ENV: "newest"})
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "comfyui", "-p", "no:cacheprovider", "-o", "addopts=-rfE",
-           str(Path(__file__).resolve().parent)]
+           str(Path(__file__).resolve().parents[1])]
     with open(log, "w") as fh:
         rc = subprocess.run(cmd, cwd=str(ch.REPO_ROOT), env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
     text = log.read_text(errors="replace")

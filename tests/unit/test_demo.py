@@ -285,6 +285,7 @@ def _sample_with_policy(policy: DemoPolicy, prompts: list[str], steps: int, cfg:
     return policy.decode(x)
 
 
+@pytest.mark.slow
 def test_base_model_is_decent_but_imperfect(policy, reward):
     prompts = [p for p in all_prompts() for _ in range(8)]
     images = _sample_with_policy(policy, prompts, steps=10, cfg=1.0, seed=0)
@@ -307,6 +308,7 @@ def test_base_model_is_decent_but_imperfect(policy, reward):
 # ---------------------------------------------------------------- regeneration script
 
 
+@pytest.mark.slow
 def test_pretrain_smoke_is_deterministic(tmp_path):
     from safetensors import safe_open
 

@@ -11,7 +11,7 @@ import pytest
 
 import comfy_harness as ch
 
-WORKFLOWS = Path(__file__).resolve().parent.parent / "workflows"
+WORKFLOWS = Path(__file__).resolve().parents[2] / "workflows"
 
 
 def _api(comfyui_pack, name: str) -> dict:
@@ -169,7 +169,7 @@ def user_comfyui(comfyui_pack, comfyui_dir, tmp_path_factory):
     rf.make_hps_file(str(base / "models" / "reward_models"))
     (base / "input" / "my_prompts.txt").write_text("a red apple\na green pear\na (blue:1.3) plum\na yellow lemon\n")
     site = tmp_path_factory.mktemp("site")
-    (site / "sitecustomize.py").write_text(SITE.format(tests=str(Path(__file__).resolve().parent)))
+    (site / "sitecustomize.py").write_text(SITE.format(tests=str(Path(__file__).resolve().parents[1])))
     srv = ch.start_server(base, comfy_dir=comfyui_dir, pack_dir=ch.REPO_ROOT, env={"PYTHONPATH": str(site)})
     try:
         yield srv

@@ -23,7 +23,7 @@ import browser_harness as bh
 from artist_eval import samples_area
 import comfy_harness as ch
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 WORKFLOWS = sorted((REPO / "workflows").glob("*.json"))
 DEMO = REPO / "workflows" / "treegrpo_demo_cpu.json"
 VIEWPORT = {"width": 1600, "height": 1400}

@@ -54,6 +54,7 @@ def test_cli_rejects_bad_input_before_loading_any_model(tmp_path, monkeypatch, c
     assert "unknown reward model" in err and "demo_adherence" in err
 
 
+@pytest.mark.slow
 def test_short_training_run_raises_reward(tmp_path):
     """Seeded: 30 TreeGRPO iterations (the demo's settings) lift the fixed-noise evaluation reward."""
     cfg = _cfg(tmp_path, iterations=30, eval_every=30, prompts_per_iter=16)

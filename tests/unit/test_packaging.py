@@ -4,7 +4,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_root_init_imports_outside_comfyui_without_importing_it():
@@ -29,7 +29,7 @@ def test_pyproject_declares_script_extras_and_comfy_table():
     deps = " ".join(data["project"]["dependencies"])
     for dep in ("torch", "diffusers", "transformers", "peft", "safetensors", "open-clip-torch"):
         assert dep in deps, dep
-    assert "image-reward" not in deps     # optional, installed with --no-deps (tests/test_install.py)
+    assert "image-reward" not in deps     # optional, installed with --no-deps (tests/e2e/test_install.py)
     assert data["tool"]["comfy"]["PublisherId"] and data["tool"]["comfy"]["DisplayName"]
 
 

@@ -7,7 +7,7 @@ import pytest
 
 import comfy_harness as ch
 
-WORKFLOWS = sorted((Path(__file__).parent.parent / "workflows").glob("*.json"))
+WORKFLOWS = sorted((Path(__file__).resolve().parents[2] / "workflows").glob("*.json"))
 MODEL_FILE_INPUTS = {"ckpt_name", "unet_name", "clip_name", "clip_name1", "clip_name2", "vae_name", "lora_name", "file"}
 
 
@@ -23,7 +23,7 @@ def test_family_workflows_set_what_their_family_needs(comfyui_pack):
     shift 3.1 through ModelSamplingAuraFlow; Z-Image Turbo: 8 steps without CFG; each text encoder through
     ComfyUI's own CLIPLoader with its family's type."""
     def nodes(name):
-        wf = json.loads((Path(__file__).parent.parent / "workflows" / f"{name}.json").read_text())
+        wf = json.loads((Path(__file__).resolve().parents[2] / "workflows" / f"{name}.json").read_text())
         api = ch.workflow_to_api(wf, comfyui_pack.node_classes())
         return {n["class_type"]: n["inputs"] for n in api.values()}
 
@@ -57,8 +57,9 @@ def test_workflow_converts_and_validates(comfyui_pack, path):
         assert v.ok, v.error
 
 
+@pytest.mark.slow
 def test_demo_workflow_runs_end_to_end_and_writes_a_lora(comfyui_pack):
-    wf = json.loads((Path(__file__).parent.parent / "workflows" / "treegrpo_demo_cpu.json").read_text())
+    wf = json.loads((Path(__file__).resolve().parents[2] / "workflows" / "treegrpo_demo_cpu.json").read_text())
     api = ch.workflow_to_api(wf, comfyui_pack.node_classes())
     for node in api.values():  # keep the test short: fewer iterations, otherwise the shipped graph
         if node["class_type"] == "TreeGRPOTrain":
