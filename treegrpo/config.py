@@ -244,7 +244,7 @@ class AdvantageConfig:
     std_scope: str = _f("tree", "tree | batch: divide centred rewards by the std within each tree (GRPO) or "
                         "over the whole batch (near-flat trees then get small advantages)")
     edge_baseline: str = _f("siblings", "siblings | none: subtract from each edge's advantage the mean over its "
-                            "siblings (a per-state baseline; measured better), or keep the paper's backed-up "
+                            "siblings (a per-state baseline), or keep the paper's backed-up "
                             "advantages")
 
     def __post_init__(self) -> None:
@@ -313,8 +313,8 @@ class OptimConfig:
     lr: float = _f(3e-4, "AdamW learning rate")
     weight_decay: float = _f(0.0, "AdamW weight decay")
     clip_range: float = _f(1e-4, "PPO ratio clip epsilon")
-    kl_beta: float = _f(0.1, "weight of the KL term to the LoRA-disabled reference (0.1: the best held-out judge "
-                             "score of {0, 1e-3, 1e-2, 3e-2, 0.1, 0.3, 1, 10} on the demo, benchmarks/bench_hacking.py)")
+    kl_beta: float = _f(0.1, "weight of the KL term to the LoRA-disabled reference model (0 = off): higher keeps "
+                             "the LoRA closer to the base model")
     max_grad_norm: float = _f(1.0, "gradient clipping norm (0 = off)")
     microbatch: int = _f(64, "parent nodes per forward/backward (gradient accumulation over microbatches)")
     updates_per_batch: int = _f(1, "optimiser passes over each batch of trees")
@@ -439,8 +439,7 @@ class SignalsConfig:
     checkpoint they select."""
 
     judge_drop: float = _f(0.05, "warn when a held-out judge falls this far below its best while the training "
-                                 "reward is above its value there (0 = off; runs without hacking dipped up to "
-                                 "0.035 on the demo)")
+                                 "reward is above its value there (0 = off)")
     diversity_floor: float = _f(0.5, "warn when the samples' diversity falls below this fraction of the base "
                                       "model's (0 = off)")
     hf_ceiling: float = _f(1.5, "warn when the samples' high-frequency energy exceeds this multiple of the base "
@@ -516,10 +515,10 @@ class TrainConfig:
     model: Optional[str] = _f(None, "model path (diffusers folder / single file); demo: None = shipped weights")
     pipeline: PipelineConfig = field(default_factory=PipelineConfig, metadata={"help": "diffusers model loading"})
     prompts: list = _f([], "training prompts (or use prompts_file)")
-    prompts_file: Optional[str] = _f(None, "text file, one prompt per line")
+    prompts_file: Optional[str] = _f(None, "a prompt file: .txt (one prompt a line), .csv (a prompt column) or .jsonl ({\"prompt\": ...} a line)")
     negative_prompt: str = _f("", "negative prompt for CFG")
     cfg: float = _f(1.0, "classifier-free guidance scale (1 = off)")
-    rewards: list = _f([{"name": "demo_adherence", "weight": 1.0}], "reward models: list of RewardSpec")
+    rewards: list = _f([{"name": "demo_adherence", "weight": 1.0}], "reward models: [{name, weight, path, options}]: a registered name (treegrpo rewards), its weight, the local file or folder of its weights, constructor options (e.g. {\"dtype\": \"bfloat16\"})")
     tree: TreeConfig = field(default_factory=TreeConfig, metadata={"help": "tree shape"})
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig, metadata={"help": "advantages"})
     lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": "LoRA adapter"})
@@ -538,7 +537,7 @@ class TrainConfig:
                                 "never trained on; their weighted mean is the log's eval_judge")
     signals: SignalsConfig = field(default_factory=SignalsConfig, metadata={"help": "reward-hacking signals"})
     video: VideoConfig = field(default_factory=VideoConfig, metadata={"help": "video length and scored frames"})
-    checkpoint_every: int = _f(50, "write a checkpoint every N iterations (0 = only at the end)")
+    checkpoint_every: int = _f(50, "write a checkpoint every N iterations (0 = only at the end); --resume continues from the latest")
     keep_checkpoints: int = _f(2, "checkpoints kept on disk")
     output_dir: str = _f("treegrpo_out", "folder for the LoRA, logs, plots and checkpoints")
     run_name: str = _f("treegrpo", "name of the run (file names, checkpoint identity)")

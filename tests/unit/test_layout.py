@@ -120,3 +120,22 @@ def test_every_widget_default_is_its_config_fields(comfyui_pack):
                 f"{node_id}.{name} = {opts['default']!r}, but {klass.__name__}.{field} = {field_default(klass, field)!r}"
             checked += 1
     assert checked >= 25
+
+
+def test_the_configuration_reference_is_generated_from_the_dataclasses():
+    """docs/configuration.md is the generator's output: every field of every section, its default, the demo's value
+    where it differs, and the field's help — one source, so the page cannot drift from the code."""
+    import dataclasses
+
+    from treegrpo import config_reference
+    from treegrpo.config import TrainConfig, config_sections
+
+    page = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert page == config_reference.markdown(), \
+        "docs/configuration.md is stale: run `python -m treegrpo.config_reference > docs/configuration.md`"
+    names = {n for n, *_ in config_reference.rows()}
+    expected = {f.name for f in dataclasses.fields(TrainConfig) if f.name not in config_sections()}
+    expected |= {f"{s}.{g.name}" for s, k in config_sections().items() for g in dataclasses.fields(k)}
+    assert names == expected
+    assert all(h for *_, h in config_reference.rows()), "a field without help text"
+    assert "| `iterations` | `100` | `80` |" in page     # the default and the demo's value
