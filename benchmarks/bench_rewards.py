@@ -37,8 +37,10 @@ MODELS = ["jpeg_compressibility", "laion_aesthetic", "clipscore", "hpsv2", "pick
 ARCH = {"hpsv2": "ViT-H-14", "pickscore": "ViT-H-14 (transformers)", "laion_aesthetic": "ViT-L-14 image tower + MLP",
         "clipscore": "ViT-L-14", "image_reward": "BLIP ViT-L + BERT-base (12 layers)", "jpeg_compressibility": "-",
         "ocr": "PP-OCRv4 det + rec (ONNX, the real models)", "vlm_judge": "Qwen2-VL", "hpsv3": "Qwen2-VL-7B + head"}
-#: built only at the tiny size here: their published sizes (2-7 B parameters) need a GPU's memory
+#: billions of parameters: at --size real built at their published widths with a few layers, timed at two depths,
+#: and composed to the published depth (:func:`time_published_vlm`)
 GPU_ONLY = ("vlm_judge", "hpsv3")
+PUBLISHED = {"vlm_judge": "2b", "hpsv3": "7b"}     # the judge's smallest Qwen2-VL; HPSv3 is Qwen2-VL-7B
 
 
 def build(name: str, folder: str, size: str, device: str):
@@ -59,10 +61,8 @@ def build(name: str, folder: str, size: str, device: str):
     elif name == "image_reward":
         path = rf.make_imagereward_folder(folder, bert_layers=2 if size == "tiny" else 12)
     elif name in GPU_ONLY:
-        if size != "tiny":
-            raise SystemExit(f"{name}: the published model has billions of parameters; time it on a GPU with its "
-                             "real files, or here with --size tiny (the computation only)")
-        path = rf.make_qwen2vl_folder(folder) if name == "vlm_judge" else rf.make_hpsv3_folder(folder)
+        depth = {} if size == "tiny" else {"size": PUBLISHED[name], "text_layers": int(size), "vision_depth": int(size)}
+        path = rf.make_qwen2vl_folder(folder, **depth) if name == "vlm_judge" else rf.make_hpsv3_folder(folder, **depth)
     else:
         path = None
     t1 = time.perf_counter()
@@ -119,6 +119,75 @@ def time_batches(model, batches, device, res, repeat, name=""):
     return rows
 
 
+def published_params(name: str) -> int:
+    """Parameters of the published model (built on the meta device: no memory), the HPSv3 head included."""
+    from transformers import Qwen2VLForConditionalGeneration
+
+    ids = {t: i for i, t in enumerate(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
+                                       "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"])}
+    cfg = rf.qwen2vl_config(PUBLISHED[name], ids, 0)
+    if name == "hpsv3":
+        cfg.text_config.vocab_size = 151658
+    with torch.device("meta"):
+        n = sum(p.numel() for p in Qwen2VLForConditionalGeneration(cfg).parameters())
+    if name == "hpsv3":
+        from treegrpo.rewards.hpsv3 import ranknet_head
+        with torch.device("meta"):
+            n += sum(p.numel() for p in ranknet_head(cfg.text_config.hidden_size).parameters())
+    return n
+
+
+def time_published_vlm(name: str, depths: list[int], batch: int, device: str, res: int) -> dict:
+    """A Qwen2-VL reward at its published widths: built with ``d`` text layers and ``d`` vision blocks for each ``d``
+    in ``depths`` (two of them), loaded through ``load_reward``; the whole scoring call and the vision tower alone
+    timed on ``batch`` images. Per layer: the difference between the depths; the published depth (28 text layers,
+    32 vision blocks): the smaller build's time plus the layers it lacks. Peak memory of the scoring call's tensors
+    (activations, not the weights) measured at each depth; the weights' bytes from the published parameter count."""
+    from treegrpo import memory
+
+    full = rf.QWEN2VL_PUBLISHED[PUBLISHED[name]]
+    L_text, L_vis = full["text"]["num_hidden_layers"], full["vision"]["depth"]
+    g = torch.Generator().manual_seed(0)
+    imgs = torch.rand(batch, 3, res, res, generator=g)
+    prompts = ["a photo of a cat on a sofa", "a red sports car in the rain"] * batch
+    prompts = prompts[:batch]
+    at = {}
+    for d in depths:
+        folder = tempfile.mkdtemp(prefix=f"bench-{name}-{d}-")
+        try:
+            model, t_write, t_load = build(name, folder, str(d), device)
+            model(imgs[:1], prompts[:1])                       # warm-up
+            t0 = time.perf_counter()
+            out = model(imgs, prompts)
+            total = time.perf_counter() - t0
+            assert out.shape == (batch,) and torch.isfinite(out).all()
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                model.image_features(imgs)
+            vision = time.perf_counter() - t0
+            peak = memory.peak_of(model, lambda: (imgs, prompts), fake=False)
+            at[d] = {"total_s": total, "vision_s": vision, "activation_peak_bytes": peak, "load_s": t_load,
+                     "write_files_s": t_write, "dtype": str(model.dtype).replace("torch.", "")}
+            print(f"  {name} at depth {d}: {total:.1f} s for {batch} images (vision {vision:.1f} s), "
+                  f"activations {peak / 2**20:.0f} MiB", flush=True)
+            del model
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+            gc.collect()
+    d1, d2 = sorted(at)[:2]
+    a, b = at[d1], at[d2]
+    per_vis = (b["vision_s"] - a["vision_s"]) / (d2 - d1)
+    per_text = ((b["total_s"] - b["vision_s"]) - (a["total_s"] - a["vision_s"])) / (d2 - d1)
+    composed = a["total_s"] + (L_text - d1) * per_text + (L_vis - d1) * per_vis
+    params = published_params(name)
+    return {"model": name, "architecture": ARCH[name] + f" at the published widths ({PUBLISHED[name]}), timed with "
+            f"{d1} and {d2} of {L_text} text layers / {L_vis} vision blocks, composed to the published depth",
+            "dtype": a["dtype"], "params": params, "weights_bytes_bf16": 2 * params,
+            "by_depth": {str(k): v for k, v in at.items()}, "per_text_layer_s": per_text / batch,
+            "per_vision_block_s": per_vis / batch, "seconds_per_image": composed / batch,
+            "batches": [{"batch": batch, "seconds": composed, "images_per_s": batch / composed}]}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
@@ -127,6 +196,9 @@ def main(argv=None) -> int:
     ap.add_argument("--size", choices=["real", "tiny"], default="real")
     ap.add_argument("--res", type=int, default=512, help="side of the square input images")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--vlm-depths", default="2,4", help="--size real: the two depths the Qwen2-VL rewards are built "
+                    "at (text layers = vision blocks) to compose the published depth from")
+    ap.add_argument("--vlm-batch", type=int, default=2, help="--size real: images per timed call of the Qwen2-VL rewards")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "rewards.json"))
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
@@ -139,6 +211,14 @@ def main(argv=None) -> int:
     print(f"device {a.device} ({where}), {a.size} sizes, {a.res}x{a.res} inputs")
     print(f"{'model':22s} {'architecture':36s} {'dtype':9s} " + " ".join(f"{'b=' + str(b) + ' img/s':>11s}" for b in a.batches))
     for name in a.models:
+        if name in GPU_ONLY and a.size == "real":
+            depths = [int(x) for x in a.vlm_depths.split(",")]
+            row = time_published_vlm(name, depths, a.vlm_batch, a.device, 448)
+            results["rows"].append(row)
+            print(f"{name:22s} {'Qwen2-VL ' + PUBLISHED[name] + ' (composed)':36s} {row['dtype']:9s} "
+                  f"{row['seconds_per_image']:8.1f} s/image, weights {row['weights_bytes_bf16'] / 1e9:.1f} GB bf16",
+                  flush=True)
+            continue
         folder = tempfile.mkdtemp(prefix=f"bench-{name}-")
         try:
             model, t_write, t_load = build(name, folder, a.size, a.device)

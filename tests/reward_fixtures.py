@@ -319,10 +319,55 @@ def make_imagereward_folder(folder: str, bert_layers: int = 2, seed: int = 5, to
     return folder
 
 
-def make_qwen2vl_folder(folder: str, seed: int = 6) -> str:
-    """A tiny random Qwen2-VL model folder in the published layout (config.json, model.safetensors, tokenizer.json,
+#: the published Qwen2-VL sizes (config.json of Qwen/Qwen2-VL-2B-Instruct and -7B-Instruct): text and vision widths
+#: and depths; the benchmarks build them at these widths with fewer layers and extrapolate per layer
+QWEN2VL_PUBLISHED = {
+    "2b": dict(text=dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True,
+                         rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]}),
+               vision=dict(depth=32, embed_dim=1280, hidden_size=1536, num_heads=16, mlp_ratio=4)),
+    "7b": dict(text=dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                         num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False,
+                         rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]}),
+               vision=dict(depth=32, embed_dim=1280, hidden_size=3584, num_heads=16, mlp_ratio=4)),
+}
+
+
+def qwen2vl_config(size: str, ids: dict, vocab: int, text_layers=None, vision_depth=None, max_pixels=28 * 28 * 16):
+    """A Qwen2VLConfig: ``size`` "tiny" (the tests' model) or a key of :data:`QWEN2VL_PUBLISHED` (its widths, its
+    depths unless ``text_layers`` / ``vision_depth`` say fewer); ``ids`` the special tokens' ids, ``vocab`` the
+    tokenizer's size (the published vocabulary is kept when larger)."""
+    from transformers import Qwen2VLConfig
+
+    if size == "tiny":
+        text = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                    num_key_value_heads=1, max_position_embeddings=512,
+                    rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]})
+        vision = dict(depth=1, embed_dim=32, hidden_size=32, num_heads=2, mlp_ratio=2)
+    else:
+        pub = QWEN2VL_PUBLISHED[size]
+        text = dict(pub["text"], vocab_size=max(vocab, pub["text"]["vocab_size"]), max_position_embeddings=32768)
+        vision = dict(pub["vision"])
+    if text_layers:
+        text["num_hidden_layers"] = int(text_layers)
+    if vision_depth:
+        vision["depth"] = int(vision_depth)
+    return Qwen2VLConfig(
+        text_config=dict(text, bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"]),
+        vision_config=dict(vision, patch_size=14, spatial_merge_size=2, temporal_patch_size=2, in_chans=3),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
+        tie_word_embeddings=text.get("tie_word_embeddings", False))
+
+
+def make_qwen2vl_folder(folder: str, seed: int = 6, size: str = "tiny", text_layers=None, vision_depth=None,
+                        max_pixels: int = 28 * 28 * 16, save_weights: bool = True) -> str:
+    """A random Qwen2-VL model folder in the published layout (config.json, model.safetensors, tokenizer.json,
     tokenizer_config.json, processor and chat template files), with a byte-level BPE tokenizer trained here on a few
-    sentences (Qwen's special tokens included) and the Qwen2-VL chat template's image turn."""
+    sentences (Qwen's special tokens included) and the Qwen2-VL chat template's image turn. ``size``: "tiny" (the
+    tests'), or "2b" / "7b" at the published widths (:func:`qwen2vl_config`; with ``text_layers`` /
+    ``vision_depth`` fewer layers, as the benchmark times them). ``save_weights=False``: config and processor only."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import (Qwen2TokenizerFast, Qwen2VLConfig, Qwen2VLForConditionalGeneration,
                               Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor)
@@ -334,7 +379,13 @@ def make_qwen2vl_folder(folder: str, seed: int = 6) -> str:
     tok.decoder = decoders.ByteLevel()
     corpus = ['Does this image show: "a red circle"? Answer yes or no.', "Yes", "No", "user assistant",
               'a storefront sign that says "OPEN"', "Is the text legible?"] * 3
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=special,
+    vocab = 300
+    if size != "tiny":      # the published models' prompts in about as many tokens as Qwen's own tokenizer makes
+        from treegrpo.rewards import hpsv3, vlm_judge
+
+        corpus += [hpsv3.INSTRUCTION + hpsv3.REWARD_PROMPT, vlm_judge.DEFAULT_QUESTION] * 3
+        vocab = 4000
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=vocab, special_tokens=special,
                                                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     fast = Qwen2TokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                               unk_token=None, bos_token=None)
@@ -343,32 +394,28 @@ def make_qwen2vl_folder(folder: str, seed: int = 6) -> str:
                 "<|vision_start|><|image_pad|><|vision_end|>{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}"
                 "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
                 "{% endif %}")
-    proc = Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 16),
+    proc = Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(min_pixels=28 * 28 * 4, max_pixels=max_pixels),
                             tokenizer=fast, video_processor=Qwen2VLVideoProcessor(), chat_template=template)
     ids = {t: fast.convert_tokens_to_ids(t) for t in special}
-    cfg = Qwen2VLConfig(
-        text_config=dict(vocab_size=len(fast), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-                         rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
-                         bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"]),
-        vision_config=dict(depth=1, embed_dim=32, hidden_size=32, num_heads=2, mlp_ratio=2, patch_size=14,
-                           spatial_merge_size=2, temporal_patch_size=2, in_chans=3),
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-        bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"])
+    cfg = qwen2vl_config(size, ids, len(fast), text_layers, vision_depth)
+    os.makedirs(folder, exist_ok=True)
+    proc.save_pretrained(folder)
+    if not save_weights:
+        cfg.architectures = ["Qwen2VLForConditionalGeneration"]
+        cfg.save_pretrained(folder)
+        return folder
     torch.manual_seed(seed)
     model = Qwen2VLForConditionalGeneration(cfg).eval()
-    with torch.no_grad():      # logits spread enough that P(yes) differs from image to image
-        model.lm_head.weight.mul_(20.0)
-    os.makedirs(folder, exist_ok=True)
+    if size == "tiny":
+        with torch.no_grad():      # logits spread enough that P(yes) differs from image to image
+            model.lm_head.weight.mul_(20.0)
     model.save_pretrained(folder)
-    proc.save_pretrained(folder)
     return folder
 
 
-def make_hpsv3_folder(folder: str, seed: int = 7) -> str:
-    """A tiny HPSv3 in the published layout: the tiny Qwen2-VL's config and processor files (as Qwen2-VL-7B-Instruct's
-    folder holds them) and ``HPSv3.safetensors`` with the whole reward model's weights under the transformers 4.x key
+def make_hpsv3_folder(folder: str, seed: int = 7, size: str = "tiny", text_layers=None, vision_depth=None) -> str:
+    """A random HPSv3 in the published layout: the Qwen2-VL's config and processor files (as Qwen2-VL-7B-Instruct's
+    folder holds them; ``size`` "tiny" or "7b" with fewer layers, as :func:`make_qwen2vl_folder`) and ``HPSv3.safetensors`` with the whole reward model's weights under the transformers 4.x key
     names the published file has (``model.layers…``, ``visual…``, ``lm_head``, ``rm_head.0`` … ``rm_head.5``), the
     vocabulary grown by ``<|Reward|>``."""
     from safetensors.torch import save_file
@@ -376,12 +423,13 @@ def make_hpsv3_folder(folder: str, seed: int = 7) -> str:
 
     from treegrpo.rewards.hpsv3 import REWARD_TOKEN, ranknet_head
 
-    make_qwen2vl_folder(folder, seed=seed)
-    os.unlink(os.path.join(folder, "model.safetensors"))            # the base weights are not needed
+    make_qwen2vl_folder(folder, seed=seed, size=size, text_layers=text_layers, vision_depth=vision_depth,
+                        save_weights=False)                          # the base weights are not needed
     tok = AutoProcessor.from_pretrained(folder).tokenizer
     tok.add_special_tokens({"additional_special_tokens": [REWARD_TOKEN]})
     cfg = AutoConfig.from_pretrained(folder)
-    cfg.text_config.vocab_size = len(tok)
+    # the published file: Qwen2-VL's tokenizer (151657 tokens) grown by the reward token
+    cfg.text_config.vocab_size = len(tok) if size == "tiny" else 151658
     torch.manual_seed(seed)
     model = Qwen2VLForConditionalGeneration(cfg).eval()
     head = ranknet_head(cfg.text_config.hidden_size)

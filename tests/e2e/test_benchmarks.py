@@ -784,3 +784,15 @@ def test_bench_presets_composes_paper_as_bench_iteration_and_shorter_tails_cheap
                                                                                rel=1e-9)
         r = [row["presets"][p]["over_window_grpo"] for p in ("fast", "balanced", "paper")]
         assert r == sorted(r) and r[0] < r[-1]
+
+
+def test_the_published_qwen2vl_sizes_have_the_published_parameter_counts():
+    """bench_rewards composes the Qwen2-VL rewards' cost at the published widths: the configs it builds them from
+    must be those models'. Qwen2-VL-2B, summed by hand: text 151936·1536 (tied embeddings) + 28 layers of 46,797,824
+    (q, k, v with biases, o, the SwiGLU MLP, two norms) + the final norm = 1,543,714,304; vision: the patch conv
+    1,505,280 + 32 blocks of 19,677,440 + the merger 34,087,936 = 665,271,296; in all 2,208,985,600."""
+    import bench_rewards
+
+    assert bench_rewards.published_params("vlm_judge") == 2_208_985_600
+    n7 = bench_rewards.published_params("hpsv3")
+    assert 8.28e9 < n7 < 8.30e9, n7          # Qwen2-VL-7B (8.29 B) with its vocabulary as HPSv3 grows it, and the head

@@ -139,7 +139,8 @@ class VLMJudge(TorchReward):
 
     def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         """(B,) P(answer) for images (B, 3, H, W) in [0, 1]."""
-        logits = self.module(**self._inputs(images, prompts)).logits[:, -1, :].float()
+        # only the last position's logits: at a 152k vocabulary the whole sequence's would cost more than the answer
+        logits = self.module(**self._inputs(images, prompts), logits_to_keep=1).logits[:, -1, :].float()
         return torch.softmax(logits, dim=-1)[:, self.answer_id]
 
     def _embed(self, images: torch.Tensor) -> torch.Tensor:
