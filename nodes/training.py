@@ -7,13 +7,12 @@ import comfy.samplers
 from comfy_api.latest import io, ui
 
 from treegrpo.comfyui.families import check_trainable, parse_targets, targets_tooltip
-from treegrpo.comfyui.session import (RunState, latent_shape_for, patched_model, run_previews, train_full,
-                                      train_step)
+from treegrpo.comfyui.session import RunState, patched_model, train_step
+from treegrpo.comfyui.train_node import (checkpointing_choice, prompt_lines, reward_inputs, run_train_node,
+                                         train_node_config)
 from treegrpo.comfyui.watch import EXISTING_RUN
-from treegrpo.config import (AdvantageConfig, ArtistConfig, ConfigError, LoraConfig, MemoryConfig, OptimConfig,
-                             TrainConfig, TreeConfig, VideoConfig, check_run_name)
+from treegrpo.config import ConfigError, LoraConfig, OptimConfig, TreeConfig, check_run_name
 from treegrpo.lora import LoraDict
-from treegrpo.rewards.base import check_config_prompts
 from treegrpo.presets import CHOICES as PRESET_CHOICES
 from treegrpo.presets import apply_preset, presets_help
 
@@ -266,104 +265,31 @@ class Train(PackNode):
                                    gradient_checkpointing=gradient_checkpointing, offload_rewards=offload_rewards,
                                    tiled_decode=tiled_decode, artist_mode=artist_mode, artist_ask=artist_ask,
                                    existing_run=existing_run, preset=preset)
-        texts = [p.strip() for p in prompts.splitlines() if p.strip()]
-        rewards = {reward_model["name"]: reward_model["model"]}
-        specs = [{"name": reward_model["name"], "weight": 1.0}]
-        if reward_model_2 is not None:
-            if reward_model_2["name"] in rewards:
-                raise ValueError(f"reward_model and reward_model_2 are both {reward_model_2['name']!r}; connect "
-                                 "another reward type to reward_model_2, or raise the first one's weight instead")
-            rewards[reward_model_2["name"]] = reward_model_2["model"]
-            specs.append({"name": reward_model_2["name"], "weight": weight_2})
-        judges = {judge["name"]: judge["model"]} if judge is not None else {}
-        tcfg = apply_preset(tree_config(steps, window_start, window_width, branch, noise_level, window_schedule,
+        texts, held_out = prompt_lines(prompts), prompt_lines(eval_prompts)
+        rewards, specs, judges = reward_inputs(reward_model, reward_model_2, weight_2, judge)
+        tree = apply_preset(tree_config(steps, window_start, window_width, branch, noise_level, window_schedule,
                                         antithetic, tail_solver, tail_steps,
                                         tail_steps_schedule=schedule_value("tail_steps_schedule", tail_steps_schedule)),
                             preset or "custom")
-        held_out = [p.strip() for p in (eval_prompts or "").splitlines() if p.strip()]
-        tc = TrainConfig(backend="comfy", prompts=texts, negative_prompt=negative, cfg=cfg, rewards=specs, tree=tcfg,
-                         eval_rewards=[{"name": n, "weight": 1.0} for n in judges],
-                         advantage=AdvantageConfig(),
-                         lora=LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=targets),
-                         optim=OptimConfig(lr=learning_rate,
-                                           lr_factor_schedule=schedule_value("lr_factor_schedule", lr_factor_schedule),
-                                           **({} if kl_beta is None else {"kl_beta": kl_beta})),
-                         eval_prompts=held_out,
-                         iterations=iterations,
-                         prompts_per_iter=prompts_per_iteration, seed=seed, eval_every=eval_every,
-                         eval_seeds=2, checkpoint_every=max(1, min(25, iterations)), run_name=run_name,
-                         memory=MemoryConfig(budget_gb=memory_budget_gb or 0.0,
-                                             checkpointing=checkpointing_choice(gradient_checkpointing),
-                                             offload_rewards=offload_rewards or "auto",
-                                             tiled_decode=tiled_decode or "auto"),
-                         video=VideoConfig(frames=frames or 1,
-                                           reward_frames=reward_frames or VideoConfig().reward_frames,
-                                           frame_stride=frame_stride or VideoConfig().frame_stride))
-        check_config_prompts(tc, texts)          # e.g. the ocr reward: every prompt quotes the text to write
-        r = vae.spacial_compression_decode()
-        if width % r or height % r:
-            raise ValueError(f"width {width} and height {height} must be multiples of the VAE's scale factor {r}")
-        shape = latent_shape_for(model, width, height, r, tc.video.frames, vae.temporal_compression_decode() or 1)
-        encoded = texts + [p for p in dict.fromkeys(held_out) if p not in texts]   # held-out prompts need conds too
-        conds = [(encode(clip, t, guidance), encode(clip, negative, guidance)) for t in encoded]
-        artist = None
-        if artist_every:
-            import comfy.model_management
-            from server import PromptServer
-
-            from treegrpo.comfyui.artist import train_node_artist
-            acfg = ArtistConfig(mode=artist_mode or "favourites", timeout_s=artist_timeout_s or 600,
-                                every=artist_every, ask=artist_ask or "every N-th tree",
-                                away_s=artist_away_s or ArtistConfig().away_s)
-            srv = PromptServer.instance
-            where = dict(check_interrupt=comfy.model_management.throw_exception_if_processing_interrupted,
-                         prompt_id=getattr(srv, "last_prompt_id", None), client_id=getattr(srv, "client_id", None))
-            if acfg.ask == "when unsure":
-                from treegrpo.comfyui.session import model_name
-                from treegrpo.comfyui.taste import choose_encoder, train_node_taste
-                from treegrpo.demo import BASE_MODEL_NAME
-                from treegrpo.taste import TasteConfig
-
-                encoder = choose_encoder(taste_features, rewards, demo=model_name(model) == BASE_MODEL_NAME)
-                artist = train_node_taste(encoder, acfg.mode, acfg.timeout_s,
-                                          TasteConfig.one_in(acfg.every), away_s=acfg.away_s, **where)
-            else:
-                artist = train_node_artist(acfg.every, acfg.mode, acfg.timeout_s, away_s=acfg.away_s, **where)
-        trainer = train_full(model, vae, encoded, conds, rewards, tc, shape, scheduler=scheduler, judges=judges,
-                             artist=artist, existing_run=existing_run or "resume", save_every=save_every or 0,
-                             node_id=executing_node_id())
-        curve, grid = run_previews(trainer, held_out or texts)
+        tc = train_node_config(
+            prompts=texts, negative=negative, reward_specs=specs, judges=list(judges), cfg=cfg, tree=tree,
+            iterations=iterations, prompts_per_iteration=prompts_per_iteration, lora_rank=lora_rank,
+            lora_alpha=lora_alpha, targets=targets, learning_rate=learning_rate,
+            lr_factor_schedule=schedule_value("lr_factor_schedule", lr_factor_schedule), kl_beta=kl_beta, seed=seed,
+            run_name=run_name, eval_every=eval_every, eval_prompts=held_out, memory_budget_gb=memory_budget_gb,
+            gradient_checkpointing=gradient_checkpointing, offload_rewards=offload_rewards, tiled_decode=tiled_decode,
+            frames=frames, reward_frames=reward_frames, frame_stride=frame_stride)
+        artist = dict(every=artist_every, mode=artist_mode, timeout_s=artist_timeout_s, ask=artist_ask,
+                      away_s=artist_away_s) if artist_every else None
+        trainer, curve, grid = run_train_node(
+            model, clip, vae, tc, rewards, judges, prompts=texts, eval_prompts=held_out, negative=negative,
+            width=width, height=height, scheduler=scheduler, guidance=guidance, artist=artist,
+            taste_features=taste_features, existing_run=existing_run, save_every=save_every)
         lora = LoraDict(trainer.lora_tensors("comfy"), metadata=trainer.metadata())
         out_model = model.clone()
         trainer.lora.patch(out_model)
         return io.NodeOutput(out_model, lora, curve, grid,
                              ui=ui.PreviewImage(grid.cpu(), cls=cls))
-
-
-def executing_node_id():
-    """The id of the node ComfyUI is executing (for text under it), or None."""
-    try:
-        from comfy_execution.utils import get_executing_context
-        ctx = get_executing_context()
-        return None if ctx is None else ctx.node_id
-    except ImportError:
-        return None
-
-
-def checkpointing_choice(value) -> str:
-    """The widget's value; booleans from workflows saved before it became a choice mean on / auto."""
-    if isinstance(value, bool):
-        return "on" if value else "auto"
-    return value or "auto"
-
-
-def encode(clip, text: str, guidance: float = 0.0):
-    """CONDITIONING of ``text``; ``guidance`` > 0 sets the embedded guidance (what FluxGuidance does)."""
-    cond = clip.encode_from_tokens_scheduled(clip.tokenize(text))
-    if guidance and guidance > 0:
-        import node_helpers
-        cond = node_helpers.conditioning_set_values(cond, {"guidance": float(guidance)})
-    return cond
 
 
 NODES = [TrainerState, TrainerStep, Train]

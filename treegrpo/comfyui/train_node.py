@@ -1,0 +1,145 @@
+"""The Train node's run, outside the node: its widget values become one :class:`TrainConfig`
+(:func:`train_node_config`), and :func:`run_train_node` does the rest — the reward prompts' check, the latent shape,
+the prompts' conditioning, the artist or taste model it asks, the training loop (``session.train_full``) and the
+previews. ``nodes/training.py`` checks the inputs, calls these two and wires the outputs.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from ..config import AdvantageConfig, LoraConfig, MemoryConfig, OptimConfig, TrainConfig, TreeConfig, VideoConfig
+from ..rewards.base import check_config_prompts
+
+
+def prompt_lines(text: Optional[str]) -> list[str]:
+    """The non-empty lines of a multiline prompt widget, stripped."""
+    return [p.strip() for p in (text or "").splitlines() if p.strip()]
+
+
+def checkpointing_choice(value) -> str:
+    """The widget's value; booleans from workflows saved before it became a choice mean on / auto."""
+    if isinstance(value, bool):
+        return "on" if value else "auto"
+    return value or "auto"
+
+
+def reward_inputs(reward_model: dict, reward_model_2: Optional[dict], weight_2: float,
+                  judge: Optional[dict]) -> tuple[dict, list[dict], dict]:
+    """The connected reward models (``{"name", "model"}`` from the Reward Model Loader): ``(rewards {name: model},
+    their specs [{name, weight}], judges {name: model})``; the same reward twice is refused."""
+    rewards = {reward_model["name"]: reward_model["model"]}
+    specs = [{"name": reward_model["name"], "weight": 1.0}]
+    if reward_model_2 is not None:
+        if reward_model_2["name"] in rewards:
+            raise ValueError(f"reward_model and reward_model_2 are both {reward_model_2['name']!r}; connect "
+                             "another reward type to reward_model_2, or raise the first one's weight instead")
+        rewards[reward_model_2["name"]] = reward_model_2["model"]
+        specs.append({"name": reward_model_2["name"], "weight": weight_2})
+    judges = {judge["name"]: judge["model"]} if judge is not None else {}
+    return rewards, specs, judges
+
+
+def train_node_config(*, prompts: list[str], negative: str, reward_specs: list[dict], judges: list[str], cfg: float,
+                      tree: TreeConfig, iterations: int, prompts_per_iteration: int, lora_rank: int,
+                      lora_alpha: float, targets: list[str], learning_rate: float, lr_factor_schedule: list,
+                      kl_beta: Optional[float], seed: int, run_name: str, eval_every: int, eval_prompts: list[str],
+                      memory_budget_gb: float, gradient_checkpointing, offload_rewards: Optional[str],
+                      tiled_decode: Optional[str], frames: Optional[int], reward_frames: Optional[int],
+                      frame_stride: Optional[int]) -> TrainConfig:
+    """The Train node's widgets (parsed: prompt lines, LoRA targets, the tree with its preset applied, schedules) as
+    the run's config. Unset optional widgets (None, 0, "") take the config's defaults; ``kl_beta`` None (a workflow
+    saved before the widget) keeps the default; evaluation uses 2 fixed noises per prompt; a checkpoint is written
+    every 25 iterations (every iteration for a shorter run)."""
+    return TrainConfig(
+        backend="comfy", prompts=prompts, negative_prompt=negative, cfg=cfg, rewards=reward_specs, tree=tree,
+        eval_rewards=[{"name": n, "weight": 1.0} for n in judges],
+        advantage=AdvantageConfig(),
+        lora=LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=targets),
+        optim=OptimConfig(lr=learning_rate, lr_factor_schedule=lr_factor_schedule,
+                          **({} if kl_beta is None else {"kl_beta": kl_beta})),
+        eval_prompts=eval_prompts,
+        iterations=iterations,
+        prompts_per_iter=prompts_per_iteration, seed=seed, eval_every=eval_every,
+        eval_seeds=2, checkpoint_every=max(1, min(25, iterations)), run_name=run_name,
+        memory=MemoryConfig(budget_gb=memory_budget_gb or 0.0,
+                            checkpointing=checkpointing_choice(gradient_checkpointing),
+                            offload_rewards=offload_rewards or "auto",
+                            tiled_decode=tiled_decode or "auto"),
+        video=VideoConfig(frames=frames or 1,
+                          reward_frames=reward_frames or VideoConfig().reward_frames,
+                          frame_stride=frame_stride or VideoConfig().frame_stride))
+
+
+def encode(clip, text: str, guidance: float = 0.0):
+    """CONDITIONING of ``text``; ``guidance`` > 0 sets the embedded guidance (what FluxGuidance does)."""
+    cond = clip.encode_from_tokens_scheduled(clip.tokenize(text))
+    if guidance and guidance > 0:
+        import node_helpers
+        cond = node_helpers.conditioning_set_values(cond, {"guidance": float(guidance)})
+    return cond
+
+
+def executing_node_id():
+    """The id of the node ComfyUI is executing (for text under it), or None."""
+    try:
+        from comfy_execution.utils import get_executing_context
+        ctx = get_executing_context()
+        return None if ctx is None else ctx.node_id
+    except ImportError:
+        return None
+
+
+def artist_hook(model, rewards: dict, taste_features, *, every: int, mode: Optional[str], timeout_s: Optional[int],
+                ask: Optional[str], away_s: Optional[int]):
+    """The leaf scorer that asks the artist in the tab that queued the prompt (``every`` 0: None): every N-th tree,
+    or a taste model that asks when unsure (its features: ``taste_features`` (CLIP Vision), else the reward model's
+    image tower or the demo model's encoder)."""
+    if not every:
+        return None
+    import comfy.model_management
+    from server import PromptServer
+
+    from ..config import ArtistConfig
+    from .artist import train_node_artist
+
+    acfg = ArtistConfig(mode=mode or "favourites", timeout_s=timeout_s or 600, every=every,
+                        ask=ask or "every N-th tree", away_s=away_s or ArtistConfig().away_s)
+    srv = PromptServer.instance
+    where = dict(check_interrupt=comfy.model_management.throw_exception_if_processing_interrupted,
+                 prompt_id=getattr(srv, "last_prompt_id", None), client_id=getattr(srv, "client_id", None))
+    if acfg.ask == "when unsure":
+        from ..demo import BASE_MODEL_NAME
+        from ..taste import TasteConfig
+        from .session import model_name
+        from .taste import choose_encoder, train_node_taste
+
+        encoder = choose_encoder(taste_features, rewards, demo=model_name(model) == BASE_MODEL_NAME)
+        return train_node_taste(encoder, acfg.mode, acfg.timeout_s, TasteConfig.one_in(acfg.every),
+                                away_s=acfg.away_s, **where)
+    return train_node_artist(acfg.every, acfg.mode, acfg.timeout_s, away_s=acfg.away_s, **where)
+
+
+def run_train_node(model, clip, vae, tc: TrainConfig, rewards: dict, judges: dict, *, prompts: list[str],
+                   eval_prompts: list[str], negative: str, width: int, height: int, scheduler: str, guidance: float,
+                   artist: Optional[dict] = None, taste_features=None, existing_run: Optional[str] = "resume",
+                   save_every: Optional[int] = 0):
+    """The Train node's whole run: ``(trainer, reward curve image, samples grid)``. Before any work: the rewards'
+    prompt requirements (e.g. the ocr reward's quoted text) and the size against the VAE's scale; then the latent
+    shape, the conditioning of the training and held-out prompts, the artist hook (``artist``: the keyword arguments
+    of :func:`artist_hook`), the loop and its previews."""
+    from .session import latent_shape_for, run_previews, train_full
+
+    texts, held_out = prompts, eval_prompts
+    check_config_prompts(tc, texts)          # e.g. the ocr reward: every prompt quotes the text to write
+    r = vae.spacial_compression_decode()
+    if width % r or height % r:
+        raise ValueError(f"width {width} and height {height} must be multiples of the VAE's scale factor {r}")
+    shape = latent_shape_for(model, width, height, r, tc.video.frames, vae.temporal_compression_decode() or 1)
+    encoded = texts + [p for p in dict.fromkeys(held_out) if p not in texts]   # held-out prompts need conds too
+    conds = [(encode(clip, t, guidance), encode(clip, negative, guidance)) for t in encoded]
+    hook = artist_hook(model, rewards, taste_features, **artist) if artist else None
+    trainer = train_full(model, vae, encoded, conds, rewards, tc, shape, scheduler=scheduler, judges=judges,
+                         artist=hook, existing_run=existing_run or "resume", save_every=save_every or 0,
+                         node_id=executing_node_id())
+    curve, grid = run_previews(trainer, held_out or texts)
+    return trainer, curve, grid
