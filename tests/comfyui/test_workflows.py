@@ -69,3 +69,23 @@ def test_demo_workflow_runs_end_to_end_and_writes_a_lora(comfyui_pack):
     assert saved and Path(saved[0].split("saved ", 1)[1]).exists()
     previews = [nid for nid, o in r.outputs.items() if o.get("images")]
     assert len(previews) >= 3  # reward curve, sample grid, tree preview
+
+
+def test_a_workflow_saved_by_an_earlier_version_keeps_its_widget_values(comfyui_pack):
+    """The demo workflow as the pack saved it on 2026-11-30 (commit db82215: 26 Train widgets, gradient_checkpointing
+    still a boolean; today's node has 46): it converts, validates, and each widget it had keeps its value — the
+    inputs added since come last on the node and take their defaults."""
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "workflows" / "treegrpo_demo_cpu_db82215.json"
+    wf = json.loads(path.read_text())
+    api = ch.workflow_to_api(wf, comfyui_pack.node_classes())
+    v = comfyui_pack.validate(api)
+    assert not v.node_errors and v.ok, (v.node_errors, v.error)
+    train = next(n["inputs"] for n in api.values() if n["class_type"] == "TreeGRPOTrain")
+    saved = next(n["widgets_values"] for n in wf["nodes"] if n["type"] == "TreeGRPOTrain")
+    assert len(saved) == 26 and train["prompts"] == saved[0]
+    assert (train["iterations"], train["prompts_per_iteration"], train["lora_rank"], train["lora_alpha"],
+            train["learning_rate"], train["run_name"], train["eval_every"]) == (100, 24, 8, 16.0, 0.003,
+                                                                                "treegrpo_demo", 10)
+    assert (train["antithetic"], train["gradient_checkpointing"], train["tail_solver"], train["tail_steps"]) == \
+        (True, False, "dpmpp_2m", 3)                       # the old boolean: the node reads False as "auto"
+    assert not {"artist_every", "kl_beta", "preset", "existing_run"} & set(train)   # added since: defaults
