@@ -117,7 +117,7 @@ def run(name: str, device, budget: float, layers: int, px: int, steps: int) -> d
         batch = phase("sample", tr.sample)
         images = phase("decode", lambda: torch.no_grad()(pol.decode)(batch.leaves))
         raw = phase("reward", lambda: tr.score_images(images, batch.leaf_prompts))
-        tr.assign(batch, raw)
+        tr.backup(batch, raw)
         phase("update", lambda: tr.update(batch))
     return {"model": name, "px": px, "layers": layers, "budget_gb": budget / GB, "plan": plan.line(),
             "predicted_gb": {k: v / GB for k, v in plan.peaks.items()}, "measured_gb": measured, "plan_s": t_plan}

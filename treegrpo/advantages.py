@@ -140,7 +140,7 @@ def batch_scaled_advantages(raw: dict[str, torch.Tensor], weights: dict[str, flo
     return r / (batch_rms(r, pool) + eps)
 
 
-def assign_advantages(batch, raw: dict[str, torch.Tensor], weights: dict[str, float], cfg,
+def backup_advantages(batch, raw: dict[str, torch.Tensor], weights: dict[str, float], cfg,
                       pool: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
                       exclude_trees: Optional[torch.Tensor] = None) -> dict:
     """Fill ``batch.advantages`` / ``batch.trainable`` / ``batch.rewards`` from raw leaf rewards.

@@ -5,7 +5,7 @@ phases, which the CLI loop (:meth:`Trainer.train`), ComfyUI's Train node and its
 
 1. :meth:`Trainer.sample` — the iteration's prompts, initial noises and window; the trees (a ``TreeBatch``);
 2. :meth:`Trainer.score` — leaves decoded and scored (the step nodes score with VAEDecode + Reward Scorer);
-3. :meth:`Trainer.assign` — leaf rewards → edge advantages;
+3. :meth:`Trainer.backup` — leaf rewards → edge advantages (the Advantage Backup node);
 4. :meth:`Trainer.update` — the GRPO update of the LoRA; then :meth:`Trainer.record` logs the iteration and
    :meth:`Trainer.after_iteration` evaluates and checkpoints on schedule.
 
@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from . import checkpoint as ckpt
-from .advantages import assign_advantages, check_rewards, weighted_raw
+from .advantages import backup_advantages, check_rewards, weighted_raw
 from .config import AdvantageConfig, TrainConfig, schedule_at
 from .io import atomic_write, atomic_write_json
 from . import memory
@@ -76,7 +76,7 @@ class Trainer:
     """TreeGRPO (or trajectory GRPO) LoRA training on one policy.
 
     ``rewards``: name → reward model (callable ``(images, prompts) -> (B,)``), or None when the leaves are scored
-    outside the trainer (ComfyUI's step nodes pass the raw rewards to :meth:`assign`).
+    outside the trainer (ComfyUI's step nodes pass the raw rewards to :meth:`backup`).
     ``stop``: optional callable returning True to stop (interrupt); checked at every step.
     ``step_callback``: called after every denoiser/update step (progress bars, interrupt checks).
     ``iteration_callback``: called with each iteration's statistics.
@@ -218,7 +218,7 @@ class Trainer:
     def score(self, batch: TreeBatch) -> dict[str, torch.Tensor]:
         """Decode the leaves and score them: ``{reward name: (n_leaves,)}`` raw rewards."""
         if self.rewards is None:
-            raise ValueError("this trainer has no reward models: score the leaves outside and call assign()")
+            raise ValueError("this trainer has no reward models: score the leaves outside and call backup()")
         t0 = time.perf_counter()
         with torch.no_grad():
             images = self.policy.decode(batch.leaves)
@@ -233,14 +233,14 @@ class Trainer:
         return raw
 
     # ------------------------------------------------------------------ phase 3: advantages
-    def assign(self, batch: TreeBatch, raw: dict[str, torch.Tensor], weights: Optional[dict[str, float]] = None,
+    def backup(self, batch: TreeBatch, raw: dict[str, torch.Tensor], weights: Optional[dict[str, float]] = None,
                adv_cfg: Optional[AdvantageConfig] = None, exclude_trees: Optional[torch.Tensor] = None) -> dict:
         """Leaf rewards → advantages on every window edge (in ``batch``); returns the reward statistics.
         ``weights`` / ``adv_cfg`` default to the config's; ``exclude_trees`` (n_trees,) bool: trees not trained on
         (an artist's "no preference")."""
         t0 = time.perf_counter()
         pool = getattr(self.dist, "sum_over_ranks", None) if self.world > 1 else None
-        stats = assign_advantages(batch, raw, self.weights if weights is None else weights,
+        stats = backup_advantages(batch, raw, self.weights if weights is None else weights,
                                   adv_cfg or self.cfg.advantage, pool=pool, exclude_trees=exclude_trees)
         batch.stats["adv"] = stats
         batch.stats["t_assign"] = time.perf_counter() - t0
@@ -250,7 +250,7 @@ class Trainer:
     def update(self, batch: TreeBatch) -> dict:
         """The GRPO update of the LoRA on the batch's edges (this iteration's learning rate)."""
         if batch.advantages is None:
-            raise ValueError("the trees have no advantages yet: run assign() (the Advantage Backup node) first")
+            raise ValueError("the trees have no advantages yet: run backup() (the Advantage Backup node) first")
         t0 = time.perf_counter()
         lr = self._set_lr()
         self.policy.model.train()
@@ -293,10 +293,10 @@ class Trainer:
         return stats
 
     def train_step(self) -> dict:
-        """One iteration: sample → score → assign → update → record; returns its statistics."""
+        """One iteration: sample → score → backup → update → record; returns its statistics."""
         batch = self.sample()
         raw = self.score(batch)
-        self.assign(batch, raw, **batch.stats.pop("artist", {}))
+        self.backup(batch, raw, **batch.stats.pop("artist", {}))
         return self.record(batch, self.update(batch))
 
     _SUMMED = ("flat_trees", "nfe", "edges", "parents", "forwards", "ref_forwards")

@@ -227,7 +227,7 @@ def matching_update(policy: Policy, batch: TreeBatch, optimizer: torch.optim.Opt
     from .matching import awm_loss, matching_error, nft_loss, optimality, renoise
 
     if batch.leaf_advantages is None:
-        raise ValueError("the leaves have no advantages yet: run assign() (the Advantage Backup node) first")
+        raise ValueError("the leaves have no advantages yet: run the backup (Trainer.backup, the Advantage Backup node) first")
     params = params if params is not None else [p for p in policy.model.parameters() if p.requires_grad]
     leaves, adv = batch.leaves, batch.leaf_advantages.to(batch.leaves.device)
     leaf_tree = batch.leaf_tree

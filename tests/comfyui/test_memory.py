@@ -62,7 +62,7 @@ def _measure(tr: Trainer) -> dict:
     with memory.LiveBytes() as lb:
         raw = tr.score_images(images, batch.leaf_prompts)
     out["reward"] = lb.peak
-    tr.assign(batch, raw)
+    tr.backup(batch, raw)
     with memory.LiveBytes() as lb:
         tr.update(batch)
     out["update"] = lb.peak

@@ -5,7 +5,7 @@ import statistics as st
 import pytest
 import torch
 
-from treegrpo.advantages import (RewardError, aggregate_rewards, assign_advantages, backup, batch_scaled_advantages,
+from treegrpo.advantages import (RewardError, aggregate_rewards, backup_advantages, backup, batch_scaled_advantages,
                                  leaf_advantages,
                                  sibling_baseline)
 from treegrpo.config import AdvantageConfig, TreeConfig
@@ -58,12 +58,12 @@ def test_sibling_baseline_hand_computed():
     assert tout[0].tolist() == pytest.approx([1.0, -2.0, 1.0]) and tout[1].tolist() == pytest.approx([1.0, -2.0, 1.0])
 
 
-def test_sibling_baseline_in_assign_advantages():
+def test_sibling_baseline_in_backup_advantages():
     tb, tb2 = _batch(), _batch()
     r = torch.rand(24, generator=torch.Generator().manual_seed(3))
-    assign_advantages(tb, {"x": r}, {"x": 1.0}, AdvantageConfig(backup="mean", adv_clip=0, flat_floor=0,
+    backup_advantages(tb, {"x": r}, {"x": 1.0}, AdvantageConfig(backup="mean", adv_clip=0, flat_floor=0,
                                                                 edge_baseline="none"))
-    assign_advantages(tb2, {"x": r}, {"x": 1.0}, AdvantageConfig(backup="mean", adv_clip=0, flat_floor=0))
+    backup_advantages(tb2, {"x": r}, {"x": 1.0}, AdvantageConfig(backup="mean", adv_clip=0, flat_floor=0))
     for j in range(1, 3):   # siblings' advantages sum to zero; under the mean backup: minus the parent's value
         s = torch.zeros(tb2.advantages[j - 1].numel()).index_add_(0, tb2.parents[j], tb2.advantages[j])
         assert s.abs().max().item() < 1e-5
@@ -108,12 +108,12 @@ def _batch():
     return sample_trees(pol, ["p0", "p1", "p0"], cfg, generator=torch.Generator().manual_seed(0))
 
 
-def test_assign_advantages_on_sampled_trees_flat_tree_and_invariants():
+def test_backup_advantages_on_sampled_trees_flat_tree_and_invariants():
     tb = _batch()
     g = torch.Generator().manual_seed(1)
     r = torch.rand(24, generator=g)
     r[8:16] = 0.5                                        # tree 1 is flat
-    stats = assign_advantages(tb, {"demo": r}, {"demo": 1.0}, AdvantageConfig(backup="mean", adv_clip=0,
+    stats = backup_advantages(tb, {"demo": r}, {"demo": 1.0}, AdvantageConfig(backup="mean", adv_clip=0,
                                                                                      edge_baseline="none"))
     assert stats["flat_trees"] == 1 and tb.trainable.tolist() == [True, False, True]
     leaf = tb.advantages[-1]
@@ -132,12 +132,12 @@ def test_adv_clip_and_prompt_level_stats():
     tb = _batch()
     r = torch.zeros(24)
     r[0] = 100.0                                          # one outlier leaf -> z = sqrt(7) ≈ 2.65
-    assign_advantages(tb, {"x": r}, {"x": 1.0}, AdvantageConfig(adv_clip=2.0, flat_floor=0, edge_baseline="none"))
+    backup_advantages(tb, {"x": r}, {"x": 1.0}, AdvantageConfig(adv_clip=2.0, flat_floor=0, edge_baseline="none"))
     assert tb.advantages[-1].max().item() == pytest.approx(2.0)
     tb2 = _batch()
     tb2.prompt_ids = torch.tensor([0, 1, 0])
     r2 = torch.arange(24, dtype=torch.float32)
-    assign_advantages(tb2, {"x": r2}, {"x": 1.0}, AdvantageConfig(reward_stats="prompt", flat_floor=0,
+    backup_advantages(tb2, {"x": r2}, {"x": 1.0}, AdvantageConfig(reward_stats="prompt", flat_floor=0,
                                                                             edge_baseline="none"))
     assert tb2.advantages[-1][:8].mean().item() == pytest.approx(0, abs=1e-5)
 
@@ -161,13 +161,13 @@ def test_batch_std_scope_keeps_each_trees_spread_relative_to_the_batch():
     assert flat[2:].abs().max() == 0 and flat[:2].tolist() == pytest.approx([-2 ** 0.5, 2 ** 0.5], rel=1e-5)
 
 
-def test_std_scope_batch_in_assign_advantages():
+def test_std_scope_batch_in_backup_advantages():
     base = torch.rand(8, generator=torch.Generator().manual_seed(4))
     r = torch.cat([base, 0.1 * base, base])               # tree 1: the same pattern at a tenth of the spread
     tb, ref = _batch(), _batch()
     kw = dict(backup="mean", adv_clip=0, flat_floor=0)
-    st = assign_advantages(tb, {"x": r}, {"x": 1.0}, AdvantageConfig(std_scope="batch", **kw))
-    assign_advantages(ref, {"x": r}, {"x": 1.0}, AdvantageConfig(**kw))
+    st = backup_advantages(tb, {"x": r}, {"x": 1.0}, AdvantageConfig(std_scope="batch", **kw))
+    backup_advantages(ref, {"x": r}, {"x": 1.0}, AdvantageConfig(**kw))
     for adv, ref_adv in zip(tb.advantages, ref.advantages):   # every level scales with its tree's spread
         n = adv.numel() // 3
         assert torch.allclose(adv[n:2 * n], 0.1 * adv[:n], atol=1e-5) and torch.allclose(adv[2 * n:], adv[:n])
@@ -184,8 +184,8 @@ def test_excluded_trees_are_not_trained_on():
     r = torch.rand(24, generator=g)
     cfg = AdvantageConfig(backup="mean", adv_clip=0, edge_baseline="none", flat_floor=0)
     ref, tb = _batch(), _batch()
-    assign_advantages(ref, {"x": r}, {"x": 1.0}, cfg)
-    assign_advantages(tb, {"x": r}, {"x": 1.0}, cfg, exclude_trees=torch.tensor([False, True, False]))
+    backup_advantages(ref, {"x": r}, {"x": 1.0}, cfg)
+    backup_advantages(tb, {"x": r}, {"x": 1.0}, cfg, exclude_trees=torch.tensor([False, True, False]))
     assert tb.trainable.tolist() == [True, False, True]
     assert torch.equal(tb.advantages[-1][:8], ref.advantages[-1][:8])
     kept = collect_edges(tb, skip_zero_adv=False)

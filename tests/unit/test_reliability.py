@@ -12,7 +12,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from treegrpo import cli
-from treegrpo.advantages import RewardError, assign_advantages
+from treegrpo.advantages import RewardError, backup_advantages
 from treegrpo.config import (AdvantageConfig, ConfigError, LoraConfig, OptimConfig, PipelineConfig, RewardSpec,
                              TrainConfig, TreeConfig)
 from treegrpo.lora import LoraFileError, check_base_model
@@ -145,7 +145,7 @@ def test_random_trees_nfe_leaves_and_advantage_invariants(T, k, w, data):
     assert tb.nfe == n_trees * expected_nfe(cfg) == sum(pol.rows)
     assert tb.leaves.shape[0] == n_trees * sizes[-1] == n_trees * cfg.leaves
     r = torch.tensor(data.draw(st.lists(st.floats(-5, 5), min_size=tb.leaves.shape[0], max_size=tb.leaves.shape[0])))
-    assign_advantages(tb, {"r": r}, {"r": 1.0}, AdvantageConfig(backup="mean", adv_clip=0, flat_floor=0,
+    backup_advantages(tb, {"r": r}, {"r": 1.0}, AdvantageConfig(backup="mean", adv_clip=0, flat_floor=0,
                                                                 edge_baseline="none"))
     leaf = tb.advantages[-1]
     per = tb.leaves.shape[0] // n_trees
@@ -156,7 +156,7 @@ def test_random_trees_nfe_leaves_and_advantage_invariants(T, k, w, data):
         for u in range(tb.advantages[j - 1].numel()):
             assert abs(float(tb.advantages[j - 1][u]) - float(child[par == u].mean())) < 1e-5
     paper = [a.clone() for a in tb.advantages]
-    assign_advantages(tb, {"r": r}, {"r": 1.0}, AdvantageConfig(backup="mean", adv_clip=0, flat_floor=0))
+    backup_advantages(tb, {"r": r}, {"r": 1.0}, AdvantageConfig(backup="mean", adv_clip=0, flat_floor=0))
     for j in range(1, tb.width):                                          # sibling baseline: sibling sums are 0
         par = tb.parents[j]
         for u in range(paper[j - 1].numel()):

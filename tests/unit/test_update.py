@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from treegrpo.advantages import assign_advantages
+from treegrpo.advantages import backup_advantages
 from treegrpo.policy import select_cond
 from treegrpo.config import AdvantageConfig, OptimConfig, TreeConfig
 from treegrpo.loss import grpo_edge_loss, kl_to_reference
@@ -21,7 +21,7 @@ def _setup(pred, method="tree", reduction="mean"):
     cfg = TreeConfig(steps=6, window_start=1, window_width=3, branch=2, method=method, logprob_reduction=reduction)
     tb = sample_trees(pol, ["p0", "p1"], cfg, generator=torch.Generator().manual_seed(0))
     r = torch.rand(tb.leaves.shape[0], generator=torch.Generator().manual_seed(1))
-    assign_advantages(tb, {"r": r}, {"r": 1.0}, AdvantageConfig(flat_floor=0))
+    backup_advantages(tb, {"r": r}, {"r": 1.0}, AdvantageConfig(flat_floor=0))
     return pol, cfg, tb
 
 

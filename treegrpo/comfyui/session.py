@@ -4,7 +4,7 @@ bar and interrupt, and runs that outlive one queued prompt. The iteration itself
 - :class:`RunState` — a named run (one Trainer: LoRA, optimiser, iteration, history) that the step nodes share
   between queued prompts; it checkpoints to ``<output>/treegrpo/<run_name>/`` in the Trainer's format.
 - :func:`sample_tree` — phase 1 (``Trainer.sample``) through ComfyUI's denoiser path (the TREE socket).
-- :func:`backup_tree` — phase 3 (``Trainer.assign``) on rewards scored by the Reward Scorer nodes.
+- :func:`backup_tree` — phase 3 (``Trainer.backup``) on rewards scored by the Reward Scorer nodes.
 - :func:`train_step` — phase 4 (``Trainer.update`` + ``Trainer.record``), then checkpoint and LoRA file.
 - :func:`train_full` — the Train node: ``Trainer.train`` on a ComfyUI model.
 
@@ -268,10 +268,10 @@ def monitor_tree(tree: TreeResult, images: torch.Tensor, rewards: dict, judge: O
 
 def backup_tree(tree: TreeResult, rewards: dict, adv_cfg: AdvantageConfig) -> TreeResult:
     """Leaf rewards (``{"rewards": {name: (n,)}, "weights": {name: w}}``) → advantages on every edge
-    (``Trainer.assign`` on a copy of the tree, so the sampler's cached output stays as it was)."""
+    (``Trainer.backup`` on a copy of the tree, so the sampler's cached output stays as it was)."""
     new = dataclasses.replace(tree, batch=dataclasses.replace(tree.batch, stats=dict(tree.batch.stats)))
     exclude = rewards.get("exclude_trees")   # an artist's trees without preference: not trained on
-    new.adv_stats = tree.trainer.assign(new.batch, dict(rewards["rewards"]), rewards["weights"], adv_cfg,
+    new.adv_stats = tree.trainer.backup(new.batch, dict(rewards["rewards"]), rewards["weights"], adv_cfg,
                                         exclude_trees=None if exclude is None else torch.as_tensor(exclude))
     return new
 
