@@ -5,7 +5,7 @@ import json
 
 from comfy_api.latest import io
 
-from treegrpo.comfyui.session import backup_tree
+from treegrpo.comfyui.steps import backup_tree
 from treegrpo.config import AdvantageConfig
 
 from .sockets import CATEGORY, PackNode, Rewards, Tree

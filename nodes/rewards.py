@@ -8,7 +8,7 @@ import folder_paths
 from comfy_api.latest import io
 
 from treegrpo.comfyui.reward_files import FOLDER, NO_FILE, register_model_folder
-from treegrpo.comfyui.session import ManagedReward
+from treegrpo.comfyui.runtime import ManagedReward
 from treegrpo.rewards.base import (available, check_options, load_reward, missing_package, reward_files_help,
                                    reward_options)
 from treegrpo.rewards.scoring import score_images

@@ -6,7 +6,7 @@ from comfy_api.latest import io
 
 from treegrpo.comfyui.demo import load_demo_comfy
 from treegrpo.comfyui.families import check_trainable
-from treegrpo.comfyui.session import sample_tree
+from treegrpo.comfyui.steps import sample_tree
 from treegrpo.config import ConfigError, TreeConfig
 
 from .sockets import CATEGORY, PackNode, Run, Tree

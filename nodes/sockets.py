@@ -5,10 +5,10 @@ from comfy_api.latest import io
 
 from treegrpo.deps import missing_message
 
-Tree = io.Custom("TREEGRPO_TREE")            # treegrpo.comfyui.session.TreeResult
+Tree = io.Custom("TREEGRPO_TREE")            # treegrpo.comfyui.steps.TreeResult
 Rewards = io.Custom("TREEGRPO_REWARDS")      # {"rewards": {name: (n,) tensor}, "weights": {name: float}}
 RewardModel = io.Custom("TREEGRPO_REWARD_MODEL")  # {"name": str, "model": callable}
-Run = io.Custom("TREEGRPO_RUN")              # treegrpo.comfyui.session.RunState
+Run = io.Custom("TREEGRPO_RUN")              # treegrpo.comfyui.steps.RunState
 
 CATEGORY = "TreeGRPO"
 

@@ -7,7 +7,8 @@ import comfy.samplers
 from comfy_api.latest import io, ui
 
 from treegrpo.comfyui.families import check_trainable, parse_targets, targets_tooltip
-from treegrpo.comfyui.session import RunState, patched_model, train_step
+from treegrpo.comfyui.runtime import patched_model
+from treegrpo.comfyui.steps import RunState, train_step
 from treegrpo.comfyui.train_node import (checkpointing_choice, prompt_lines, reward_inputs, run_train_node,
                                          train_node_config)
 from treegrpo.comfyui.watch import EXISTING_RUN

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io, ui
 
-from treegrpo.comfyui.session import monitor_tree
+from treegrpo.comfyui.steps import monitor_tree
 from treegrpo.report import signals_image, tree_preview
 
 from .sockets import CATEGORY, PackNode, RewardModel, Rewards, Tree

@@ -281,7 +281,7 @@ def test_real_server_runs_the_demo_graph_and_lists_the_workflows(comfyui_server)
 
 def test_reward_models_score_under_comfy_memory_management(rt, tmp_path):
     import reward_fixtures as rf
-    from treegrpo.comfyui.session import ManagedReward
+    from treegrpo.comfyui.runtime import ManagedReward
     from treegrpo.rewards.base import load_reward
 
     rf.register_tiny_configs()

@@ -131,7 +131,7 @@ def _run_iteration(name: str, run_name: str, cfg: float):
     """One TreeGRPO iteration through what the step nodes call (Trainer State → Tree Sampler → Reward Scorer →
     Advantage Backup → Trainer Step), with the family's default LoRA targets (``auto``)."""
     from comfy_test_pack.families import build_trainable as build
-    from treegrpo.comfyui.session import RunState, backup_tree, sample_tree, train_step
+    from treegrpo.comfyui.steps import RunState, backup_tree, sample_tree, train_step
     from treegrpo.config import AdvantageConfig, LoraConfig, OptimConfig, TreeConfig
 
     patcher, pos, neg, latent = build(name)
@@ -248,7 +248,7 @@ def test_other_prediction_types_of_a_family_train_too(comfyui_pack, variant, kin
     """SD2.x 768-v (v-prediction) and an SDXL v-prediction checkpoint on an EDM schedule: the same class as their
     family's eps instance, another sampling; one update through the step nodes' path changes the LoRA."""
     from comfy_test_pack.families import VARIANTS, build
-    from treegrpo.comfyui.session import RunState, backup_tree, sample_tree, train_step
+    from treegrpo.comfyui.steps import RunState, backup_tree, sample_tree, train_step
     from treegrpo.config import AdvantageConfig, LoraConfig, OptimConfig, TreeConfig
 
     patcher, pos, neg, latent = build(variant)
@@ -275,7 +275,8 @@ def test_video_leaves_decode_a_few_frames_and_rewards_average_them(comfyui_pack)
     (``train_full``): 9-frame videos (3 latent frames); the reward scores frames 0 and 4 of each leaf, so only the
     first two latent frames are decoded; each leaf's reward is the mean over those frames; the LoRA trains."""
     from comfy_test_pack.families import build, vae_for
-    from treegrpo.comfyui.session import latent_shape_for, train_full
+    from treegrpo.comfyui.runtime import latent_shape_for
+    from treegrpo.comfyui.train_node import train_full
     from treegrpo.config import TrainConfig
 
     patcher, pos, neg, _ = build("WAN21_T2V")
@@ -325,14 +326,12 @@ def test_reward_scorer_averages_each_videos_frames(comfyui_pack):
 def test_train_node_sets_flux_guidance_and_flux_reads_it(comfyui_pack):
     """The Train node's ``guidance`` writes the embedded guidance into every conditioning (what FluxGuidance does;
     0 leaves the model's default), and a Flux model's output depends on it."""
-    import sys
-
     from comfy_test_pack.families import build_trainable as build
     from treegrpo.comfyui.demo import load_demo_comfy
     from treegrpo.comfyui.policy import ComfyPolicy
+    from treegrpo.comfyui.train_node import encode     # what the Train node encodes its prompts with
     from treegrpo.config import LoraConfig
 
-    encode = sys.modules[comfyui_pack.node_classes()["TreeGRPOTrain"].__module__].encode
     _, clip, _ = load_demo_comfy()
     assert encode(clip, "a red circle", 4.0)[0][1]["guidance"] == 4.0
     assert "guidance" not in encode(clip, "a red circle", 0.0)[0][1]

@@ -1,7 +1,6 @@
 """The memory model (treegrpo.memory): live-bytes measurement, the tree's counts, predicted vs measured peaks of
 every phase on reduced configurations of each family (CLI demo, and ComfyUI's own classes), and the plan."""
 import dataclasses
-import math
 
 import pytest
 import torch
@@ -281,21 +280,21 @@ def test_the_step_nodes_plan_once_per_run_and_keep_the_plan(comfyui_pack, monkey
     re-applies it to the policy of every later tree: one log line, checkpointing as the Trainer State asks."""
     import logging
 
-    from treegrpo.comfyui import session
+    from treegrpo.comfyui import runtime, steps
     from treegrpo.comfyui.demo import load_demo_comfy
     from treegrpo.config import LoraConfig, OptimConfig, TreeConfig
 
-    monkeypatch.setattr(session, "memory_budget", lambda device: 1e9)
+    monkeypatch.setattr(runtime, "memory_budget", lambda device: 1e9)
     patcher, clip, _ = load_demo_comfy()
     enc = lambda t: clip.encode_from_tokens_scheduled(clip.tokenize(t))  # noqa: E731
-    run = session.RunState.get("plan_steps", LoraConfig(rank=2, alpha=2.0, targets=["to_q"]), OptimConfig(lr=1e-3),
-                               gradient_checkpointing="on")
+    run = steps.RunState.get("plan_steps", LoraConfig(rank=2, alpha=2.0, targets=["to_q"]), OptimConfig(lr=1e-3),
+                             gradient_checkpointing="on")
     latent = {"samples": torch.zeros(1, 3, 16, 16)}
     tcfg = TreeConfig(steps=6, window_start=1, window_width=2, branch=2)
     with caplog.at_level(logging.INFO):
         for _ in range(2):
-            t = session.sample_tree(patcher, enc("a red circle"), enc(""), latent, tcfg, seed=0, cfg=1.0,
-                                    scheduler="simple", trees=1, prompt="a red circle", run=run)
+            t = steps.sample_tree(patcher, enc("a red circle"), enc(""), latent, tcfg, seed=0, cfg=1.0,
+                                  scheduler="simple", trees=1, prompt="a red circle", run=run)
             assert t.trainer.policy.gradient_checkpointing
     lines = [m for m in caplog.messages if m.startswith("TreeGRPO memory: planned peak")]
     assert len(lines) == 1 and "of 1.0 GB" in lines[0] and "checkpointing on" in lines[0]

@@ -71,7 +71,7 @@ def test_layering(path):
 
 def test_layering_check_catches_an_upward_import(tmp_path, monkeypatch):
     fake = PKG / "tree.py"
-    src = fake.read_text(encoding="utf-8") + "\nfrom .comfyui import session\n"
+    src = fake.read_text(encoding="utf-8") + "\nfrom .comfyui import steps\n"
     monkeypatch.setattr(Path, "read_text", lambda self, encoding=None: src if self == fake else
                         Path.read_bytes(self).decode(encoding or "utf-8"))
     with pytest.raises(AssertionError, match="treegrpo.comfyui"):

@@ -1,26 +1,29 @@
 """The Train node's run, outside the node: its widget values become one :class:`TrainConfig`
 (:func:`train_node_config`), and :func:`run_train_node` does the rest — the reward prompts' check, the latent shape,
-the prompts' conditioning, the artist or taste model it asks, the training loop (``session.train_full``) and the
-previews. ``nodes/training.py`` checks the inputs, calls these two and wires the outputs.
+the prompts' conditioning, the artist or taste model it asks, the training loop (:func:`train_full`) and the
+previews (:func:`run_previews`). ``nodes/training.py`` checks the inputs, calls these two and wires the outputs.
+Imported only inside ComfyUI (it imports ``comfy`` lazily).
 """
 from __future__ import annotations
 
-from typing import Optional
+import dataclasses
+import logging
+from typing import Callable, Optional
 
+import torch
+
+from .. import checkpoint as ckpt
 from ..config import AdvantageConfig, LoraConfig, MemoryConfig, OptimConfig, TrainConfig, TreeConfig, VideoConfig
 from ..rewards.base import check_config_prompts
+from ..trainer import Trainer
+from . import runtime
+from .policy import ComfyPolicy
+from .runtime import checkpointing_choice
 
 
 def prompt_lines(text: Optional[str]) -> list[str]:
     """The non-empty lines of a multiline prompt widget, stripped."""
     return [p.strip() for p in (text or "").splitlines() if p.strip()]
-
-
-def checkpointing_choice(value) -> str:
-    """The widget's value; booleans from workflows saved before it became a choice mean on / auto."""
-    if isinstance(value, bool):
-        return "on" if value else "auto"
-    return value or "auto"
 
 
 def reward_inputs(reward_model: dict, reward_model_2: Optional[dict], weight_2: float,
@@ -110,10 +113,9 @@ def artist_hook(model, rewards: dict, taste_features, *, every: int, mode: Optio
     if acfg.ask == "when unsure":
         from ..demo import BASE_MODEL_NAME
         from ..taste import TasteConfig
-        from .session import model_name
         from .taste import choose_encoder, train_node_taste
 
-        encoder = choose_encoder(taste_features, rewards, demo=model_name(model) == BASE_MODEL_NAME)
+        encoder = choose_encoder(taste_features, rewards, demo=runtime.model_name(model) == BASE_MODEL_NAME)
         return train_node_taste(encoder, acfg.mode, acfg.timeout_s, TasteConfig.one_in(acfg.every),
                                 away_s=acfg.away_s, **where)
     return train_node_artist(acfg.every, acfg.mode, acfg.timeout_s, away_s=acfg.away_s, **where)
@@ -127,14 +129,12 @@ def run_train_node(model, clip, vae, tc: TrainConfig, rewards: dict, judges: dic
     prompt requirements (e.g. the ocr reward's quoted text) and the size against the VAE's scale; then the latent
     shape, the conditioning of the training and held-out prompts, the artist hook (``artist``: the keyword arguments
     of :func:`artist_hook`), the loop and its previews."""
-    from .session import latent_shape_for, run_previews, train_full
-
     texts, held_out = prompts, eval_prompts
     check_config_prompts(tc, texts)          # e.g. the ocr reward: every prompt quotes the text to write
     r = vae.spacial_compression_decode()
     if width % r or height % r:
         raise ValueError(f"width {width} and height {height} must be multiples of the VAE's scale factor {r}")
-    shape = latent_shape_for(model, width, height, r, tc.video.frames, vae.temporal_compression_decode() or 1)
+    shape = runtime.latent_shape_for(model, width, height, r, tc.video.frames, vae.temporal_compression_decode() or 1)
     encoded = texts + [p for p in dict.fromkeys(held_out) if p not in texts]   # held-out prompts need conds too
     conds = [(encode(clip, t, guidance), encode(clip, negative, guidance)) for t in encoded]
     hook = artist_hook(model, rewards, taste_features, **artist) if artist else None
@@ -143,3 +143,87 @@ def run_train_node(model, clip, vae, tc: TrainConfig, rewards: dict, judges: dic
                          node_id=executing_node_id())
     curve, grid = run_previews(trainer, held_out or texts)
     return trainer, curve, grid
+
+
+def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict, cfg: TrainConfig,
+               latent_shape: tuple, *, scheduler: str = "simple", judges: Optional[dict] = None,
+               artist: Optional[Callable] = None, existing_run: str = "resume", save_every: int = 0,
+               node_id: Optional[str] = None) -> Trainer:
+    """The whole TreeGRPO loop on a ComfyUI model (the Train node). ``existing_run`` (:data:`watch.EXISTING_RUN`)
+    decides what happens when ``cfg.run_name`` already trained: ``resume`` its latest checkpoint, start a ``new``
+    numbered run beside it, or ``overwrite`` it (its files moved aside); the run trained is ``trainer.cfg.run_name``.
+    Before any sampling the memory plan (``cfg.memory``) picks checkpointing, microbatch and offload for the
+    device's memory (or refuses). After every iteration ComfyUI's progress bar moves, one console line and the node
+    show reward, judge, KL, s/it and the time left (:class:`watch.RunWatcher`), and every ``save_every`` iterations
+    the LoRA is written where LoraLoader lists it; after every evaluation the curves and the sample grid show on the
+    node and the grid is kept in the run folder (``judges``: held-out reward models). Interrupts are checked at
+    every denoiser/update step and answered with a checkpoint (by the Trainer) before the exception propagates."""
+    import comfy.model_management
+
+    from .watch import RunWatcher, choose_run
+
+    name, resume = choose_run(cfg.run_name, existing_run, runtime.run_folder)
+    if name != cfg.run_name:
+        logging.info("TreeGRPO: run %r already trained; existing_run 'new' trains %r beside it", cfg.run_name, name)
+        cfg = dataclasses.replace(cfg, run_name=name)
+    out = runtime.run_folder(cfg.run_name)
+    # before any model work: a run of this name trained with other settings is not continued silently
+    if resume:
+        ckpt.check_resume(out, dataclasses.replace(cfg, output_dir=out), required=False,
+                          override_hint="set existing_run to 'new' (a fresh numbered run; this one stays) or "
+                                        "'overwrite' (its files are moved to previous-<time>/)")
+    policy = ComfyPolicy(model, prompts, conds, latent_shape, vae=vae, lora_cfg=cfg.lora, scheduler=scheduler,
+                         seed=cfg.seed, gradient_checkpointing=cfg.memory.checkpointing == "on", video=cfg.video)
+    bar = runtime.comfy_progress(cfg.iterations)
+    with torch.inference_mode(False):
+        trainer = Trainer(dataclasses.replace(cfg, output_dir=out), policy, rewards,
+                          progress=False, base_model_name=runtime.model_name(model),
+                          step_callback=comfy.model_management.throw_exception_if_processing_interrupted,
+                          judges=judges)
+        trainer.log = logging.info
+        watcher = RunWatcher(trainer, cfg.iterations, bar, save_every=save_every, node_id=node_id)
+        trainer.iteration_callback = watcher.on_iteration
+        trainer.eval_callback = watcher.on_evaluate
+        trainer.artist = artist       # the person answering about some trees (the Train node's artist_every)
+        if not cfg.memory.budget_gb:
+            trainer.memory_budget = runtime.memory_budget(policy.device) or None
+        trainer.train(resume=resume)
+    trainer.save_lora()  # before anything optional: a failing preview must never cost the trained LoRA
+    watcher.finish()     # the LoRA where LoraLoader lists it, the run's figures
+    return trainer
+
+
+def run_previews(trainer: Trainer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Train node's optional outputs, as ComfyUI IMAGEs (1, H, W, 3): the reward curve and a grid of
+    evaluation samples (2 per prompt, up to 8 prompts). A failure here (a plotting library missing, a reward
+    model erroring) is logged and answered with a blank image: the LoRA is already saved."""
+    from ..report import curve_image, image_grid, signals_image
+
+    def curve():
+        if trainer.evals:
+            return signals_image(trainer.evals)
+        return curve_image([h["reward"] for h in trainer.history])
+
+    def grid():
+        with torch.inference_mode(False):
+            ev = trainer.evaluate(prompts=prompts[:8], seeds=2, return_images=True)
+        g = image_grid(ev["images"], nrow=2, scale=max(1, 128 // max(1, ev["images"].shape[-1])))
+        return g.movedim(0, -1)[None].float()
+
+    return _optional("reward curve", curve, trainer), _optional("sample grid", grid, trainer)
+
+
+def _optional(what: str, draw: Callable[[], torch.Tensor], trainer: Trainer) -> torch.Tensor:
+    """``draw()``, or a blank 64×64 IMAGE with a logged warning when it fails (interrupts still propagate)."""
+    import logging
+
+    from comfy.model_management import InterruptProcessingException
+
+    try:
+        return draw()
+    except InterruptProcessingException:
+        raise
+    except Exception as e:  # noqa: BLE001 - an optional output must not fail the run
+        logging.warning("TreeGRPO: could not draw the %s (%s: %s); the LoRA is saved at %s", what,
+                        type(e).__name__, e, trainer.lora_path)
+        return torch.zeros(1, 64, 64, 3)

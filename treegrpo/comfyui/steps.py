@@ -1,0 +1,211 @@
+"""The step nodes' run: a named run shared between queued prompts (:class:`RunState`), whose iteration is the
+Trainer's phases, one node each:
+
+- :func:`sample_tree` — phase 1 (``Trainer.sample``) through ComfyUI's denoiser path (the TREE socket, a
+  :class:`TreeResult`);
+- :func:`backup_tree` — phase 3 (``Trainer.backup``) on rewards scored by the Reward Scorer nodes;
+- :func:`train_step` — phase 4 (``Trainer.update`` + ``Trainer.record``), then checkpoint and LoRA file;
+- :func:`monitor_tree` — the Run Monitor's hacking signals of each iteration's leaves.
+
+A run checkpoints to ``<output>/treegrpo/<run_name>/`` in the Trainer's format. Imported only inside ComfyUI.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from ..config import AdvantageConfig, LoraConfig, MemoryConfig, OptimConfig, TrainConfig, TreeConfig
+from ..trainer import Trainer
+from ..tree import TreeBatch
+from . import runtime
+from .policy import ComfyPolicy
+
+
+@dataclass
+class TreeResult:
+    """The TREE socket: sampled trees, the trainer that sampled them (a run's, or a throwaway one without a
+    run), and (after backup) the advantage statistics."""
+
+    batch: TreeBatch
+    trainer: Trainer
+    prompt: str
+    run: Optional["RunState"] = None
+    adv_stats: dict = field(default_factory=dict)
+    iteration: int = 0                    # the run's iteration the trees were sampled at
+
+    @property
+    def policy(self) -> ComfyPolicy:
+        return self.trainer.policy
+
+    @property
+    def leaf_latents(self) -> torch.Tensor:
+        """Leaves in the model's raw latent space (what VAEDecode expects)."""
+        return self.policy.patcher.model.process_latent_out(self.batch.leaves.float())
+
+
+class RunState:
+    """A named run of the step nodes: settings from the Trainer State node, and the run's Trainer, created when
+    the first Tree Sampler attaches a model (resuming the run's checkpoint when one exists)."""
+
+    _registry: dict[str, "RunState"] = {}
+
+    def __init__(self, run_name: str, lora_cfg: LoraConfig, optim_cfg: OptimConfig, seed: int = 0,
+                 gradient_checkpointing="auto"):
+        self.run_name, self.folder = run_name, runtime.run_folder(run_name)
+        self.lora_cfg, self.optim_cfg, self.seed = lora_cfg, optim_cfg, seed
+        self.gradient_checkpointing = runtime.checkpointing_choice(gradient_checkpointing)
+        self.trainer: Optional[Trainer] = None
+        self.monitor: list[dict] = _read_monitor(self.folder)   # the Run Monitor's records, one per iteration
+
+    @classmethod
+    def get(cls, run_name: str, lora_cfg: LoraConfig, optim_cfg: OptimConfig, seed: int = 0,
+            gradient_checkpointing="auto") -> "RunState":
+        """The live run of this name (optimiser settings updated), or a new one (resumed from disk when saved)."""
+        st = cls._registry.get(run_name)
+        if st is None or st.folder != runtime.run_folder(run_name) or st.lora_cfg != lora_cfg:
+            st = cls(run_name, lora_cfg, optim_cfg, seed, gradient_checkpointing)
+            cls._registry[run_name] = st
+        st.optim_cfg, st.gradient_checkpointing = optim_cfg, runtime.checkpointing_choice(gradient_checkpointing)
+        return st
+
+    @classmethod
+    def iteration_of(cls, run_name: str) -> int:
+        """Iterations done by the live run of this name (-1 when there is none in this process)."""
+        st = cls._registry.get(run_name)
+        return st.iteration if st is not None else -1
+
+    @property
+    def lora(self):
+        return self.trainer.lora if self.trainer is not None else None
+
+    @property
+    def iteration(self) -> int:
+        return self.trainer.iteration if self.trainer is not None else 0
+
+
+def _step_config(run: Optional[RunState], prompt: str, tree_cfg: TreeConfig, seed: int, guidance: float,
+                 trees: int) -> TrainConfig:
+    """The TrainConfig the step nodes' phases run with: one prompt, ``trees`` trees per iteration."""
+    kw = dict(backend="comfy", prompts=[prompt], cfg=guidance, tree=tree_cfg, prompts_per_iter=trees, seed=seed,
+              eval_every=0, checkpoint_every=1)
+    if run is not None:
+        kw.update(lora=run.lora_cfg, optim=run.optim_cfg, output_dir=run.folder, run_name=run.run_name,
+                  memory=MemoryConfig(checkpointing=run.gradient_checkpointing))
+    return TrainConfig(**kw)
+
+
+def sample_tree(model, positive, negative, latent: dict, tree_cfg: TreeConfig, *, seed: int, cfg: float,
+                scheduler: str, trees: int, prompt: str = "", run: Optional[RunState] = None) -> TreeResult:
+    """Sample ``trees`` trees for one conditioning pair: the run's next iteration (``Trainer.sample``, with its
+    current LoRA), or without a run the trees of iteration 0 of ``seed`` with an untrained LoRA."""
+    if cfg > 1.0 and negative is None:
+        raise ValueError("cfg > 1 needs a negative conditioning")
+    text = prompt.strip() or "<prompt>"
+    tc = _step_config(run, text, tree_cfg, seed, cfg, trees)
+    trainer = run.trainer if run is not None else None
+    name = runtime.model_name(model)
+    if trainer is not None and trainer.base_model_name != name:
+        raise ValueError(f"run {run.run_name!r} trains a LoRA for {trainer.base_model_name}, but the sampler got "
+                         f"{name}: use another run name for another base model")
+    with torch.inference_mode(False):
+        policy = ComfyPolicy(model, [text], [(positive, negative)], runtime.latent_shape_of(latent, model),
+                             lora=trainer.lora if trainer is not None else None,
+                             lora_cfg=run.lora_cfg if run is not None else dataclasses.replace(tc.lora, targets=["auto"]),
+                             scheduler=scheduler,
+                             seed=run.seed if run is not None else seed,
+                             gradient_checkpointing=run is not None and run.gradient_checkpointing == "on")
+        if trainer is None:
+            trainer = Trainer(tc, policy, progress=False, base_model_name=name)
+            if run is not None:
+                run.trainer = trainer
+                trainer.begin(resume=True)
+        else:
+            trainer.rebind(tc, policy)
+        # the memory plan: made once per run (on the device's memory, before its first tree), re-applied to each
+        # new policy; without a GPU only the size guard runs
+        if trainer.memory_plan is None:
+            trainer.log = logging.info
+            trainer.memory_budget = runtime.memory_budget(policy.device) or None
+            trainer.plan_memory()
+        else:
+            trainer.apply_plan(trainer.memory_plan)
+        trainer.step_callback = runtime.comfy_progress(tree_cfg.steps)
+        batch = trainer.sample()
+    batch.prompts = [prompt] * len(batch.prompts)
+    return TreeResult(batch, trainer, prompt, run, iteration=trainer.iteration)
+
+
+def _read_monitor(folder: str) -> list[dict]:
+    import json
+    import os
+    try:
+        with open(os.path.join(folder, "monitor.json"), encoding="utf-8") as fh:
+            return list(json.load(fh))
+    except (OSError, ValueError, TypeError):
+        return []
+
+
+def monitor_tree(tree: TreeResult, images: torch.Tensor, rewards: dict, judge: Optional[dict] = None) -> list[dict]:
+    """The Run Monitor: the hacking signals of this iteration's leaves (``images`` (n, 3, H, W), their
+    ``rewards``, the held-out ``judge``'s scores), recorded in the run (``monitor.json`` in its folder) one record
+    per iteration, with the warnings the history raises; returns the records (the first is the base model's)."""
+    import os
+
+    from ..advantages import weighted_raw
+    from ..config import SignalsConfig
+    from ..io import atomic_write_json
+    from ..hacking import hacking_warnings, image_signals
+
+    run = tree.run
+    if run is None:
+        raise ValueError("the Run Monitor needs a tree sampled with a TreeGRPO Trainer State (the run it records)")
+    n = images.shape[0]
+    if n != tree.batch.leaves.shape[0]:
+        raise ValueError(f"the Run Monitor got {n} images for {tree.batch.leaves.shape[0]} leaves: connect the VAE "
+                         "Decode of this tree's leaves")
+    raw = {k: torch.as_tensor(v, dtype=torch.float32).reshape(-1) for k, v in rewards["rewards"].items()}
+    rec = {"iteration": tree.iteration, "eval_reward": float(weighted_raw(raw, rewards["weights"]).mean()),
+           **image_signals(images, n // tree.batch.n_trees)}
+    if judge is not None:
+        rec["eval_judge"] = float(torch.as_tensor(judge["model"](images.float(), [tree.prompt] * n)).float().mean())
+    run.monitor = [r for r in run.monitor if r["iteration"] < tree.iteration] + [rec]
+    sc = SignalsConfig()
+    found = hacking_warnings(run.monitor, judge_drop=sc.judge_drop, diversity_floor=sc.diversity_floor,
+                             hf_ceiling=sc.hf_ceiling)
+    if found:
+        rec["warnings"] = found
+    os.makedirs(run.folder, exist_ok=True)
+    atomic_write_json(os.path.join(run.folder, "monitor.json"), run.monitor)
+    return run.monitor
+
+
+def backup_tree(tree: TreeResult, rewards: dict, adv_cfg: AdvantageConfig) -> TreeResult:
+    """Leaf rewards (``{"rewards": {name: (n,)}, "weights": {name: w}}``) → advantages on every edge
+    (``Trainer.backup`` on a copy of the tree, so the sampler's cached output stays as it was)."""
+    new = dataclasses.replace(tree, batch=dataclasses.replace(tree.batch, stats=dict(tree.batch.stats)))
+    exclude = rewards.get("exclude_trees")   # an artist's trees without preference: not trained on
+    new.adv_stats = tree.trainer.backup(new.batch, dict(rewards["rewards"]), rewards["weights"], adv_cfg,
+                                        exclude_trees=None if exclude is None else torch.as_tensor(exclude))
+    return new
+
+
+def train_step(tree: TreeResult, run: RunState) -> dict:
+    """One GRPO update of the run's LoRA on the tree's edges (``Trainer.update`` + ``record``); saves the
+    checkpoint, the logs and the LoRA file. Returns the iteration's statistics."""
+    if tree.batch.advantages is None:
+        raise ValueError("this TREE has no advantages yet: connect it through the Advantage Backup node")
+    if tree.run is not run or tree.trainer is not run.trainer:
+        raise ValueError("the TREE was sampled without this trainer state: connect the same TreeGRPO Trainer "
+                         "State to the Tree Sampler and to the Trainer Step")
+    tr = run.trainer
+    tr.step_callback = runtime.comfy_progress(1 + sum(x.shape[0] for x in tree.batch.latents[:-1]) // tr.cfg.optim.microbatch)
+    with torch.inference_mode(False), torch.enable_grad():
+        upd = tr.update(tree.batch)
+    stats = tr.record(tree.batch, upd)
+    tr.after_iteration(stats)
+    tr.save_lora()
+    return stats
