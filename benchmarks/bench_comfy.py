@@ -49,9 +49,10 @@ def cli_config(w: dict, out: str):
              tree=dict(steps=w["steps"], window_start=w["window_start"], window_width=w["window_width"],
                        branch=w["branch"], noise_level=w["noise_level"], eta=min(1.0, w["noise_level"]),
                        window_schedule=w["window_schedule"], antithetic=w.get("antithetic", True),
-                       tail_solver=w.get("tail_solver", "euler"), tail_steps=w.get("tail_steps", 0)),
+                       tail_solver=w.get("tail_solver", "euler"), tail_steps=w.get("tail_steps", 0),
+                       tail_steps_schedule=json.loads(w.get("tail_steps_schedule") or "[]")),
              lora=dict(rank=w["lora_rank"], alpha=w["lora_alpha"], targets=["to_q", "to_k", "to_v"]),
-             optim=dict(lr=w["learning_rate"]))
+             optim=dict(lr=w["learning_rate"], lr_factor_schedule=json.loads(w.get("lr_factor_schedule") or "[]")))
     return TrainConfig.from_dict(d)
 
 

@@ -15,7 +15,7 @@ import time
 from typing import Any, Optional
 
 from . import interrupts
-from .demo.config import demo_config_dict  # noqa: F401  (the demo run's config; benchmarks and tests read it here)
+from .demo.config import demo_config_dict, demo_run_config_dict  # noqa: F401  (benchmarks and tests read them here)
 from .config import ConfigError, TrainConfig, config_sections, read_config_file, shorten
 
 _SUBS = tuple(config_sections())      # every section of the config is a group of flags
@@ -257,7 +257,7 @@ def cmd_demo(ns) -> int:
     from .io import atomic_write_json
     import torch
 
-    d = apply_flags(demo_config_dict(), ns)
+    d = apply_flags(demo_run_config_dict(), ns)
     cfg = TrainConfig.from_dict(d)
     if not 1 <= ns.grid_prompts <= 64:
         raise ConfigError(f"--grid-prompts must be 1..64 (prompts in the before/after grid), got {ns.grid_prompts}")
@@ -324,7 +324,7 @@ def cmd_demo(ns) -> int:
 
 
 def cmd_train(ns) -> int:
-    d = read_config_file(ns.config) if ns.config else demo_config_dict()
+    d = read_config_file(ns.config) if ns.config else demo_run_config_dict()
     cfg = TrainConfig.from_dict(apply_flags(d, ns))
     trainer, summary = run_training(cfg, resume=ns.resume, progress=not ns.quiet, allow_changes=ns.allow_changes,
                                     overwrite=ns.overwrite)
@@ -343,7 +343,7 @@ def cmd_train(ns) -> int:
 
 
 def cmd_config(ns) -> int:
-    d = read_config_file(ns.config) if ns.config else demo_config_dict()
+    d = read_config_file(ns.config) if ns.config else demo_run_config_dict()
     cfg = TrainConfig.from_dict(apply_flags(d, ns))
     check_reward_names(cfg)
     print(json.dumps(cfg.to_dict(), indent=2))

@@ -9,7 +9,7 @@ import dataclasses
 import json
 
 from .config import TrainConfig, config_sections
-from .demo.config import demo_config_dict
+from .demo.config import demo_run_config_dict
 
 HEADER = """# Configuration reference
 
@@ -39,7 +39,7 @@ def _cell(text: str) -> str:
 def rows() -> list[tuple[str, str, str, str]]:
     """(dotted name, default, the demo's value where it differs, help) of every field, the top level first, then
     each section in the class's order."""
-    sections, demo = config_sections(), demo_config_dict()
+    sections, demo = config_sections(), demo_run_config_dict()
     top, nested = [], []
 
     def row(name, f, demo_value):

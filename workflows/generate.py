@@ -19,6 +19,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
+from treegrpo.demo.config import DEMO_RUN  # noqa: E402
 from treegrpo.demo.shapes import all_prompts  # noqa: E402
 
 DEMO_PROMPTS = "\n".join(all_prompts())
@@ -98,10 +99,14 @@ WORKFLOWS = {
         ("demo", "TreeGRPOLoadDemoModel", {}, {}),
         ("rm", "TreeGRPORewardModelLoader", {"reward": "demo_adherence", "file": "(none: built-in weights or none needed)"}, {}),
         ("judge", "TreeGRPORewardModelLoader", {"reward": "demo_judge", "file": "(none: built-in weights or none needed)"}, {}),
-        # measured (benchmarks/bench_comfy.py, 3 seeds, this 2-core CPU): ~65 s in the node, eval reward
-        # 0.554 -> 0.75-0.94; 50 iterations gave +0.15 on one seed, too close to the CLI demo's +0.12 to rely on
-        train_node("train", ("demo", 0), ("demo", 1), ("demo", 2), ("rm", 0), judge=("judge", 0), iterations=100,
-                   prompts_per_iteration=24, tail_solver="dpmpp_2m", tail_steps=3),
+        # the settings of `treegrpo demo` (treegrpo.demo.config.DEMO_RUN: the configuration the budget runs
+        # measured best on the demo)
+        train_node("train", ("demo", 0), ("demo", 1), ("demo", 2), ("rm", 0), judge=("judge", 0),
+                   iterations=DEMO_RUN["iterations"], prompts_per_iteration=DEMO_RUN["prompts_per_iter"],
+                   eval_every=DEMO_RUN["eval_every"], learning_rate=DEMO_RUN["optim"]["lr"], tail_solver="dpmpp_2m",
+                   tail_steps=DEMO_RUN["tree"]["tail_steps"],
+                   tail_steps_schedule=json.dumps(DEMO_RUN["tree"]["tail_steps_schedule"]),
+                   lr_factor_schedule=json.dumps(DEMO_RUN["optim"]["lr_factor_schedule"])),
         ("save", "TreeGRPOSaveLoRA", {"filename_prefix": "treegrpo/treegrpo_demo"}, {"lora": ("train", 1)}),
         ("curve", "PreviewImage", {}, {"images": ("train", 2)}),
         ("grid", "PreviewImage", {}, {"images": ("train", 3)}),
@@ -120,8 +125,9 @@ WORKFLOWS = {
          {"tree": ("tree", 0), "rewards": ("score", 0)}),
         ("preview", "TreeGRPOTreePreview", {}, {"tree": ("adv", 0), "images": ("dec", 0), "rewards": ("score", 0)}),
         note("n1", "TreeGRPO on the embedded demo model (no downloads; about a minute on a 2-core CPU).\n"
-             "TreeGRPO Train runs the whole loop, 100 iterations of 24 prompts: trees of k=2, w=3 (8 leaves) per "
-             "prompt with a 3-step DPM++ 2M tail, scored by a small "
+             "TreeGRPO Train runs the whole loop, 180 iterations of 12 prompts: trees of k=2, w=3 (8 leaves) per "
+             "prompt with a 1-step DPM++ 2M tail (2 steps from iteration 60; the learning rate halves at iteration "
+             "100), scored by a small "
              "classifier of prompt adherence. Outputs: reward curve, samples with the LoRA, the LoRA itself "
              "(saved to models/loras/treegrpo/). The lower branch samples one tree with the trained model and "
              "shows its leaves with rewards and advantages."),

@@ -138,4 +138,4 @@ def test_the_configuration_reference_is_generated_from_the_dataclasses():
     expected |= {f"{s}.{g.name}" for s, k in config_sections().items() for g in dataclasses.fields(k)}
     assert names == expected
     assert all(h for *_, h in config_reference.rows()), "a field without help text"
-    assert "| `iterations` | `100` | `80` |" in page     # the default and the demo's value
+    assert "| `iterations` | `100` | `180` |" in page    # the default and the demo's value
