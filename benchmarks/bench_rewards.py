@@ -137,10 +137,10 @@ def published_params(name: str) -> int:
     return n
 
 
-def time_published_vlm(name: str, depths: list[int], batch: int, device: str, res: int) -> dict:
+def time_published_vlm(name: str, depths: list[int], batch: int, device: str, res: int, repeats: int = 3) -> dict:
     """A Qwen2-VL reward at its published widths: built with ``d`` text layers and ``d`` vision blocks for each ``d``
     in ``depths`` (two of them), loaded through ``load_reward``; the whole scoring call and the vision tower alone
-    timed on ``batch`` images. Per layer: the difference between the depths; the published depth (28 text layers,
+    timed on ``batch`` images (the median of ``repeats`` calls). Per layer: the difference between the depths; the published depth (28 text layers,
     32 vision blocks): the smaller build's time plus the layers it lacks. Peak memory of the scoring call's tensors
     (activations, not the weights) measured at each depth; the weights' bytes from the published parameter count."""
     from treegrpo import memory
@@ -157,14 +157,21 @@ def time_published_vlm(name: str, depths: list[int], batch: int, device: str, re
         try:
             model, t_write, t_load = build(name, folder, str(d), device)
             model(imgs[:1], prompts[:1])                       # warm-up
-            t0 = time.perf_counter()
-            out = model(imgs, prompts)
-            total = time.perf_counter() - t0
+
+            def timed(fn):
+                """The median of ``repeats`` timed calls (s): one call is noisy, and the composition multiplies
+                the difference between two depths by up to 30 layers."""
+                ts = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    out = fn()
+                    ts.append(time.perf_counter() - t0)
+                return sorted(ts)[len(ts) // 2], out
+
+            total, out = timed(lambda: model(imgs, prompts))
             assert out.shape == (batch,) and torch.isfinite(out).all()
-            t0 = time.perf_counter()
             with torch.no_grad():
-                model.image_features(imgs)
-            vision = time.perf_counter() - t0
+                vision, _ = timed(lambda: model.image_features(imgs))
             peak = memory.peak_of(model, lambda: (imgs, prompts), fake=False)
             at[d] = {"total_s": total, "vision_s": vision, "activation_peak_bytes": peak, "load_s": t_load,
                      "write_files_s": t_write, "dtype": str(model.dtype).replace("torch.", "")}

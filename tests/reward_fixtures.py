@@ -394,7 +394,11 @@ def make_qwen2vl_folder(folder: str, seed: int = 6, size: str = "tiny", text_lay
                 "<|vision_start|><|image_pad|><|vision_end|>{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}"
                 "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
                 "{% endif %}")
-    proc = Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(min_pixels=28 * 28 * 4, max_pixels=max_pixels),
+    if size != "tiny":      # the published processor's bounds (preprocessor_config.json of Qwen2-VL-*-Instruct)
+        min_pixels, max_pixels = 56 * 56, 28 * 28 * 16384
+    else:
+        min_pixels = 28 * 28 * 4
+    proc = Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels),
                             tokenizer=fast, video_processor=Qwen2VLVideoProcessor(), chat_template=template)
     ids = {t: fast.convert_tokens_to_ids(t) for t in special}
     cfg = qwen2vl_config(size, ids, len(fast), text_layers, vision_depth)
