@@ -139,3 +139,13 @@ def test_the_configuration_reference_is_generated_from_the_dataclasses():
     assert names == expected
     assert all(h for *_, h in config_reference.rows()), "a field without help text"
     assert "| `iterations` | `100` | `180` |" in page    # the default and the demo's value
+
+
+def test_the_design_documents_every_module():
+    """docs/design.md §2 maps the code: every module of treegrpo/ is named in its architecture block, so a module added
+    without a line there fails here."""
+    text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    block = text[text.index("## 2. Architecture"):text.index("## 3.")]
+    missing = sorted(str(p.relative_to(PKG)) for p in PKG.rglob("*.py")
+                     if p.stem != "__init__" and p.stem not in block)
+    assert not missing, f"docs/design.md §2 does not name {missing}"
