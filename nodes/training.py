@@ -227,10 +227,16 @@ class Train(PackNode):
         )
 
     @classmethod
-    def validate_inputs(cls, steps=None, window_start=None, window_width=None, branch=None):
-        # ComfyUI repeats a failure once per parameter named here: the other checks run first thing in execute
+    def validate_inputs(cls, steps=None, window_start=None, window_width=None, branch=None,
+                        gradient_checkpointing=None):
+        # ComfyUI repeats a failure once per parameter named here: the other checks run first thing in execute.
+        # gradient_checkpointing is named so that ComfyUI 0.33+ leaves its value to check_combos, which accepts the
+        # boolean of workflows saved before it became a choice (read as on / auto by the node)
         deps = cls.check_dependencies()
-        return deps if deps is not True else validate_tree(steps, window_start, window_width, branch)
+        if deps is not True:
+            return deps
+        tree = validate_tree(steps, window_start, window_width, branch)
+        return tree if tree is not True else cls.check_combos(gradient_checkpointing=gradient_checkpointing)
 
     @classmethod
     def check_inputs(cls, model, prompts, run_name, lora_targets, **combos) -> list[str]:
