@@ -7,10 +7,9 @@ import comfy.samplers
 from comfy_api.latest import io, ui
 
 from treegrpo.comfyui.families import check_trainable, parse_targets, targets_tooltip
-from treegrpo.comfyui.runtime import patched_model
+from treegrpo.comfyui.runtime import checkpointing_choice, patched_model
 from treegrpo.comfyui.steps import RunState, train_step
-from treegrpo.comfyui.train_node import (checkpointing_choice, prompt_lines, reward_inputs, run_train_node,
-                                         train_node_config)
+from treegrpo.comfyui.train_node import prompt_lines, reward_inputs, run_train_node, train_node_config
 from treegrpo.comfyui.watch import EXISTING_RUN
 from treegrpo.config import ConfigError, LoraConfig, OptimConfig, TreeConfig, check_run_name
 from treegrpo.lora import LoraDict
