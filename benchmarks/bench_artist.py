@@ -48,6 +48,7 @@ from treegrpo.backends import load_policy  # noqa: E402
 from treegrpo.config import TrainConfig  # noqa: E402
 from treegrpo.demo.tastes import TASTES, taste as taste_fn  # noqa: E402
 from treegrpo.io import atomic_write_json  # noqa: E402
+from treegrpo.start_check import CheckConfig, StartCheck  # noqa: E402
 from treegrpo.taste import OnlineTaste, TasteConfig, TasteModel  # noqa: E402
 from treegrpo.taste_features import DemoEncoder  # noqa: E402
 from treegrpo.trainer import Trainer  # noqa: E402
@@ -76,10 +77,10 @@ def artist_demo_config(seed: int, iterations: int, output_dir: str, strategy: st
 
 class SimulatedArtist:
     """Favourites with one pick: the leaf the hidden taste values most, or with probability ``error`` another leaf
-    at random."""
+    at random. Checks against the start: :meth:`check` (no preference below a difference of ``margin``)."""
 
-    def __init__(self, error: float, seed: int, taste: str = "big"):
-        self.error = error
+    def __init__(self, error: float, seed: int, taste: str = "big", margin: float = 0.05):
+        self.error, self.margin = error, margin
         self.value = taste_fn(taste)
         self.g = torch.Generator().manual_seed(10_000 + seed)
         self.answers = 0
@@ -92,6 +93,18 @@ class SimulatedArtist:
             pick = others[int(torch.randint(len(others), (), generator=self.g))]
         self.answers += 1
         return pairwise_wins(Answer("favourites", good=(pick,)), len(area))
+
+    def check(self, first: torch.Tensor, second: torch.Tensor, prompts, iteration) -> int | None:
+        """A check against the start (treegrpo/start_check.py): the side whose pictures the hidden taste values
+        more on average by at least ``margin``, else no preference (None); with probability ``error`` one of the
+        other two answers instead, at random."""
+        diff = float(self.value(second).mean()) - float(self.value(first).mean())
+        answer = 1 if diff >= self.margin else 0 if diff <= -self.margin else None
+        if float(torch.rand((), generator=self.g)) < self.error:
+            others = [a for a in (0, 1, None) if a != answer]
+            answer = others[int(torch.randint(2, (), generator=self.g))]
+        self.answers += 1
+        return answer
 
 
 def make_hook(strategy: str, artist: SimulatedArtist, taste: OnlineTaste | None):
@@ -127,12 +140,18 @@ def eval_area(policy, noise: torch.Tensor, steps: int, value=None) -> float:
 
 
 def run(strategy: str, seed: int, iterations: int, error: float, output_dir: str, taste_cfg: TasteConfig,
-        ask_rate: float = 1.0, encoder=None, taste: str = "big", kl_beta: float = 0.1) -> dict:
-    """One simulated run: after each iteration (answers so far, the hidden taste's mean value); taste statistics."""
+        ask_rate: float = 1.0, encoder=None, taste: str = "big", kl_beta: float = 0.1, check_every: int = 0) -> dict:
+    """One simulated run: after each iteration (answers so far, the hidden taste's mean value); taste statistics.
+    ``check_every``: a check against the start every that many iterations (0: none; not for ``oracle``), each one
+    answer of the artist."""
     cfg = artist_demo_config(seed, iterations, output_dir, strategy, kl_beta)
     policy, _ = load_policy(cfg)
-    trainer = Trainer(cfg, policy, {"demo_adherence": lambda im, p: torch.zeros(len(p))}, progress=False)
     artist = SimulatedArtist(error, seed, taste)
+    check = None
+    if check_every and strategy != "oracle":
+        check = StartCheck(artist.check, CheckConfig(every=check_every, seed=seed))
+    trainer = Trainer(cfg, policy, {"demo_adherence": lambda im, p: torch.zeros(len(p))}, progress=False,
+                      start_check=check)
     online = None
     if strategy in ("unsure", "random"):
         online = OnlineTaste(TasteModel(config=taste_cfg, features="demo"), encoder=encoder or DemoEncoder())
@@ -146,7 +165,7 @@ def run(strategy: str, seed: int, iterations: int, error: float, output_dir: str
     fits, agree, reasons, warnings, novelty = [], [], {}, [], []
     t0 = time.perf_counter()
     for _ in range(iterations):
-        trainer.train_step()
+        trainer.after_iteration(trainer.train_step())
         curve.append((artist.answers, eval_area(policy, noise, cfg.tree.steps, artist.value)))
         st = getattr(trainer, "taste_stats", None)
         if st:
@@ -164,7 +183,8 @@ def run(strategy: str, seed: int, iterations: int, error: float, output_dir: str
     return {"strategy": strategy, "seed": seed, "taste": taste, "kl_beta": kl_beta, "curve": curve, "answers": artist.answers, "trees": trees,
             "ask_rate": artist.answers / trees if strategy != "oracle" else 0.0,
             "fit_s": statistics.fmean(fits) if fits else None, "agreement": agree, "reasons": reasons,
-            "warnings": warnings, "novelty": novelty,
+            "warnings": warnings, "novelty": novelty, "check_every": check_every,
+            "checks": check.records if check is not None else [],
             "seconds": time.perf_counter() - t0}
 
 
@@ -264,6 +284,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--diversity-floor", type=float, default=TasteConfig.diversity_floor)
     ap.add_argument("--old-rule", action="store_true", help="the rule before issue 50: the heads' disagreement only "
                     "(novelty, floor rate, agreement and diversity off)")
+    ap.add_argument("--check-every", type=int, default=0, help="a check against the start (treegrpo/start_check.py) "
+                    "every that many iterations, each one answer (0: none)")
     ap.add_argument("--report", default=None, help="only recompute the report of this results file")
     ap.add_argument("--merge", nargs="+", metavar="ARTIST_JSON", help="pool the runs of these results files into "
                     "--out (a later file's run replaces an earlier one of the same strategy and seed: e.g. d3po again "
@@ -312,13 +334,14 @@ def main(argv: list[str] | None = None) -> dict:
             rate = 1.0
             for name in [s for s in STRATEGIES if s in strategies]:
                 r = run(name, seed, a.iterations, a.error, tmp, taste_cfg, ask_rate=rate, encoder=encoder,
-                        taste=a.taste, kl_beta=a.kl)
+                        taste=a.taste, kl_beta=a.kl, check_every=a.check_every)
                 if name == "unsure":
                     rate = max(0.0, (r["answers"] - taste_cfg.warmup_trees) / max(1, r["trees"] - taste_cfg.warmup_trees))
                 runs.append(r)
                 print(f"seed {seed} {name:>6}: {r['answers']:3d} answers of {r['trees']} trees, area "
                       f"{r['curve'][0][1]:.3f} -> {r['curve'][-1][1]:.3f} ({r['seconds']:.0f} s)", flush=True)
     out = {"iterations": a.iterations, "error": a.error, "hidden_taste": a.taste, "kl_beta": a.kl,
+           "check_every": a.check_every,
            "taste": vars(taste_cfg), "report": report(runs),
            "runs": runs}
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)

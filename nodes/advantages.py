@@ -23,14 +23,13 @@ class AdvantageBackup(PackNode):
             inputs=[
                 Tree.Input("tree", tooltip="tree from the TreeGRPO Tree Sampler"),
                 Rewards.Input("rewards", tooltip="rewards of the tree's leaves, in leaf order"),
-                widget(io.Combo, "backup", "how child-edge advantages combine into their parent's",
-                       options=["softmax", "mean"]),
+                widget(io.Combo, "backup", "how child-edge advantages combine into their parent's"),
                 widget(io.Float, "temperature", "softmax temperature on the behaviour log-probs", min=0.01,
                        max=100.0, step=0.01),
                 widget(io.Float, "adv_clip", "clip edge advantages to +-this (0 = off)", min=0.0, max=100.0, step=0.1),
                 widget(io.Float, "flat_floor", "trees whose reward spread is below this are not trained", min=0.0,
                        max=10.0, step=0.0001),
-                widget(io.Combo, "edge_baseline", options=["siblings", "none"], optional=True, tooltip="siblings: each edge's advantage minus the mean of the "
+                widget(io.Combo, "edge_baseline", optional=True, tooltip="siblings: each edge's advantage minus the mean of the "
                                "edges out of the same node (siblings compete); none: the paper's edge advantages"),
             ],
             outputs=[Tree.Output(display_name="tree", tooltip="the tree with per-edge advantages, for the Trainer Step"),

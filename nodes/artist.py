@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from treegrpo.artist import MODES
 from treegrpo.config import ArtistConfig
-from treegrpo.comfyui.artist import ON_TIMEOUT, ask_artist
+from treegrpo.comfyui.artist import ask_artist
 
 from .sockets import CATEGORY, PackNode, RewardModel, Rewards, Tree
 from .widgets import widget
@@ -24,11 +23,11 @@ class ArtistPicks(PackNode):
             inputs=[
                 io.Image.Input("images", tooltip="decoded leaves (VAEDecode of the Tree Sampler's leaves)"),
                 Tree.Input("tree", tooltip="the Tree Sampler's trees (which leaves are siblings)"),
-                widget(io.Combo, "mode", options=list(MODES[:3]),
+                widget(io.Combo, "mode",
                        tooltip="favourites: click the good ones (shift-click: bad); ranking: click in order best "
                                "first; best_worst: click the best, then the worst"),
                 widget(io.Int, "timeout_s", min=5, max=86400),
-                widget(io.Combo, "on_timeout", options=list(ON_TIMEOUT),
+                widget(io.Combo, "on_timeout",
                        tooltip="what an unanswered tree becomes: not trained on, or scored by the reward model "
                                "connected below"),
                 RewardModel.Input("reward_model", optional=True,

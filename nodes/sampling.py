@@ -24,8 +24,7 @@ def tree_inputs():
         widget(io.Float, "noise_level", "SDE noise level (flow models) / DDIM eta (epsilon models, capped at 1)",
                min=0.01, max=2.0, step=0.01),
         widget(io.Combo, "window_schedule", "fixed: the window stays at window_start; sliding: it moves one step per "
-               "iteration and wraps within the first half of the steps; random: a random start there each iteration",
-               options=["fixed", "sliding", "random"]),
+               "iteration and wraps within the first half of the steps; random: a random start there each iteration"),
         widget(io.Boolean, "antithetic", optional=True,
                          tooltip="mirrored siblings: a node's children come in pairs with noise +e and -e. Each child "
                                  "is still an ordinary SDE sample; the pairs make the comparison between siblings "
@@ -38,7 +37,7 @@ def tail_inputs():
     their widget order)."""
     return [
         widget(io.Combo, "tail_solver", "ODE solver after the window: euler (1 call/step), heun (2 calls/step) or "
-               "dpmpp_2m (second order, 1 call/step: as good with fewer steps)", options=["euler", "heun", "dpmpp_2m"],
+               "dpmpp_2m (second order, 1 call/step: as good with fewer steps)",
                optional=True),
         widget(io.Int, "tail_steps", "ODE steps after the window (0 = the schedule's remaining steps); the tail is "
                "most of a tree's model calls, so fewer steps of dpmpp_2m make an iteration much cheaper",

@@ -56,7 +56,7 @@ class TrainerState(PackNode):
                 widget(io.Int, "seed", "seed of the LoRA initialisation", min=0, max=2**31 - 1),
                 widget(io.Combo, "gradient_checkpointing", "recompute blocks in backward (less memory, ~1.5x the "
                        "update time); auto: on when the memory plan (made before the run's first tree, on a GPU) "
-                       "needs it", options=["auto", "on", "off"], optional=True),
+                       "needs it", optional=True),
                 targets_input(),
             ],
             outputs=[Run.Output(display_name="run", tooltip="to the Tree Sampler and the Trainer Step")],
@@ -155,7 +155,7 @@ class Train(PackNode):
                 widget(io.Int, "eval_every", "evaluate on fixed noises every N iterations (reward curve)", min=0,
                        max=100000),
                 widget(io.Combo, "gradient_checkpointing", "recompute blocks in backward (less memory, ~1.5x the "
-                       "update time); auto: on when the memory plan needs it", options=["auto", "on", "off"],
+                       "update time); auto: on when the memory plan needs it",
                        optional=True),
                 *tail_inputs(),
                 widget(io.Float, "memory_budget_gb", "GB the memory plan may use (0 = the GPU's memory; on the CPU "
@@ -163,9 +163,9 @@ class Train(PackNode):
                        "or stops before any work saying what to change", optional=True, min=0.0, max=4096.0,
                        step=0.5),
                 widget(io.Combo, "offload_rewards", "reward models on the CPU except while scoring; auto: when the "
-                       "memory plan needs it", options=["auto", "on", "off"], optional=True),
+                       "memory plan needs it", optional=True),
                 widget(io.Combo, "tiled_decode", "decode the leaves in tiles (less memory, slower decode); auto: when "
-                       "the memory plan needs it", options=["auto", "on", "off"], optional=True),
+                       "the memory plan needs it", optional=True),
                 targets_input(),
                 *video_inputs(),
                 io.Float.Input("guidance", default=0.0, min=0.0, max=100.0, step=0.1, optional=True,
@@ -177,14 +177,14 @@ class Train(PackNode):
                        "pick favourites among its leaves; the other trees, and unanswered ones, are scored by the "
                        "reward model", optional=True, min=0, max=10 ** 6),
                 widget(io.Combo, "artist_mode", "how you answer: favourites, ranking, best_worst",
-                       options=["favourites", "ranking", "best_worst"], optional=True),
+                       optional=True),
                 widget(io.Int, "artist_timeout_s", "seconds to wait for your answer about one tree", optional=True,
                        min=5, max=86400),
                 widget(io.Combo, "artist_ask", "every N-th tree: ask about every artist_every-th tree, the reward "
                        "model scores the rest; when unsure: a taste model learns from your answers, scores the "
                        "trees and asks you only where it is unsure (at most one tree in artist_every; always the "
                        "first 12), and is saved as models/reward_models/<run_name>_taste.safetensors",
-                       options=["every N-th tree", "when unsure"], optional=True),
+                       optional=True),
                 io.ClipVision.Input("taste_features", optional=True,
                                     tooltip="artist_ask 'when unsure': the image features the taste model learns on "
                                             "(Load CLIP Vision). Without it: the reward model's image tower (HPS, "
@@ -216,6 +216,10 @@ class Train(PackNode):
                 widget(io.Int, "artist_away_s", "after a question went unanswered, the next ones wait only this long "
                        "(seconds) until you answer again, so a run left alone does not stall artist_timeout_s on every "
                        "tree; the node shows how many trees fell back", optional=True, min=1, max=86400),
+                widget(io.Int, "artist_check_every", "every N iterations you see the model's pictures now beside the "
+                       "base model's (same noises) and pick the side closer to what you want: picking the start "
+                       "rolls the LoRA back to the last state you approved (0 = never)", optional=True, min=0,
+                       max=1000000),
             ],
             outputs=[io.Model.Output(display_name="model", tooltip="the model with the trained LoRA applied"),
                      io.LoraModel.Output(display_name="lora", tooltip="the LoRA, for TreeGRPO Save LoRA"),
@@ -260,7 +264,8 @@ class Train(PackNode):
                 frames=1, reward_frames=None, frame_stride=None, guidance=0.0, artist_every=0,
                 artist_mode="favourites", artist_timeout_s=600, artist_ask="every N-th tree", taste_features=None,
                 tail_steps_schedule="[]", lr_factor_schedule="[]", eval_prompts="", existing_run="resume",
-                kl_beta=None, save_every=0, artist_away_s=30, preset="custom"):
+                kl_beta=None, save_every=0, artist_away_s=30, preset="custom",
+                artist_check_every=None):
         finite = cls.check_numbers(dict(learning_rate=learning_rate, noise_level=noise_level, cfg=cfg,
                                         lora_alpha=lora_alpha, weight_2=weight_2, memory_budget_gb=memory_budget_gb,
                                         guidance=guidance, kl_beta=kl_beta))
@@ -286,7 +291,7 @@ class Train(PackNode):
             gradient_checkpointing=gradient_checkpointing, offload_rewards=offload_rewards, tiled_decode=tiled_decode,
             frames=frames, reward_frames=reward_frames, frame_stride=frame_stride)
         artist = dict(every=artist_every, mode=artist_mode, timeout_s=artist_timeout_s, ask=artist_ask,
-                      away_s=artist_away_s) if artist_every else None
+                      away_s=artist_away_s, check_every=artist_check_every) if artist_every else None
         trainer, curve, grid = run_train_node(
             model, clip, vae, tc, rewards, judges, prompts=texts, eval_prompts=held_out, negative=negative,
             width=width, height=height, scheduler=scheduler, guidance=guidance, artist=artist,

@@ -9,7 +9,7 @@ import json
 from comfy_api.latest import io
 
 from treegrpo.config import (AdvantageConfig, ArtistConfig, LoraConfig, MemoryConfig, OptimConfig, TrainConfig,
-                             TreeConfig, VideoConfig)
+                             TreeConfig, VideoConfig, field_choices)
 
 #: widget name → (config dataclass, field)
 CONFIG_WIDGETS = {
@@ -34,6 +34,7 @@ CONFIG_WIDGETS = {
     "mode": (ArtistConfig, "mode"), "timeout_s": (ArtistConfig, "timeout_s"), "on_timeout": (ArtistConfig, "on_timeout"),
     "artist_every": (ArtistConfig, "every"), "artist_ask": (ArtistConfig, "ask"), "artist_mode": (ArtistConfig, "mode"),
     "artist_timeout_s": (ArtistConfig, "timeout_s"), "artist_away_s": (ArtistConfig, "away_s"),
+    "artist_check_every": (ArtistConfig, "check_every"),
     "tail_steps_schedule": (TreeConfig, "tail_steps_schedule"), "lr_factor_schedule": (OptimConfig, "lr_factor_schedule"),
 }
 
@@ -67,5 +68,10 @@ def config_help(widget: str) -> str:
 
 
 def widget(kind, name: str, tooltip: str = "", **kw):
-    """``kind.Input(name, default=<config default>, tooltip=<tooltip or the field's help>, **kw)``."""
+    """``kind.Input(name, default=<config default>, tooltip=<tooltip or the field's help>, **kw)``; a combo offers
+    the field's ``Literal`` choices (``treegrpo.config.field_choices``) unless ``options`` are given."""
+    if kind is io.Combo and "options" not in kw:
+        kw["options"] = list(field_choices(*CONFIG_WIDGETS[name]))
+        if not kw["options"]:
+            raise TypeError(f"widget {name!r}: its config field has no Literal choices; pass options")
     return kind.Input(name, default=config_default(name), tooltip=tooltip or config_help(name), **kw)

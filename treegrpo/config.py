@@ -6,8 +6,10 @@ One dataclass per concern (trl style); the CLI flags are generated from the fiel
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
@@ -87,7 +89,11 @@ def check_types(obj) -> None:
             _require(optional, c, f.name, f"must not be null (leave it out for the default, "
                                           f"{json.dumps(default, default=str)})")
             continue
-        if kind in _TYPES:
+        if kind.startswith("Literal["):   # a string, one of those listed
+            _require(_type_ok("str", v), c, f.name, f"must be {_TYPES['str']}, got {v!r} ({type(v).__name__})")
+            choices = field_choices(type(obj), f.name)
+            _require(v in choices, c, f.name, f"must be one of {list(choices)}, got {v!r}")
+        elif kind in _TYPES:
             if kind == "int" and isinstance(v, float) and v.is_integer():
                 setattr(obj, f.name, int(v))
                 continue
@@ -100,9 +106,18 @@ def check_types(obj) -> None:
                      f"must be a section ({{...}} with its fields), got {v!r} ({type(v).__name__})")
 
 
-def _choice(obj, name: str, choices) -> None:
-    v = getattr(obj, name)
-    _require(v in choices, type(obj).__name__, name, f"must be one of {list(choices)}, got {v!r}")
+@functools.lru_cache(maxsize=None)
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def field_choices(cls, name: str) -> tuple:
+    """The values a ``Literal[...]`` field of config dataclass ``cls`` allows (what a node's combo offers), in
+    order; ``()`` for any other field."""
+    t = _hints(cls)[name]
+    if typing.get_origin(t) is typing.Union:          # Optional[Literal[...]]
+        t = next(a for a in typing.get_args(t) if a is not type(None))
+    return typing.get_args(t) if typing.get_origin(t) is Literal else ()
 
 
 #: bounds on sizes that multiply into work or memory, checked before any model loads (each error states its reason)
@@ -124,10 +139,10 @@ class TreeConfig:
     branch_schedule: list = _f([], "tree method: children per node at each window step, one entry per step (e.g. "
                                     "[4, 2]: two mirrored pairs at the first step, one at the second); [] = branch "
                                     "at every step")
-    method: str = _f("tree", "tree | trajectory (the GRPO baseline run by the same code) | ode (G deterministic "
+    method: Literal["tree", "trajectory", "ode"] = _f("tree", "tree | trajectory (the GRPO baseline run by the same code) | ode (G deterministic "
                              "samples per prompt from independent noises, for optim.loss nft / awm)")
     group_size: int = _f(0, "trajectory / ode methods: samples per group G (0 = branch**window_width)")
-    window_schedule: str = _f("fixed", "fixed | sliding | random: where the window sits at each iteration")
+    window_schedule: Literal["fixed", "sliding", "random"] = _f("fixed", "fixed | sliding | random: where the window sits at each iteration")
     window_shift: int = _f(1, "sliding schedule: steps the window moves each time")
     window_every: int = _f(1, "sliding schedule: iterations between moves")
     window_max_start: int = _f(-1, "sliding/random: last allowed window start (-1 = steps - width)")
@@ -137,8 +152,8 @@ class TreeConfig:
                                           "(each child is still N(μ, σ²); pairs cancel the even-order terms of their "
                                           "difference). None: on for the tree method, off for trajectory GRPO")
     eta: float = _f(1.0, "epsilon models: DDIM eta of the SDE steps")
-    logprob_reduction: str = _f("mean", "mean | sum of the per-dimension Gaussian log-density")
-    tail_solver: str = _f("euler", "ODE solver after the window: euler | heun (2 NFE/step) | dpmpp_2m (2nd order, 1 NFE/step)")
+    logprob_reduction: Literal["mean", "sum"] = _f("mean", "mean | sum of the per-dimension Gaussian log-density")
+    tail_solver: Literal["euler", "heun", "dpmpp_2m"] = _f("euler", "ODE solver after the window: euler | heun (2 NFE/step) | dpmpp_2m (2nd order, 1 NFE/step)")
     tail_steps: int = _f(0, "ODE steps after the window (0 = the remaining steps of the schedule)")
     tail_steps_schedule: list = _f([], "[[iteration, tail_steps], ...]: the tail's steps from each listed iteration "
                                        "on, first at iteration 0 (e.g. [[0, 1], [60, 2]]: a one-step tail while the "
@@ -167,10 +182,6 @@ class TreeConfig:
                  f"{self.window_start} + {self.window_width}; allowed window_start: 0..{self.steps - self.window_width}"
                  if self.window_width <= self.steps else
                  f"window_width {self.window_width} exceeds steps {self.steps}")
-        _choice(self, "method", ("tree", "trajectory", "ode"))
-        _choice(self, "window_schedule", ("fixed", "sliding", "random"))
-        _choice(self, "logprob_reduction", ("mean", "sum"))
-        _choice(self, "tail_solver", ("euler", "heun", "dpmpp_2m"))
         _require(self.group_size >= 0, c, "group_size", f"must be >= 0, got {self.group_size}")
         _require(self.method != "tree" or self.group_size == 0, c, "group_size",
                  f"only used by method='trajectory' or 'ode' (got {self.group_size} with method='tree'); set it to 0")
@@ -235,25 +246,21 @@ class TreeConfig:
 class AdvantageConfig:
     """Reward aggregation, leaf z-scores and the backup to internal nodes (docs/design.md §1)."""
 
-    backup: str = _f("softmax", "softmax | mean: how child-edge advantages combine into a node's")
+    backup: Literal["softmax", "mean"] = _f("softmax", "softmax | mean: how child-edge advantages combine into a node's")
     temperature: float = _f(1.0, "softmax backup temperature tau on the old log-probs")
-    reward_stats: str = _f("tree", "tree | prompt: group over which each reward is standardised")
+    reward_stats: Literal["tree", "prompt"] = _f("tree", "tree | prompt: group over which each reward is standardised")
     eps: float = _f(1e-6, "added to standard deviations")
     adv_clip: float = _f(5.0, "clip edge advantages to [-adv_clip, adv_clip] (0 = off)")
     flat_floor: float = _f(1e-3, "trees whose aggregated-reward spread (std) is below this are not trained")
-    std_scope: str = _f("tree", "tree | batch: divide centred rewards by the std within each tree (GRPO) or "
+    std_scope: Literal["tree", "batch"] = _f("tree", "tree | batch: divide centred rewards by the std within each tree (GRPO) or "
                         "over the whole batch (near-flat trees then get small advantages)")
-    edge_baseline: str = _f("siblings", "siblings | none: subtract from each edge's advantage the mean over its "
+    edge_baseline: Literal["siblings", "none"] = _f("siblings", "siblings | none: subtract from each edge's advantage the mean over its "
                             "siblings (a per-state baseline), or keep the paper's backed-up "
                             "advantages")
 
     def __post_init__(self) -> None:
         check_types(self)
         c = "AdvantageConfig"
-        _choice(self, "backup", ("softmax", "mean"))
-        _choice(self, "reward_stats", ("tree", "prompt"))
-        _choice(self, "edge_baseline", ("siblings", "none"))
-        _choice(self, "std_scope", ("tree", "batch"))
         _require(self.temperature > 0, c, "temperature", f"must be > 0, got {self.temperature}")
         _require(self.eps > 0, c, "eps", f"must be > 0, got {self.eps}")
         _require(self.adv_clip >= 0, c, "adv_clip", f"must be >= 0, got {self.adv_clip}")
@@ -318,18 +325,18 @@ class OptimConfig:
     max_grad_norm: float = _f(1.0, "gradient clipping norm (0 = off)")
     microbatch: int = _f(64, "parent nodes per forward/backward (gradient accumulation over microbatches)")
     updates_per_batch: int = _f(1, "optimiser passes over each batch of trees")
-    step_weight: str = _f("steps", "how the window steps share the loss: steps (every window step the same "
+    step_weight: Literal["edges", "steps"] = _f("steps", "how the window steps share the loss: steps (every window step the same "
                                    "total weight, as in the policy gradient's sum over steps and in trajectory "
                                    "GRPO) | edges (the plain mean over edges, so a step with more edges weighs "
                                    "more: in a k=2, w=3 tree the last step 4x the first)")
-    lr_schedule: str = _f("constant", "learning-rate schedule over the run: constant | linear | cosine (to 0 "
+    lr_schedule: Literal["constant", "linear", "cosine"] = _f("constant", "learning-rate schedule over the run: constant | linear | cosine (to 0 "
                                      "at `iterations`, or at `time_budget_s` of training if that comes first)")
     warmup: int = _f(0, "iterations of linear learning-rate warm-up from 0")
     lr_factor_schedule: list = _f([], "[[iteration, factor], ...]: the learning rate times each factor from its "
                                       "iteration on, first at iteration 0 (e.g. [[0, 1], [120, 0.5]]: half the lr "
                                       "once the policy is near the reward, where a constant lr's noise sets a "
                                       "plateau); multiplies the warm-up and lr_schedule; [] = 1 throughout")
-    loss: str = _f("grpo", "grpo (the policy gradient on the SDE window's edges) | nft (DiffusionNFT-style) | awm "
+    loss: Literal["grpo", "nft", "awm"] = _f("grpo", "grpo (the policy gradient on the SDE window's edges) | nft (DiffusionNFT-style) | awm "
                            "(advantage-weighted matching): nft and awm train the flow-matching loss on the leaves "
                            "re-noised (treegrpo.matching) and need no SDE window likelihoods")
     nft_beta: float = _f(1.0, "nft: the implicit policies' step beta: v+ = (1-beta) v_old + beta v, "
@@ -341,7 +348,6 @@ class OptimConfig:
     def __post_init__(self) -> None:
         check_types(self)
         c = "OptimConfig"
-        _choice(self, "loss", ("grpo", "nft", "awm"))
         _require(self.nft_beta > 0, c, "nft_beta", f"must be > 0, got {self.nft_beta}")
         _require(self.nft_adv_scale > 0, c, "nft_adv_scale", f"must be > 0, got {self.nft_adv_scale}")
         _require(self.matching_timesteps >= 1, c, "matching_timesteps", f"must be >= 1, got {self.matching_timesteps}")
@@ -352,8 +358,6 @@ class OptimConfig:
         _require(self.max_grad_norm >= 0, c, "max_grad_norm", f"must be >= 0, got {self.max_grad_norm}")
         _require(self.microbatch >= 1, c, "microbatch", f"must be >= 1, got {self.microbatch}")
         _require(self.updates_per_batch >= 1, c, "updates_per_batch", f"must be >= 1, got {self.updates_per_batch}")
-        _choice(self, "lr_schedule", ("constant", "linear", "cosine"))
-        _choice(self, "step_weight", ("edges", "steps"))
         _require(self.warmup >= 0, c, "warmup", f"must be >= 0 iterations, got {self.warmup}")
         _check_schedule(c, "lr_factor_schedule", self.lr_factor_schedule,
                         lambda v: (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
@@ -365,12 +369,12 @@ class OptimConfig:
 class PipelineConfig:
     """How the ``diffusers`` backend loads and runs a model (ignored by the other backends)."""
 
-    family: str = _f("auto", "auto | sd (SD1.x/SD2.x) | sdxl | sd3 (SD3/SD3.5) | flux; auto reads model_index.json")
+    family: Literal["auto", "sd", "sdxl", "sd3", "flux"] = _f("auto", "auto | sd (SD1.x/SD2.x) | sdxl | sd3 (SD3/SD3.5) | flux; auto reads model_index.json")
     config: Optional[str] = _f(None, "single-file checkpoints: a local diffusers folder with the configs, tokenizers "
                                      "and the components the file lacks (text encoders, VAE)")
     height: int = _f(0, "image height in pixels (0 = the model's default)")
     width: int = _f(0, "image width in pixels (0 = the model's default)")
-    dtype: str = _f("auto", "weights dtype: auto (bfloat16 on GPU, float32 on CPU) | float32 | bfloat16 | float16")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = _f("auto", "weights dtype: auto (bfloat16 on GPU, float32 on CPU) | float32 | bfloat16 | float16")
     autocast: bool = _f(True, "bfloat16 autocast of the denoiser on GPU")
     gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass (less memory, slower "
                                              "update); true = memory.checkpointing on")
@@ -382,8 +386,6 @@ class PipelineConfig:
     def __post_init__(self) -> None:
         check_types(self)
         c = "PipelineConfig"
-        _choice(self, "family", ("auto", "sd", "sdxl", "sd3", "flux"))
-        _choice(self, "dtype", ("auto", "float32", "bfloat16", "float16"))
         for name in ("height", "width"):
             v = getattr(self, name)
             _require(v == 0 or (v >= 16 and v % 16 == 0), c, name, f"must be 0 (model default) or a multiple of 16 "
@@ -400,21 +402,17 @@ class MemoryConfig:
     """The memory plan (docs/design.md §7): before the first iteration, measure the model at the run's latent size,
     predict each phase's peak and choose the fastest settings that fit; refuse before any work when none does."""
 
-    plan: str = _f("auto", "auto (plan when the budget is known: a GPU, or budget_gb > 0) | off (use the settings "
+    plan: Literal["auto", "off"] = _f("auto", "auto (plan when the budget is known: a GPU, or budget_gb > 0) | off (use the settings "
                            "as given)")
     budget_gb: float = _f(0.0, "accelerator memory to plan for, in GB (0 = the GPU's memory)")
-    checkpointing: str = _f("auto", "gradient checkpointing: auto (on when needed to fit) | on | off")
-    offload_rewards: str = _f("auto", "reward models on the CPU except while scoring: auto | on | off")
-    tiled_decode: str = _f("auto", "VAE decode in tiles (less memory, slower decode): auto | on | off")
+    checkpointing: Literal["auto", "on", "off"] = _f("auto", "gradient checkpointing: auto (on when needed to fit) | on | off")
+    offload_rewards: Literal["auto", "on", "off"] = _f("auto", "reward models on the CPU except while scoring: auto | on | off")
+    tiled_decode: Literal["auto", "on", "off"] = _f("auto", "VAE decode in tiles (less memory, slower decode): auto | on | off")
     sample_batch: int = _f(0, "rows per denoiser call while sampling (0 = the plan's choice: a whole tree level)")
 
     def __post_init__(self) -> None:
         check_types(self)
         c = "MemoryConfig"
-        _choice(self, "plan", ("auto", "off"))
-        _choice(self, "checkpointing", ("auto", "on", "off"))
-        _choice(self, "offload_rewards", ("auto", "on", "off"))
-        _choice(self, "tiled_decode", ("auto", "on", "off"))
         _require(math.isfinite(self.budget_gb) and self.budget_gb >= 0, c, "budget_gb",
                  f"must be a number of GB >= 0, got {self.budget_gb}")
         _require(self.sample_batch >= 0, c, "sample_batch", f"must be >= 0, got {self.sample_batch}")
@@ -460,32 +458,29 @@ class SignalsConfig:
 class ArtistConfig:
     """Asking the artist (treegrpo/artist.py): how a question is asked and what an unanswered one becomes."""
 
-    mode: str = _f("favourites", "how the artist answers: favourites (click the good ones, shift-click bad ones), "
-                                 "ranking (best first), best_worst", choices=["favourites", "ranking", "best_worst"])
+    mode: Literal["favourites", "ranking", "best_worst"] = _f("favourites", "how the artist answers: favourites (click the good ones, shift-click bad ones), "
+                                 "ranking (best first), best_worst")
     timeout_s: int = _f(600, "seconds to wait for the answer about one tree before the fallback")
-    on_timeout: str = _f("skip the tree", "an unanswered tree: not trained on, or scored by the reward model",
-                         choices=["skip the tree", "use the reward model"])
+    on_timeout: Literal["skip the tree", "use the reward model"] = _f("skip the tree", "an unanswered tree: not trained on, or scored by the reward model")
     every: int = _f(0, "the Train node asks about every N-th tree of the run (0 = never); the others, and unanswered "
                        "ones, are scored by the reward model. With ask 'when unsure': at most one tree in N")
-    ask: str = _f("every N-th tree", "every N-th tree, or when unsure: a taste model (treegrpo/taste.py) scores the "
-                                     "trees and the artist is asked only where it is unsure",
-                  choices=["every N-th tree", "when unsure"])
+    ask: Literal["every N-th tree", "when unsure"] = _f("every N-th tree", "every N-th tree, or when unsure: a taste model (treegrpo/taste.py) scores the "
+                                     "trees and the artist is asked only where it is unsure")
     away_s: int = _f(30, "after a question went unanswered, the next ones wait only this long (seconds) until the "
                          "artist answers again: a run left alone does not stall timeout_s on every tree")
+    check_every: int = _f(5, "every N iterations the artist sees the model's pictures now beside the base model's "
+                             "(same noises) and picks the side closer to what they want: picking the start rolls the "
+                             "LoRA back to the last state they approved (treegrpo/start_check.py); 0 = never")
 
     def __post_init__(self) -> None:
         check_types(self)
         _require(1 <= self.away_s <= 86400, "ArtistConfig", "away_s",
                  f"{self.away_s} is outside 1..86400 seconds")
-        _require(self.mode in ("favourites", "ranking", "best_worst"), "ArtistConfig", "mode",
-                 f"{self.mode!r} is not one of favourites, ranking, best_worst")
         _require(5 <= self.timeout_s <= 86400, "ArtistConfig", "timeout_s",
                  f"{self.timeout_s} is outside 5..86400 seconds (a person needs a few seconds; a day at most)")
         _require(0 <= self.every <= 10 ** 6, "ArtistConfig", "every", f"{self.every} is not 0 (never) or a tree count")
-        _require(self.ask in ("every N-th tree", "when unsure"), "ArtistConfig", "ask",
-                 f"{self.ask!r} is not 'every N-th tree' or 'when unsure'")
-        _require(self.on_timeout in ("skip the tree", "use the reward model"), "ArtistConfig", "on_timeout",
-                 f"{self.on_timeout!r} is not 'skip the tree' or 'use the reward model'")
+        _require(0 <= self.check_every <= 10 ** 6, "ArtistConfig", "check_every",
+                 f"{self.check_every} is not 0 (never) or an iteration count")
 
 
 @dataclass
@@ -510,7 +505,7 @@ class VideoConfig:
 class TrainConfig:
     """The whole run: model, prompts, rewards, tree, advantages, LoRA, optimiser, loop and output."""
 
-    backend: str = _f("demo", "policy adapter: demo (the embedded model) | diffusers (a local diffusers folder or "
+    backend: Literal["demo", "diffusers", "comfy"] = _f("demo", "policy adapter: demo (the embedded model) | diffusers (a local diffusers folder or "
                                "single-file checkpoint); comfy is set by the ComfyUI nodes")
     model: Optional[str] = _f(None, "model path (diffusers folder / single file); demo: None = shipped weights")
     pipeline: PipelineConfig = field(default_factory=PipelineConfig, metadata={"help": "diffusers model loading"})
@@ -568,7 +563,6 @@ class TrainConfig:
         self.eval_rewards = [_reward_spec(r, i, "eval_rewards") for i, r in enumerate(self.eval_rewards)]
         judges = [r.name for r in self.eval_rewards]
         _require(len(set(judges)) == len(judges), c, "eval_rewards", f"duplicate reward names in {judges}")
-        _choice(self, "backend", ("demo", "diffusers", "comfy"))
         import re
         _require(isinstance(self.device, str) and re.fullmatch(r"auto|cpu|mps|(cuda|xpu)(:\d+)?", self.device) is not None,
                  c, "device", f"{shorten(self.device)!r} is not a device this trainer runs on: use auto, cpu, cuda, "

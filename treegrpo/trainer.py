@@ -87,8 +87,11 @@ class Trainer:
                  progress: bool = True, stop: Optional[Callable[[], bool]] = None,
                  step_callback: Optional[Callable[[], None]] = None, dist: Any = None, base_model_name: str = "",
                  iteration_callback: Optional[Callable[[dict], None]] = None,
-                 judges: Optional[dict[str, Callable]] = None):
+                 judges: Optional[dict[str, Callable]] = None, start_check: Optional[Callable] = None):
         self.cfg, self.policy, self.rewards = cfg, policy, rewards
+        #: ``(trainer) -> record | None`` after every iteration: the artist's check against the base model, which may
+        #: roll the LoRA back (treegrpo.start_check.StartCheck); None: no checks
+        self.start_check = start_check
         # held-out judges: scored on the evaluation samples only, never trained on
         self.judges = dict(judges or {})
         self.judge_weights = {r.name: r.weight for r in cfg.eval_rewards if r.name in self.judges and r.weight > 0}
@@ -136,6 +139,7 @@ class Trainer:
         #: the noise levels a resumed run was trained with, when they differ from this policy's own (a run moved
         #: between ComfyUI, whose scheduler sets them, and the CLI, whose backend does)
         self.kept_sigmas: Optional[torch.Tensor] = None
+        self._start_check_begins()
 
     def rebind(self, cfg: TrainConfig, policy: Policy) -> None:
         """Continue this run with new settings and a new policy over the same LoRA (ComfyUI's step nodes build a
@@ -478,6 +482,13 @@ class Trainer:
         st = json.loads(state["python_rng"])
         random.setstate((st[0], tuple(st[1]), st[2]))
         _set_numpy_state(json.loads(state["numpy_rng"]))
+        self._start_check_begins()
+
+    def _start_check_begins(self) -> None:
+        """The state the checks against the start roll back to at most: this one (fresh, or as resumed)."""
+        begin = getattr(self.start_check, "begin", None)
+        if begin is not None:
+            begin(self)
 
     def _keep_schedule(self, saved: Optional[torch.Tensor], saved_backend: str) -> None:
         """A run moved to another front-end (the checkpoint's backend is not this one's) continues on the noise levels
@@ -538,8 +549,13 @@ class Trainer:
         self._next_eval_t = _next_multiple(self.train_time, self.cfg.eval_every_s)
 
     def after_iteration(self, stats: dict) -> None:
-        """Callbacks, then the evaluation and the checkpoint when they are due."""
+        """The check against the start, callbacks, then the evaluation and the checkpoint when they are due."""
         cfg = self.cfg
+        if self.start_check is not None:
+            rec = self.start_check(self)
+            if rec is not None:
+                stats["check"] = rec["verdict"] or "none"
+                stats["check_restored"] = rec["restored"]
         if self.iteration_callback:
             self.iteration_callback(stats)
         due_t = self.train_time >= self._next_eval_t

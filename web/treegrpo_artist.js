@@ -157,12 +157,14 @@ function showNext() {
   el.dataset.question = q.id;
   const how = { favourites: "click the ones you like (shift-click: the ones you dislike)",
                 ranking: "click them best first (the rest tie last)", best_worst: "click the best, then the worst" };
+  const check = q.kind === "check";   // the run now beside where it started: pick a side or no preference
+  const hint = check ? "click the side closer to what you want" : how[q.mode];
   el.innerHTML = `<div class="box" role="dialog" aria-label="TreeGRPO artist picks">
-    <div class="prompt"></div><div class="hint">${how[q.mode]} · Enter sends · 0 no preference · Esc skip · Z zoom</div>
+    <div class="prompt"></div><div class="hint">${hint} · Enter sends · 0 no preference · Esc skip · Z zoom</div>
     <div class="groups"></div>
     <div class="bar"><button data-act="send">Send</button><button data-act="none">No preference</button>
-    <button data-act="skip">Skip this tree</button><span class="countdown"></span><span class="msg"></span></div></div>`;
-  el.querySelector(".prompt").textContent = `Tree ${q.tree + 1}: “${q.prompt}”`;
+    <button data-act="skip">${check ? "Skip" : "Skip this tree"}</button><span class="countdown"></span><span class="msg"></span></div></div>`;
+  el.querySelector(".prompt").textContent = check ? q.prompt : `Tree ${q.tree + 1}: “${q.prompt}”`;
   if (q.away > 0) {
     const away = document.createElement("div"); away.className = "away";
     away.textContent = `You were away: ${q.away} tree${q.away === 1 ? "" : "s"} fell back without your answer; ` +

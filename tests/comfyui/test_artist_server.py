@@ -94,10 +94,11 @@ def test_cancel_stops_the_wait_and_an_unanswered_tree_times_out(comfyui_server):
     assert json.loads(entry["outputs"]["step"]["text"][0])["edges"] == 0
 
 
-def run_with_scripted_artist(srv, graph, score, timeout=900):
+def run_with_scripted_artist(srv, graph, score, timeout=900, checks=None):
     """Queue ``graph`` from a websocket client that answers every question it gets with the leaf ``score(srv, image
     ref)`` rates highest (favourites), as the web dialog would. Returns (the history entry, [(iteration, tree,
-    pick)])."""
+    pick)]). A check against the start (kind ``check``) is answered the same way and goes to ``checks`` as
+    (iteration, pick, question) instead."""
     import threading
 
     answered = []
@@ -110,7 +111,11 @@ def run_with_scripted_artist(srv, graph, score, timeout=900):
                 qs = [e["data"] for e in ws.events if e["type"] == "treegrpo.artist.question"]
                 for q in qs[seen:]:
                     best = max(range(len(q["images"])), key=lambda i: score(srv, q["images"][i]))
-                    answered.append((q["iteration"], q["tree"], best))
+                    if q.get("kind") == "check":
+                        assert checks is not None, f"a check against the start nobody expected: {q}"
+                        checks.append((q["iteration"], best, q))
+                    else:
+                        answered.append((q["iteration"], q["tree"], best))
                     post_answer(srv.port, q["id"], q["nonce"], {"mode": "favourites", "good": [best]})
                 seen = len(qs)
                 stop.wait(0.1)

@@ -45,7 +45,8 @@ def test_the_train_node_asks_only_when_unsure_and_learns_the_taste(comfyui_serve
                                 window_schedule="fixed", lora_rank=8, lora_alpha=16.0, eval_every=ITERATIONS,
                                 antithetic=True, artist_every=4, artist_mode="favourites", artist_timeout_s=300,
                                 artist_ask="when unsure")
-    entry, answered = run_with_scripted_artist(srv, g, leaf_area, timeout=1800)
+    checks = []
+    entry, answered = run_with_scripted_artist(srv, g, leaf_area, timeout=1800, checks=checks)
     trees = 2 * ITERATIONS
     assert 12 <= len(answered) <= trees // 4 + 1, answered           # warm-up, then at most one tree in 4
     assert [(i, tr) for i, tr, _ in answered[:12]] == [(i, tr) for i in range(6) for tr in (0, 1)]
@@ -53,6 +54,15 @@ def test_the_train_node_asks_only_when_unsure_and_learns_the_taste(comfyui_serve
     log = json.loads((folder / "log.json").read_text())["train"]
     assert sum(h["taste_asked"] for h in log) == len(answered) and log[-1]["taste_answers"] == len(answered)
     assert any(h.get("taste_agreement") is not None for h in log[6:]) or len(answered) == 12
+    # the checks against the start (artist_check_every's default 5): after iterations 5, 10, 15, 20, one question
+    # each with the two sides as one picture each; every answer kept with its pictures, every verdict in the log
+    assert [i for i, _, _ in checks] == [5, 10, 15, 20]
+    assert all(len(q["images"]) == 2 and q["groups"] == [[0], [1]] and q["tree"] == -1 for _, _, q in checks)
+    kept = [json.loads(ln) for ln in (folder / "artist_checks.jsonl").read_text().splitlines()]
+    assert [(r["iteration"], r["pick"]) for r in kept] == [(i, p) for i, p, _ in checks]
+    assert all((folder / side).is_file() for r in kept for side in r["sides"])
+    verdicts = [h["check"] for h in log if "check" in h]
+    assert len(verdicts) == 4 and set(verdicts) <= {"now", "start"}
     taste = Path(srv.base_dir) / "models" / "reward_models" / f"{run}_taste.safetensors"
     assert taste.is_file()
     saved = Path(json.loads(json.dumps(entry["outputs"]["save"]["text"][0])).split("saved ", 1)[1])

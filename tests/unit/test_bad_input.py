@@ -683,8 +683,8 @@ def _float_fields():
     for f in dataclasses.fields(TrainConfig):
         if f.name in cli._SUBS:
             klass = TrainConfig.__dataclass_fields__[f.name].default_factory
-            out += [(f.name, g.name) for g in dataclasses.fields(klass) if "float" in str(g.type)]
-        elif "float" in str(f.type):
+            out += [(f.name, g.name) for g in dataclasses.fields(klass) if str(g.type) in ("float", "Optional[float]")]
+        elif str(f.type) in ("float", "Optional[float]"):
             out.append((None, f.name))
     return out
 

@@ -102,7 +102,9 @@ def test_every_widget_default_is_its_config_fields(comfyui_pack):
                    and Path(m.__file__).resolve().parent.parent == ROOT)
     CONFIG_WIDGETS = widgets.CONFIG_WIDGETS
 
-    checked = 0
+    from treegrpo.config import field_choices
+
+    checked = combos = 0
     for node_id, cls in comfyui_pack.node_classes().items():
         if not node_id.startswith("TreeGRPO") or node_id.startswith("TreeGRPOTest"):
             continue
@@ -118,8 +120,12 @@ def test_every_widget_default_is_its_config_fields(comfyui_pack):
                              VideoConfig, ArtistConfig)
             assert opts["default"] == field_default(klass, field), \
                 f"{node_id}.{name} = {opts['default']!r}, but {klass.__name__}.{field} = {field_default(klass, field)!r}"
+            if field_choices(klass, field):     # a Literal field: the combo offers exactly its choices, in order
+                assert list(_typ if isinstance(_typ, (list, tuple)) else opts.get("options", [])) == \
+                    list(field_choices(klass, field)), (node_id, name, _typ, opts)
+                combos += 1
             checked += 1
-    assert checked >= 25
+    assert checked >= 25 and combos >= 10, (checked, combos)
 
 
 def test_the_configuration_reference_is_generated_from_the_dataclasses():

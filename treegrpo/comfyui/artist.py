@@ -51,6 +51,7 @@ class Question:
     state: str = "pending"               # pending | answered | expired | cancelled
     answer: Optional[Answer] = None
     away: int = 0                        # trees that fell back since this tab's last answer (0: the artist is here)
+    kind: str = "tree"                   # tree | check (the run now beside where it started: treegrpo.start_check)
 
     @property
     def id(self) -> str:
@@ -61,7 +62,7 @@ class Question:
         return {"id": self.id, "nonce": self.nonce, "prompt_id": self.prompt_id, "tree": self.tree,
                 "prompt": self.prompt, "images": self.images, "groups": self.groups, "mode": self.mode,
                 "deadline": self.created + self.timeout_s, "timeout_s": self.timeout_s, "away": self.away,
-                "run_name": self.run_name,
+                "run_name": self.run_name, "kind": self.kind,
                 "iteration": self.iteration}
 
 
@@ -216,10 +217,13 @@ def register_routes() -> None:
         return web.json_response({"ok": status == 200, "message": msg}, status=status)
 
 
-def append_label(folder: str, record: dict) -> str:
-    """Append one answer to ``<folder>/artist_labels.jsonl`` (flushed and synced: nothing the artist did is lost)."""
+LABELS_FILE, CHECKS_FILE = "artist_labels.jsonl", "artist_checks.jsonl"
+
+
+def append_label(folder: str, record: dict, name: str = LABELS_FILE) -> str:
+    """Append one answer to ``<folder>/<name>`` (flushed and synced: nothing the artist did is lost)."""
     os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, "artist_labels.jsonl")
+    path = os.path.join(folder, name)
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(record, sort_keys=True) + "\n")
         fh.flush()
@@ -357,6 +361,71 @@ def ask_trees(batch, images, *, folder: str, iteration: int, seed, run_name: str
                               "seconds": round(answer.seconds if answer is not None else time.time() - q.created, 3),
                               "rewards": [round(float(v), 6) for v in rewards[idx]] if not exclude[t] else None})
     return rewards, exclude
+
+
+CHECK_TEXT = ("Is the run still going your way? One side is the model now, the other the base model it started from, "
+              "from the same noises (which is which is drawn at random). Pick the side closer to what you want, or "
+              "no preference. If you pick the start, the LoRA goes back to the last state you approved.")
+CHECK_TREE = -1            # a check's Question.tree: not a tree of the batch
+
+
+def _grid(images) -> "torch.Tensor":
+    """Pictures (B, 3, H, W) in [0, 1] side by side in rows of at most 4 with a 2-pixel gap: (H', W', 3)."""
+    import torch
+
+    b, c, h, w = images.shape
+    cols = min(4, b)
+    rows = -(-b // cols)
+    out = torch.ones(rows * (h + 2) - 2, cols * (w + 2) - 2, 3)
+    for i in range(b):
+        r, k = divmod(i, cols)
+        out[r * (h + 2):r * (h + 2) + h, k * (w + 2):k * (w + 2) + w] = images[i].movedim(0, -1).float().cpu()
+    return out
+
+
+def ask_check(first, second, prompts: list, iteration: int, *, folder: str, run_name: str, timeout_s: float,
+              board: ArtistBoard = BOARD, check_interrupt: Optional[Callable[[], None]] = None,
+              prompt_id: Optional[str] = None, client_id: Optional[str] = None,
+              away_grace_s: float = 30.0) -> Optional[int]:
+    """A check against the start (:class:`treegrpo.start_check.StartCheck`'s ``ask``) as one question in the
+    artist's dialog: the two sides (B, 3, H, W) each as one picture (a grid), favourites mode. Returns the side
+    picked (0 / 1; a side marked bad picks the other) or None (no preference, skipped, both or neither marked, no
+    answer in time — an artist who is away gets the grace period only). Each check is appended to
+    ``<folder>/artist_checks.jsonl`` with its two pictures kept in ``<folder>/artist/``."""
+    import folder_paths
+
+    temp = os.path.join(folder_paths.get_temp_directory(), "treegrpo_artist")
+    os.makedirs(temp, exist_ok=True)
+    prompt_id = prompt_id or uuid.uuid4().hex
+    stem = f"{prompt_id[:8]}_{iteration}_check"
+    label_dir = os.path.join(folder, "artist", stem)
+    os.makedirs(label_dir, exist_ok=True)
+    refs, kept = [], []
+    for pos, side in enumerate((first, second)):
+        pic = _grid(side if side.ndim == 4 else side[:, 0])
+        _save_png(pic, os.path.join(temp, f"{stem}_{pos}.png"))
+        _save_png(pic, os.path.join(label_dir, f"side_{pos}.png"))
+        refs.append({"filename": f"{stem}_{pos}.png", "subfolder": "treegrpo_artist", "type": "temp"})
+        kept.append(os.path.relpath(os.path.join(label_dir, f"side_{pos}.png"), folder))
+    away = board.away(client_id)
+    wait_s = min(float(timeout_s), float(away_grace_s)) if away else float(timeout_s)
+    q = board.ask(Question(prompt_id=prompt_id, client_id=client_id, tree=CHECK_TREE, prompt=CHECK_TEXT, images=refs,
+                           groups=[[0], [1]], mode="favourites", timeout_s=wait_s, run_name=run_name,
+                           iteration=int(iteration), away=away, kind="check"))
+    answer = board.wait(q, check_interrupt or (lambda: None))
+    pick = None
+    if answer is not None and answer.mode == "favourites":
+        good, bad = set(answer.good), set(answer.bad)
+        if len(good) == 1 and not bad & good:
+            pick = next(iter(good))
+        elif not good and len(bad) == 1:
+            pick = 1 - next(iter(bad))
+    append_label(folder, {"version": LABELS_VERSION, "time": time.time(), "prompt_id": prompt_id,
+                          "run_name": run_name, "iteration": iteration, "prompts": list(prompts), "sides": kept,
+                          "answer": answer.to_dict() if answer is not None else None, "pick": pick,
+                          "outcome": "answered" if answer is not None else "timeout", "waited_s": wait_s},
+                 name=CHECKS_FILE)
+    return pick
 
 
 def train_node_artist(every: int, mode: str, timeout_s: float, *, board: ArtistBoard = BOARD,

@@ -93,12 +93,14 @@ def executing_node_id():
 
 
 def artist_hook(model, rewards: dict, taste_features, *, every: int, mode: Optional[str], timeout_s: Optional[int],
-                ask: Optional[str], away_s: Optional[int]):
-    """The leaf scorer that asks the artist in the tab that queued the prompt (``every`` 0: None): every N-th tree,
-    or a taste model that asks when unsure (its features: ``taste_features`` (CLIP Vision), else the reward model's
-    image tower or the demo model's encoder)."""
+                ask: Optional[str], away_s: Optional[int], check_every: Optional[int] = None, seed: int = 0):
+    """``(leaf scorer, check against the start)`` asking the artist in the tab that queued the prompt (``every`` 0:
+    ``(None, None)``). The scorer: every N-th tree, or a taste model that asks when unsure (its features:
+    ``taste_features`` (CLIP Vision), else the reward model's image tower or the demo model's encoder). The check
+    (:class:`treegrpo.start_check.StartCheck`, every ``check_every`` iterations; None when 0): the pictures now beside
+    the base model's, one question in the same dialog."""
     if not every:
-        return None
+        return None, None
     import comfy.model_management
     from server import PromptServer
 
@@ -106,10 +108,12 @@ def artist_hook(model, rewards: dict, taste_features, *, every: int, mode: Optio
     from .artist import train_node_artist
 
     acfg = ArtistConfig(mode=mode or "favourites", timeout_s=timeout_s or 600, every=every,
-                        ask=ask or "every N-th tree", away_s=away_s or ArtistConfig().away_s)
+                        ask=ask or "every N-th tree", away_s=away_s or ArtistConfig().away_s,
+                        check_every=ArtistConfig().check_every if check_every is None else check_every)
     srv = PromptServer.instance
     where = dict(check_interrupt=comfy.model_management.throw_exception_if_processing_interrupted,
                  prompt_id=getattr(srv, "last_prompt_id", None), client_id=getattr(srv, "client_id", None))
+    check = start_check(acfg, seed, **where) if acfg.check_every else None
     if acfg.ask == "when unsure":
         from ..demo import BASE_MODEL_NAME
         from ..taste import TasteConfig
@@ -117,8 +121,22 @@ def artist_hook(model, rewards: dict, taste_features, *, every: int, mode: Optio
 
         encoder = choose_encoder(taste_features, rewards, demo=runtime.model_name(model) == BASE_MODEL_NAME)
         return train_node_taste(encoder, acfg.mode, acfg.timeout_s, TasteConfig.one_in(acfg.every),
-                                away_s=acfg.away_s, **where)
-    return train_node_artist(acfg.every, acfg.mode, acfg.timeout_s, away_s=acfg.away_s, **where)
+                                away_s=acfg.away_s, **where), check
+    return train_node_artist(acfg.every, acfg.mode, acfg.timeout_s, away_s=acfg.away_s, **where), check
+
+
+def start_check(acfg, seed: int, **where):
+    """The Train node's check against the start: a :class:`~treegrpo.start_check.StartCheck` whose question goes to
+    the artist's dialog (:func:`treegrpo.comfyui.artist.ask_check`, the run folder keeps the answers)."""
+    from ..start_check import CheckConfig, StartCheck
+    from .artist import ask_check
+
+    def ask(first, second, prompts, iteration):     # the run's folder and name: known once the Trainer began
+        return ask_check(first, second, prompts, iteration, folder=check.output_dir, run_name=check.run_name,
+                         timeout_s=acfg.timeout_s, away_grace_s=acfg.away_s, **where)
+
+    check = StartCheck(ask, CheckConfig(every=acfg.check_every, seed=seed))
+    return check
 
 
 def run_train_node(model, clip, vae, tc: TrainConfig, rewards: dict, judges: dict, *, prompts: list[str],
@@ -137,9 +155,10 @@ def run_train_node(model, clip, vae, tc: TrainConfig, rewards: dict, judges: dic
     shape = runtime.latent_shape_for(model, width, height, r, tc.video.frames, vae.temporal_compression_decode() or 1)
     encoded = texts + [p for p in dict.fromkeys(held_out) if p not in texts]   # held-out prompts need conds too
     conds = [(encode(clip, t, guidance), encode(clip, negative, guidance)) for t in encoded]
-    hook = artist_hook(model, rewards, taste_features, **artist) if artist else None
+    hook, check = artist_hook(model, rewards, taste_features, seed=tc.seed, **artist) if artist else (None, None)
     trainer = train_full(model, vae, encoded, conds, rewards, tc, shape, scheduler=scheduler, judges=judges,
-                         artist=hook, existing_run=existing_run or "resume", save_every=save_every or 0,
+                         artist=hook, start_check=check, existing_run=existing_run or "resume",
+                         save_every=save_every or 0,
                          node_id=executing_node_id())
     curve, grid = run_previews(trainer, held_out or texts)
     return trainer, curve, grid
@@ -148,7 +167,7 @@ def run_train_node(model, clip, vae, tc: TrainConfig, rewards: dict, judges: dic
 def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict, cfg: TrainConfig,
                latent_shape: tuple, *, scheduler: str = "simple", judges: Optional[dict] = None,
                artist: Optional[Callable] = None, existing_run: str = "resume", save_every: int = 0,
-               node_id: Optional[str] = None) -> Trainer:
+               node_id: Optional[str] = None, start_check: Optional[Callable] = None) -> Trainer:
     """The whole TreeGRPO loop on a ComfyUI model (the Train node). ``existing_run`` (:data:`watch.EXISTING_RUN`)
     decides what happens when ``cfg.run_name`` already trained: ``resume`` its latest checkpoint, start a ``new``
     numbered run beside it, or ``overwrite`` it (its files moved aside); the run trained is ``trainer.cfg.run_name``.
@@ -179,7 +198,7 @@ def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict
         trainer = Trainer(dataclasses.replace(cfg, output_dir=out), policy, rewards,
                           progress=False, base_model_name=runtime.model_name(model),
                           step_callback=comfy.model_management.throw_exception_if_processing_interrupted,
-                          judges=judges)
+                          judges=judges, start_check=start_check)
         trainer.log = logging.info
         watcher = RunWatcher(trainer, cfg.iterations, bar, save_every=save_every, node_id=node_id)
         trainer.iteration_callback = watcher.on_iteration

@@ -1,0 +1,72 @@
+"""The check against the start in ComfyUI (issue 50): one question in the artist's dialog with the two sides as one
+picture each; the side picked (or marked bad) comes back, no preference / skip / no answer change nothing, and every
+check is kept in the run's artist_checks.jsonl with its pictures. In-process on its own board, answered from a second
+thread as the web page would."""
+import json
+import threading
+import time
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow   # waits for a person: seconds a test
+
+
+def _answering(board, client, answers):
+    """Answer the next questions of ``client`` with ``answers`` in order (None: leave it unanswered)."""
+    seen = []
+
+    def run():
+        deadline = time.monotonic() + 60
+        todo = list(answers)
+        while todo and time.monotonic() < deadline:
+            for q in board.pending(client)["questions"]:
+                if q["id"] in seen:
+                    continue
+                seen.append(q["id"])
+                a = todo.pop(0)
+                if a is not None:
+                    board.answer(q["id"], q["nonce"], a)
+            time.sleep(0.01)
+
+    th = threading.Thread(target=run)
+    th.start()
+    return th, seen
+
+
+def test_a_check_question_returns_the_side_picked_and_keeps_every_answer(comfyui_pack, tmp_path):
+    from treegrpo.comfyui.artist import CHECK_TEXT, CHECKS_FILE, ArtistBoard, ask_check
+
+    board, client = ArtistBoard(), "tab-1"
+    first, second = torch.rand(4, 3, 8, 8), torch.rand(4, 3, 8, 8)
+    answers = [{"mode": "favourites", "good": [1]}, {"mode": "favourites", "bad": [1]}, {"mode": "none"},
+               {"mode": "skip"}, {"mode": "favourites", "good": [0, 1]}]
+    th, _ = _answering(board, client, answers)
+    got = [ask_check(first, second, ["a red circle"] * 4, it, folder=str(tmp_path), run_name="r", timeout_s=30,
+                     board=board, client_id=client) for it in range(5)]
+    th.join()
+    assert got == [1, 0, None, None, None]        # the side; bad marks the other; none, skip, both: no preference
+    recs = [json.loads(ln) for ln in (tmp_path / CHECKS_FILE).read_text().splitlines()]
+    assert [r["pick"] for r in recs] == got and [r["iteration"] for r in recs] == list(range(5))
+    assert all(r["outcome"] == "answered" and len(r["sides"]) == 2 for r in recs)
+    import numpy as np
+    from PIL import Image
+    side = Image.open(tmp_path / recs[0]["sides"][1]).convert("RGB")
+    assert side.size == (4 * 8 + 3 * 2, 8)                                   # four pictures in a row, 2-pixel gaps
+    px = torch.from_numpy(np.asarray(side, dtype=np.float32))[:, 10:18] / 255
+    assert torch.allclose(px, second[1].movedim(0, -1), atol=1 / 255)       # the second picture of the second side
+    assert not (tmp_path / "artist_labels.jsonl").exists()                   # the taste model's labels: untouched
+    assert board.pending(client)["questions"] == []
+    assert CHECK_TEXT.startswith("Is the run still going your way?")
+
+
+def test_an_unanswered_check_changes_nothing_and_an_away_artist_waits_the_grace_period(comfyui_pack, tmp_path):
+    from treegrpo.comfyui.artist import CHECKS_FILE, ArtistBoard, ask_check
+
+    board, client = ArtistBoard(), "tab-1"
+    board.fell_back(client)                         # a tree fell back: the artist is away
+    pick = ask_check(torch.rand(2, 3, 8, 8), torch.rand(2, 3, 8, 8), ["p", "p"], 5, folder=str(tmp_path),
+                     run_name="r", timeout_s=600, away_grace_s=1.0, board=board, client_id=client)
+    assert pick is None
+    rec = json.loads((tmp_path / CHECKS_FILE).read_text())
+    assert rec["outcome"] == "timeout" and rec["waited_s"] == 1.0 and rec["answer"] is None

@@ -1,0 +1,122 @@
+"""Issue 50: checks against where the run started (treegrpo/start_check.py) — the guard's rule on hand-worked
+sequences, the pictures (the model now and the base model from the same noises), and a run rolled back to the exact
+LoRA and optimiser state the artist approved."""
+import copy
+
+import pytest
+import torch
+
+from treegrpo.start_check import NOW, START, CheckConfig, Snapshot, StartCheck, StartGuard, check_pictures
+
+
+def _guard():
+    return StartGuard(Snapshot(0, "w0"), keep=2)
+
+
+def test_the_guard_keeps_approved_states_and_goes_back_to_them():
+    g = _guard()
+    assert g.record(None, lambda: Snapshot(5, "w5")) is None and g.approved == []      # no answer: nothing
+    assert g.record(NOW, lambda: Snapshot(5, "w5")) is None                             # approved: kept
+    assert g.record(START, lambda: pytest.fail("a lost state is not kept")).weights == "w5"   # back to 5
+    assert g.record(START, lambda: pytest.fail()).weights == "w0"       # 5 lost again right after: the one before
+    assert g.approved == [] and g.restores == 2
+    assert g.record(START, lambda: pytest.fail()).weights == "w0"       # the start is never dropped
+    assert g.record(NOW, lambda: Snapshot(20, "w20")) is None
+    assert g.record(NOW, lambda: Snapshot(25, "w25")) is None
+    assert g.record(NOW, lambda: Snapshot(30, "w30")) is None
+    assert [s.iteration for s in g.approved] == [25, 30]                # keep = 2
+    assert g.record(START, lambda: pytest.fail()).iteration == 30
+    assert g.record(NOW, lambda: Snapshot(40, "w40")) is None           # won again: a loss later starts afresh
+    assert g.record(START, lambda: pytest.fail()).iteration == 40
+    with pytest.raises(ValueError, match="verdict"):
+        g.record("better", lambda: None)
+
+
+def test_check_config_refuses_nonsense():
+    for bad in ({"every": -1}, {"pictures": 0}, {"pictures": 65}, {"every": 2.5}):
+        with pytest.raises(ValueError):
+            CheckConfig(**bad)
+    c = StartCheck(lambda *a: 0, CheckConfig(every=5))
+    assert [i for i in range(21) if c.due(i)] == [5, 10, 15, 20]
+    assert not any(StartCheck(lambda *a: 0, CheckConfig(every=0)).due(i) for i in range(21))
+
+
+def _trainer(tmp_path, check=None, lr=5e-2):
+    from treegrpo import cli
+    from treegrpo.backends import load_policy
+    from treegrpo.config import TrainConfig
+    from treegrpo.trainer import Trainer
+
+    d = cli.demo_config_dict()
+    d.update(prompts=["a red circle"], prompts_per_iter=1, trees_per_prompt=1, iterations=6, eval_every=0, seed=3,
+             output_dir=str(tmp_path), run_name="check", checkpoint_every=0)
+    d["tree"].update(window_start=1, window_width=2, branch=2)
+    d["optim"].update(lr=lr)
+    cfg = TrainConfig.from_dict(d)
+    policy, _ = load_policy(cfg)
+    from treegrpo.demo.tastes import taste
+    big = taste("big")
+    return Trainer(cfg, policy, {"demo_adherence": lambda im, p: big(im)}, progress=False, start_check=check)
+
+
+def _flat(w):
+    return torch.cat([t.flatten() for t in list(w.down.values()) + list(w.up.values())])
+
+
+def test_the_start_side_is_the_base_model_and_both_sides_share_the_noise(tmp_path):
+    t = _trainer(tmp_path)
+    noise = torch.randn((3, *t.policy.latent_shape()), generator=torch.Generator().manual_seed(1))
+    prompts = ["a red circle"] * 3
+    now, start = check_pictures(t.policy, prompts, noise, t.cfg.tree.steps)
+    assert torch.equal(now, start)          # LoRA B = 0 at the start: the same pictures
+    for _ in range(2):
+        t.train_step()
+    now2, start2 = check_pictures(t.policy, prompts, noise, t.cfg.tree.steps)
+    assert torch.equal(start2, start)       # the base model's pictures do not move with training
+    assert not torch.equal(now2, start2)    # the model's do
+    assert now2.shape == start2.shape == (3, 3, *now2.shape[2:])
+
+
+def test_a_lost_check_restores_the_approved_lora_and_optimiser_exactly(tmp_path):
+    verdicts = iter(["now", "start", "start"])
+    seen = []
+
+    def ask(first, second, prompts, iteration):
+        # tell the sides apart the way the test knows them: the model now differs from the start after training
+        want = next(verdicts)
+        now_is_first = not torch.equal(first, seen_start[0])
+        seen.append((iteration, now_is_first))
+        return 0 if (want == "now") == now_is_first else 1
+
+    seen_start = []
+    check = StartCheck(ask, CheckConfig(every=2, pictures=2, seed=0))
+    t = _trainer(tmp_path, check)
+    noise = torch.randn((2, *t.policy.latent_shape()), generator=torch.Generator().manual_seed(424_242))
+    seen_start.append(check_pictures(t.policy, [t.prompts[0]] * 2, noise, t.cfg.tree.steps)[1])
+    w0 = copy.deepcopy(t.lora.weights())
+    for _ in range(2):
+        t.after_iteration(t.train_step())
+    assert check.records[-1] == {"iteration": 2, "verdict": NOW, "restored": None}
+    w2 = copy.deepcopy(t.lora.weights())
+    opt2 = copy.deepcopy(t.optimizer.state_dict())
+    for _ in range(2):
+        t.after_iteration(t.train_step())
+    rec = check.records[-1]
+    assert rec == {"iteration": 4, "verdict": START, "restored": 2}
+    assert torch.equal(_flat(t.lora.weights()), _flat(w2))
+    st = t.optimizer.state_dict()["state"]
+    for k, v in opt2["state"].items():
+        assert torch.equal(st[k]["exp_avg"], v["exp_avg"]) and torch.equal(st[k]["exp_avg_sq"], v["exp_avg_sq"])
+    assert t.history[-1]["check"] == START and t.history[-1]["check_restored"] == 2
+    assert any("goes back to iteration 2's" in w for w in t.warnings)
+    for _ in range(2):
+        t.after_iteration(t.train_step())
+    assert check.records[-1] == {"iteration": 6, "verdict": START, "restored": 0}   # lost again: the start
+    assert torch.equal(_flat(t.lora.weights()), _flat(w0))
+    assert any("where this run started" in w for w in t.warnings)
+
+
+def test_a_check_answer_outside_its_choices_is_refused(tmp_path):
+    t = _trainer(tmp_path, StartCheck(lambda *a: "left", CheckConfig(every=1, pictures=1)))
+    with pytest.raises(ValueError, match="0, 1 or None"):
+        t.after_iteration(t.train_step())

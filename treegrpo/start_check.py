@@ -1,0 +1,165 @@
+"""Checks against where the run started: is the artist still happier with the pictures now than with the base model's?
+
+A tree's leaves are compared with each other only, and each tree's rewards are z-scored on their own: a run whose
+every leaf drifts the same wrong way (all shapes shrinking to nothing, a colour sliding away) keeps getting "the best
+of these" as its answer, and a taste model that agrees with those answers keeps agreeing all the way down. Every
+``every`` iterations the run therefore shows the artist ``pictures`` samples of the model now beside the base model's
+(LoRA off) from the same noises and prompts, in an order drawn at random, and asks which side is closer to what they
+want. The answer guards the run (:class:`StartGuard`, a pure state machine):
+
+* **now wins**: the LoRA, the optimiser's state and the iteration are kept as a snapshot the artist approved;
+* **the start wins**: the LoRA and the optimiser go back to the newest approved snapshot (the start itself before
+  any); if the run had just gone back there and loses again, that snapshot is dropped and the one before is used;
+* **no preference / no answer**: nothing changes.
+
+So what a run ends with is the artist's last approved LoRA or newer training that has not lost a check: a run that
+drifts below the base model is rolled back to a state the artist preferred to the start.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+NOW, START = "now", "start"
+
+
+@dataclass
+class Snapshot:
+    """An approved state: the LoRA weights, the optimiser's state dict and the iteration it was taken after."""
+
+    iteration: int
+    weights: Any
+    optimizer: Optional[dict] = None
+
+
+@dataclass
+class StartGuard:
+    """The rule above over a stack of approved snapshots; the start (``initial``) is never dropped.
+
+    ``record(verdict, snapshot)`` returns the snapshot to restore (None: keep training from here). ``keep``: how many
+    approved snapshots are kept besides the start (memory: a LoRA and its two Adam moments each)."""
+
+    initial: Snapshot
+    keep: int = 3
+    approved: list = field(default_factory=list)
+    just_restored: bool = False
+    restores: int = 0
+
+    def top(self) -> Snapshot:
+        return self.approved[-1] if self.approved else self.initial
+
+    def record(self, verdict: Optional[str], current: Callable[[], Snapshot]) -> Optional[Snapshot]:
+        """``verdict``: :data:`NOW`, :data:`START` or None (no preference, no answer). ``current`` makes the snapshot
+        of the state now (called only when it is approved)."""
+        if verdict not in (NOW, START, None):
+            raise ValueError(f"check verdict {verdict!r}: use {NOW!r}, {START!r} or None")
+        if verdict is None:
+            return None
+        if verdict == NOW:
+            self.approved.append(current())
+            del self.approved[:-self.keep]
+            self.just_restored = False
+            return None
+        if self.just_restored and self.approved:
+            self.approved.pop()          # the state gone back to lost again: trust the one before
+        self.just_restored = True
+        self.restores += 1
+        return self.top()
+
+
+@dataclass(frozen=True)
+class CheckConfig:
+    """``every``: iterations between checks (0: never). ``pictures``: samples per side. ``seed``: the checks'
+    noises and the sides' order (the same noises at every check, so two checks compare like with like)."""
+
+    every: int = 5
+    pictures: int = 4
+    seed: int = 0
+
+    def __post_init__(self):
+        if not (isinstance(self.every, int) and self.every >= 0):
+            raise ValueError(f"check every {self.every!r}: give the iterations between checks (0: never)")
+        if not (isinstance(self.pictures, int) and 1 <= self.pictures <= 64):
+            raise ValueError(f"check pictures {self.pictures!r}: give 1..64 samples per side")
+
+
+def check_pictures(policy, prompts: list[str], noise: torch.Tensor, steps: int, guidance: float = 1.0,
+                   sigmas: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """ODE samples of the policy now and of the base model (LoRA off) from the same ``noise`` (B, C, H, W), one
+    per prompt: decoded images ``(now, start)``, each (B, 3, H, W) in [0, 1] (video: (B, F, 3, H, W))."""
+    from .tree import sample_ode
+
+    was_training = policy.model.training
+    policy.model.eval()
+    try:
+        with torch.no_grad():
+            run = lambda: sample_ode(policy, prompts, noise, steps, guidance, sigmas=sigmas)  # noqa: E731
+            now = policy.decode(policy.run(run, max_batch=len(prompts)))
+            with policy.lora_disabled():
+                start = policy.decode(policy.run(run, max_batch=len(prompts)))
+    finally:
+        policy.model.train(was_training)
+    return now, start
+
+
+class StartCheck:
+    """The check as the trainer runs it after an iteration (``Trainer.start_check``).
+
+    ``ask(first, second, prompts, iteration) -> 0 | 1 | None``: which side the artist prefers (``first``/``second``:
+    image batches (B, 3, H, W) in [0, 1]; None: no preference or no answer). Which of the two is the model now is
+    drawn at random per check (the artist is not told)."""
+
+    def __init__(self, ask: Callable, config: CheckConfig = CheckConfig()):
+        self.ask, self.config = ask, config
+        self.guard: Optional[StartGuard] = None
+        self.output_dir, self.run_name = "", ""      # the run's, from :meth:`begin` (where an ``ask`` keeps answers)
+        self.records: list[dict] = []
+        self.g = torch.Generator().manual_seed(7_000_003 + config.seed)
+
+    def due(self, iteration: int) -> bool:
+        return bool(self.config.every) and iteration > 0 and iteration % self.config.every == 0
+
+    @staticmethod
+    def snapshot(trainer) -> Snapshot:
+        return Snapshot(trainer.iteration, copy.deepcopy(trainer.lora.weights()),
+                        copy.deepcopy(trainer.optimizer.state_dict()))
+
+    def begin(self, trainer) -> None:
+        """Take the state the run starts from (a resumed run: the state it resumed with) as the guard's start."""
+        self.output_dir, self.run_name = trainer.cfg.output_dir, trainer.cfg.run_name
+        self.guard = StartGuard(self.snapshot(trainer))
+
+    def __call__(self, trainer) -> Optional[dict]:
+        """Run the check when due: the record (iteration, verdict, restored iteration or None), else None."""
+        if self.guard is None:
+            self.begin(trainer)
+        if not self.due(trainer.iteration):
+            return None
+        c, cfg = self.config, trainer.cfg
+        prompts = [trainer.prompts[i % len(trainer.prompts)] for i in range(c.pictures)]
+        noise = torch.randn((c.pictures, *trainer.policy.latent_shape()),
+                            generator=torch.Generator().manual_seed(424_242 + c.seed))
+        now, start = check_pictures(trainer.policy, prompts, noise, cfg.tree.steps, cfg.cfg, trainer.sigmas())
+        now_first = bool(torch.rand((), generator=self.g) < 0.5)
+        pick = self.ask(*((now, start) if now_first else (start, now)), prompts, trainer.iteration)
+        if pick not in (0, 1, None):
+            raise ValueError(f"a check's answer is 0, 1 or None, got {pick!r}")
+        verdict = None if pick is None else (NOW if (pick == 0) == now_first else START)
+        back = self.guard.record(verdict, lambda: self.snapshot(trainer))
+        rec = {"iteration": trainer.iteration, "verdict": verdict, "restored": None}
+        if back is not None:
+            trainer.lora.load(copy.deepcopy(back.weights))
+            if back.optimizer is not None:
+                trainer.optimizer.load_state_dict(copy.deepcopy(back.optimizer))
+            rec["restored"] = back.iteration
+            msg = (f"the artist preferred the base model's pictures to iteration {trainer.iteration}'s: the LoRA goes "
+                   f"back to " + ("where this run started" if back is self.guard.initial
+                                  else f"iteration {back.iteration}'s, which the artist approved"))
+            trainer.warnings.append(f"iteration {trainer.iteration}: {msg}")
+            logging.warning("TreeGRPO %s: %s", cfg.run_name, msg)
+        self.records.append(rec)
+        return rec
