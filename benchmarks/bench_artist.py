@@ -140,25 +140,32 @@ def eval_area(policy, noise: torch.Tensor, steps: int, value=None) -> float:
 
 
 def run(strategy: str, seed: int, iterations: int, error: float, output_dir: str, taste_cfg: TasteConfig,
-        ask_rate: float = 1.0, encoder=None, taste: str = "big", kl_beta: float = 0.1, check_every: int = 0) -> dict:
+        ask_rate: float = 1.0, encoder=None, taste: str = "big", kl_beta: float = 0.1, check_every: int = 0,
+        learn_checks: bool = True) -> dict:
     """One simulated run: after each iteration (answers so far, the hidden taste's mean value); taste statistics.
     ``check_every``: a check against the start every that many iterations (0: none; not for ``oracle``), each one
-    answer of the artist."""
+    answer of the artist; ``learn_checks``: the taste model also learns from them (``OnlineTaste.learn_check``)."""
     cfg = artist_demo_config(seed, iterations, output_dir, strategy, kl_beta)
     policy, _ = load_policy(cfg)
     artist = SimulatedArtist(error, seed, taste)
-    check = None
-    if check_every and strategy != "oracle":
-        check = StartCheck(artist.check, CheckConfig(every=check_every, seed=seed))
-    trainer = Trainer(cfg, policy, {"demo_adherence": lambda im, p: torch.zeros(len(p))}, progress=False,
-                      start_check=check)
     online = None
     if strategy in ("unsure", "random"):
         online = OnlineTaste(TasteModel(config=taste_cfg, features="demo"), encoder=encoder or DemoEncoder())
-        if strategy == "random":
-            g = torch.Generator().manual_seed(20_000 + seed)
-            online.decide = lambda scores, seen, asked, c: (seen < c.warmup_trees or scores is None
-                                                           or float(torch.rand((), generator=g)) < ask_rate)
+    check = None
+    if check_every and strategy != "oracle":
+        def ask_check(first, second, prompts, iteration):
+            pick = artist.check(first, second, prompts, iteration)
+            if online is not None and learn_checks:
+                online.learn_check(first.float(), second.float(), pick)
+            return pick
+
+        check = StartCheck(ask_check, CheckConfig(every=check_every, seed=seed))
+    trainer = Trainer(cfg, policy, {"demo_adherence": lambda im, p: torch.zeros(len(p))}, progress=False,
+                      start_check=check)
+    if strategy == "random":
+        g = torch.Generator().manual_seed(20_000 + seed)
+        online.decide = lambda scores, seen, asked, c: (seen < c.warmup_trees or scores is None
+                                                       or float(torch.rand((), generator=g)) < ask_rate)
     trainer.artist = make_hook(strategy, artist, online)
     noise = torch.randn((EVAL_N, *policy.latent_shape()), generator=torch.Generator().manual_seed(EVAL_SEED))
     curve = [(0, eval_area(policy, noise, cfg.tree.steps, artist.value))]
@@ -286,6 +293,7 @@ def main(argv: list[str] | None = None) -> dict:
                     "(novelty, floor rate, agreement and diversity off)")
     ap.add_argument("--check-every", type=int, default=0, help="a check against the start (treegrpo/start_check.py) "
                     "every that many iterations, each one answer (0: none)")
+    ap.add_argument("--no-learn-checks", action="store_true", help="the taste model does not learn from the checks")
     ap.add_argument("--report", default=None, help="only recompute the report of this results file")
     ap.add_argument("--merge", nargs="+", metavar="ARTIST_JSON", help="pool the runs of these results files into "
                     "--out (a later file's run replaces an earlier one of the same strategy and seed: e.g. d3po again "
@@ -334,14 +342,15 @@ def main(argv: list[str] | None = None) -> dict:
             rate = 1.0
             for name in [s for s in STRATEGIES if s in strategies]:
                 r = run(name, seed, a.iterations, a.error, tmp, taste_cfg, ask_rate=rate, encoder=encoder,
-                        taste=a.taste, kl_beta=a.kl, check_every=a.check_every)
+                        taste=a.taste, kl_beta=a.kl, check_every=a.check_every,
+                        learn_checks=not a.no_learn_checks)
                 if name == "unsure":
                     rate = max(0.0, (r["answers"] - taste_cfg.warmup_trees) / max(1, r["trees"] - taste_cfg.warmup_trees))
                 runs.append(r)
                 print(f"seed {seed} {name:>6}: {r['answers']:3d} answers of {r['trees']} trees, area "
                       f"{r['curve'][0][1]:.3f} -> {r['curve'][-1][1]:.3f} ({r['seconds']:.0f} s)", flush=True)
     out = {"iterations": a.iterations, "error": a.error, "hidden_taste": a.taste, "kl_beta": a.kl,
-           "check_every": a.check_every,
+           "check_every": a.check_every, "learn_checks": bool(a.check_every) and not a.no_learn_checks,
            "taste": vars(taste_cfg), "report": report(runs),
            "runs": runs}
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)

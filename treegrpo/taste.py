@@ -520,6 +520,25 @@ class OnlineTaste:
         return rewards, exclude, stats
 
 
+    def learn_check(self, first: torch.Tensor, second: torch.Tensor, pick: Optional[int]) -> Optional[float]:
+        """Learn from a check against the start (treegrpo/start_check.py): the artist preferred side ``pick`` (0 /
+        1; None: no preference, nothing learnt) of two picture sets (B, 3, H, W). What a tree's answers cannot say —
+        where the run stands against where it started — as one comparison of the sides' mean features (with a
+        linear score: the picked side's mean score is the higher). Returns the model's agreement with it before
+        learning (counted among the recent agreements, so a model that disagrees asks more), or None."""
+        if pick is None:
+            return None
+        if pick not in (0, 1):
+            raise ValueError(f"a check's pick is 0, 1 or None, got {pick!r}")
+        f = torch.stack([self.encoder(first).double().mean(0), self.encoder(second).double().mean(0)])
+        pairs = [(pick, 1 - pick)]
+        a = self.model.agreement(f, pairs)
+        if a is not None:
+            self.agreements.append(a)
+        self.model.add(f, pairs)
+        return a
+
+
 def read_labels(path: str | os.PathLike) -> list[tuple[dict, "object"]]:
     """The answered records of an ``artist_labels.jsonl`` with their :class:`treegrpo.artist.Answer`, in order.
 

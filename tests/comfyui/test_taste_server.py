@@ -52,7 +52,9 @@ def test_the_train_node_asks_only_when_unsure_and_learns_the_taste(comfyui_serve
     assert [(i, tr) for i, tr, _ in answered[:12]] == [(i, tr) for i in range(6) for tr in (0, 1)]
     folder = Path(srv.base_dir) / "output" / "treegrpo" / run
     log = json.loads((folder / "log.json").read_text())["train"]
-    assert sum(h["taste_asked"] for h in log) == len(answered) and log[-1]["taste_answers"] == len(answered)
+    # the model learnt from every answered tree and every check (a side picked each time)
+    assert sum(h["taste_asked"] for h in log) == len(answered)
+    assert log[-1]["taste_answers"] == len(answered) + len(checks)
     assert any(h.get("taste_agreement") is not None for h in log[6:]) or len(answered) == 12
     # the checks against the start (artist_check_every's default 5): after iterations 5, 10, 15, 20, one question
     # each with the two sides as one picture each; every answer kept with its pictures, every verdict in the log

@@ -120,3 +120,21 @@ def test_a_check_answer_outside_its_choices_is_refused(tmp_path):
     t = _trainer(tmp_path, StartCheck(lambda *a: "left", CheckConfig(every=1, pictures=1)))
     with pytest.raises(ValueError, match="0, 1 or None"):
         t.after_iteration(t.train_step())
+
+
+def test_the_taste_model_learns_a_check_as_one_comparison_of_the_sides_mean_features():
+    from treegrpo.taste import OnlineTaste, TasteConfig, TasteModel
+
+    enc = lambda x: x.flatten(1)[:, :3]                       # noqa: E731 -- features: the first 3 values
+    online = OnlineTaste(TasteModel(config=TasteConfig(heads=1)), encoder=enc)
+    first, second = torch.zeros(4, 3, 2, 2), torch.zeros(4, 3, 2, 2)
+    first[:, 0, 0, 0] = torch.tensor([1.0, 2.0, 3.0, 6.0])   # feature 0: mean 3 on the first side, 0 on the second
+    assert online.learn_check(first, second, None) is None and online.model.answers == 0
+    assert online.learn_check(first, second, 1) is None       # no model yet: no agreement to measure
+    t = online.model.trees[-1]
+    assert t.pairs == [(1, 0)] and torch.equal(t.features[:, 0], torch.tensor([3.0, 0.0], dtype=torch.float64))
+    assert online.model.scores(enc(second)).mean() > online.model.scores(enc(first)).mean()   # it learnt the side
+    assert online.learn_check(first, second, 1) == 1.0        # agrees now, counted among the recent agreements
+    assert online.agreements == [1.0]
+    with pytest.raises(ValueError, match="0, 1 or None"):
+        online.learn_check(first, second, 2)
