@@ -1,7 +1,7 @@
 """The demo workflow through ComfyUI against the same run through the CLI trainer (issue: the ComfyUI path).
 
 Reads the Train node of ``workflows/treegrpo_demo_cpu.json`` (or ``--workflow``), runs that graph in a real ComfyUI
-0.3.75 booted in this process (the tests' harness), then the same settings through ``treegrpo.cli.run_training``
+0.3.75 booted in this process (the tests' harness), then the same settings through ``treegrpo.run_training``
 on the demo backend, each for the same iterations and evaluation schedule, and reports:
 
 - time per training iteration (the trainer's own ``t_iter``: sampling, decoding, scoring, update), ComfyUI ÷ CLI
@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, ROOT)
 
 from treegrpo.io import atomic_write_json  # noqa: E402
+from treegrpo.run import run_training  # noqa: E402
 
 
 def train_node_inputs(api: dict) -> tuple[str, dict]:
@@ -71,7 +72,6 @@ def summary(train: list[dict], evals: list[dict]) -> dict:
 
 def run_seed(rt, api: dict, nid: str, seed: int, tmp: str, skip_cli: bool) -> dict:
     """One seed: the graph through ComfyUI, then the same settings through the CLI trainer."""
-    from treegrpo import cli
 
     w = api[nid]["inputs"]
     w.update(seed=seed, run_name=f"bench_comfy_s{seed}")
@@ -82,7 +82,7 @@ def run_seed(rt, api: dict, nid: str, seed: int, tmp: str, skip_cli: bool) -> di
     out = {"seed": seed, "comfy": dict(summary(log["train"], log["eval"]), node_wall_s=node_wall)}
     if not skip_cli:
         t0 = time.perf_counter()
-        tr, _ = cli.run_training(cli_config(w, os.path.join(tmp, f"cli_s{seed}")), progress=False)
+        tr, _ = run_training(cli_config(w, os.path.join(tmp, f"cli_s{seed}")), progress=False)
         out["cli"] = dict(summary(tr.history, tr.evals), wall_s=time.perf_counter() - t0)
         out["time_per_iteration_ratio"] = out["comfy"]["s_per_iter"] / out["cli"]["s_per_iter"]
     return out

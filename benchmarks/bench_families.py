@@ -30,6 +30,7 @@ import tempfile
 import time
 
 import torch
+from treegrpo.run import build_rewards, run_training
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
@@ -85,12 +86,11 @@ def summarize(trainer, family: str, t0: float, device: str, method: str = "tree"
 def run_family(folder: str, family: str, iterations: int, device: str, out: str, height: int,
                methods: tuple = ("tree",)) -> list[dict]:
     """A saved pipeline folder through the CLI trainer (the whole loading path), once per method."""
-    from treegrpo import cli
     rows = []
     for method in methods:
         cfg = make_config(folder, family, iterations, device, out + "_" + method, height, method=method)
         t0 = time.perf_counter()
-        trainer, _ = cli.run_training(cfg, progress=False, write_lora=False)
+        trainer, _ = run_training(cfg, progress=False, write_lora=False)
         rows.append(summarize(trainer, family, t0, device, method))
     return rows
 
@@ -100,7 +100,6 @@ def run_random(name: str, iterations: int, device: str, out: str, height: int, l
     """A real-size random-weight pipeline (``random_pipelines.py``), built in memory on ``device``, trained
     by each of ``methods`` in turn (a fresh LoRA each); one row per method."""
     from random_pipelines import FAMILY_OF, build
-    from treegrpo import cli
     from treegrpo.backends.diffusers import DiffusersPolicy
     from treegrpo.trainer import Trainer
 
@@ -116,7 +115,7 @@ def run_random(name: str, iterations: int, device: str, out: str, height: int, l
         # a fresh pipeline per method (LoRA is injected in place); build() seeds its random weights
         pipe = build(name, device=device, dtype=torch.bfloat16 if on_gpu else torch.float32, layers=layers)
         policy = DiffusersPolicy(pipe, family, cfg.pipeline, device, guidance_hint=cfg.cfg)
-        trainer = Trainer(cfg, policy, cli.build_rewards(cfg, torch.device(device)), progress=False,
+        trainer = Trainer(cfg, policy, build_rewards(cfg, torch.device(device)), progress=False,
                           base_model_name=f"random:{name}")
         trainer.train()
         rows.append(summarize(trainer, name, t0, device, method))

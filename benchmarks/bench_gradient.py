@@ -34,6 +34,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, ".."))
 
 import bench_methods as bm  # noqa: E402
+from treegrpo.run import build_rewards  # noqa: E402
 
 DEFAULT_METHODS = "tree,traj_window,traj_window_mirrored,tree_k8_w1"
 #: where and how to branch, at the same 192 leaves per iteration (8 per prompt unless stated): the window's first step
@@ -123,7 +124,7 @@ def gradient_draws(overrides: dict, draws: int, seed: int = 0, per_step: bool = 
     if cfg.optim.loss != "grpo":
         raise SystemExit("bench_gradient measures the GRPO gradient; the flow-matching peers have another objective")
     policy, _ = load_policy(cfg)
-    tr = Trainer(cfg, policy, cli.build_rewards(cfg, policy.device), progress=False)
+    tr = Trainer(cfg, policy, build_rewards(cfg, policy.device), progress=False)
     grads, secs, adv_sd, edges_n, shares = [], [], [], [], []
     for it in range(draws):
         tr.iteration = it

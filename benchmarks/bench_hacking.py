@@ -29,6 +29,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 from treegrpo.io import atomic_write_json  # noqa: E402
+from treegrpo.run import run_training  # noqa: E402
 
 METRICS = ("eval_reward", "eval_judge", "diversity_ratio", "hf_ratio", "eval_kl")
 
@@ -51,12 +52,11 @@ def point(e: dict, base: dict) -> dict:
 
 
 def run_one(kl: float, seed: int, args) -> dict:
-    from treegrpo import cli
     from treegrpo.hacking import best_index
 
     with tempfile.TemporaryDirectory() as out:
         t0 = time.perf_counter()
-        trainer, _ = cli.run_training(config(kl, seed, args.iterations, args.lr, args.eval_every, out),
+        trainer, _ = run_training(config(kl, seed, args.iterations, args.lr, args.eval_every, out),
                                       progress=False, write_lora=False)
         seconds = time.perf_counter() - t0
     ev = trainer.evals

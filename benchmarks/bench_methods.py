@@ -36,6 +36,7 @@ import os
 import subprocess
 import sys
 import time
+from treegrpo.run import run_training
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 THREADS = 1  # torch threads per run: one core, so a second process on a 2-core machine does not skew it
@@ -238,7 +239,7 @@ def child(spec: dict) -> None:
              checkpoint_every=0, output_dir=spec["out"], run_name="bench")
     d["signals"] = {**d.get("signals", {}), "kl_estimate": False}   # the tables do not use it; 20 % of an evaluation
     cfg = TrainConfig.from_dict(d)
-    tr, summary = cli.run_training(cfg, progress=False, write_lora=False)
+    tr, summary = run_training(cfg, progress=False, write_lora=False)
     hist = tr.history
     split = {k: sum(h[k] for h in hist) / len(hist) for k in ("t_sample", "t_decode", "t_reward", "t_update", "t_iter")}
     print(json.dumps({"evals": tr.evals, "iterations": tr.iteration, "train_time": tr.train_time,

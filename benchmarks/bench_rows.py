@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 
 import bench_gradient as bg  # noqa: E402
 import bench_methods as bm  # noqa: E402
+from treegrpo.run import run_training  # noqa: E402
 
 WARMUP = 2   # first iterations dropped (allocation, first-call overheads)
 
@@ -38,7 +39,7 @@ def measure(name: str, iterations: int, out_dir: str) -> dict:
     d.update(seed=0, iterations=iterations, eval_every=0, checkpoint_every=0, output_dir=out_dir, run_name=name,
              time_budget_s=0.0)
     d["signals"] = {**d.get("signals", {}), "kl_estimate": False}
-    tr, _ = cli.run_training(TrainConfig.from_dict(d), progress=False, write_lora=False)
+    tr, _ = run_training(TrainConfig.from_dict(d), progress=False, write_lora=False)
     h = tr.history[WARMUP:]
     med = statistics.median
     return {"s_per_sample_row": med(x["t_sample"] / x["nfe"] for x in h),

@@ -24,6 +24,7 @@ import math
 import os
 import sys
 import time
+from treegrpo.run import run_training
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -64,14 +65,13 @@ def trained_parents(cfg) -> int:
 def measure_cost(name: str, steps: int, tail: str, iterations: int, prompts: int, out: str) -> dict:
     import torch
 
-    from treegrpo import cli
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)   # one core per run, as bench_methods' runs (restored: callers may share the process)
     try:
         cfg = method_config(name, steps, tail, prompts)
         cfg = type(cfg).from_dict(dict(cfg.to_dict(), iterations=iterations, output_dir=out, run_name=name))
-        tr, _ = cli.run_training(cfg, progress=False, write_lora=False)
+        tr, _ = run_training(cfg, progress=False, write_lora=False)
     finally:
         torch.set_num_threads(threads)
     timed = tr.history[1:] or tr.history

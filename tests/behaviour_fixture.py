@@ -12,6 +12,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from treegrpo.run import run_training
 
 FIXTURE = Path(__file__).parent / "fixtures" / "behaviour.json"
 LORAS = Path(__file__).parent / "fixtures" / "behaviour"
@@ -93,9 +94,8 @@ def cli_config(name: str, out: str):
 
 def run_cli(name: str, out: str) -> str:
     """The LoRA file the CLI run ``name`` writes under ``out``."""
-    from treegrpo import cli
 
-    _, summary = cli.run_training(cli_config(name, out), progress=False)
+    _, summary = run_training(cli_config(name, out), progress=False)
     return summary["lora"]
 
 

@@ -10,13 +10,14 @@ import dataclasses
 import json
 import os
 import sys
-import tempfile
-import time
 from typing import Any, Optional
 
 from . import interrupts
 from .demo.config import demo_config_dict, demo_run_config_dict  # noqa: F401  (benchmarks and tests read them here)
 from .config import ConfigError, TrainConfig, config_sections, read_config_file, shorten
+# building a run lives in treegrpo.run; the CLI's names for it stay (benchmarks and scripts call cli.run_training)
+from .run import (build_rewards, check_output_dir, check_reward_names, check_size, prepare,  # noqa: F401
+                  run_training)
 
 _SUBS = tuple(config_sections())      # every section of the config is a group of flags
 
@@ -123,139 +124,8 @@ def _apply_one(d: dict, fresh, key: str, val: str) -> None:
         cur[name] = _parse_value(val, default)
 
 
-def check_output_dir(out: str, flag: str = "TrainConfig.output_dir") -> None:
-    """``out`` is (or can become) a folder this process writes in; ConfigError naming it otherwise."""
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ConfigError(f"{flag}: {out!r} is a file; choose a folder")
-    try:
-        os.makedirs(out, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):
-            pass
-    except OSError as e:
-        raise ConfigError(f"{flag}: cannot write in {shorten(out)!r} ({e.strerror}); choose a folder you "
-                          "can write to (--output-dir)") from None
-
-
-def check_reward_names(cfg: TrainConfig) -> None:
-    """Reward names and their options' names and types, before any model is built."""
-    from .rewards.base import available, check_options, missing_package
-
-    names = available()
-    for field_name in ("rewards", "eval_rewards"):
-        specs = getattr(cfg, field_name)
-        unknown = [r.name for r in specs if r.name not in names]
-        if unknown:
-            raise ConfigError(f"TrainConfig.{field_name}: unknown reward model(s) {unknown}; available: {names}")
-        for i, r in enumerate(specs):
-            missing = missing_package(r.name)
-            if missing:
-                raise ConfigError(f"TrainConfig.{field_name}[{i}]: {missing}")
-            try:
-                check_options(r.name, r.options, where=f"TrainConfig.{field_name}[{i}].options")
-            except ValueError as e:
-                raise ConfigError(str(e)) from None
-
-
-def build_rewards(cfg: TrainConfig, device, specs: Optional[list] = None) -> dict:
-    """The reward models of ``specs`` (default: the training rewards) with a weight > 0, by name."""
-    from .rewards.base import load_reward
-
-    check_reward_names(cfg)
-    specs = cfg.rewards if specs is None else specs
-    return {r.name: load_reward(r.name, path=r.path, device=device, **r.options) for r in specs if r.weight > 0}
-
-
-def preflight(cfg: TrainConfig, resume: bool = False, allow_changes: bool = False, overwrite: bool = False) -> None:
-    """Every check that needs no model, before one is loaded (minutes for SDXL or Flux): the prompts, the reward
-    names and options, the output folder, the LoRA to start from; for ``resume`` a checkpoint whose training
-    settings match ``cfg`` (unless ``allow_changes``), otherwise no earlier run of the same name in the folder
-    (unless ``overwrite``: the Trainer then moves its files aside)."""
-    from . import checkpoint as ckpt
-
-    prompts = cfg.load_prompts()
-    check_reward_names(cfg)
-    from .rewards.base import check_config_prompts
-    try:
-        check_config_prompts(cfg, prompts)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    out = cfg.output_dir
-    check_output_dir(out)
-    if cfg.lora.init_from and not os.path.isfile(cfg.lora.init_from):
-        raise ConfigError(f"LoraConfig.init_from: no LoRA file at {cfg.lora.init_from!r}")
-    if resume:
-        ckpt.check_resume(out, cfg, allow_changes=allow_changes)
-    elif not overwrite:
-        ckpt.check_fresh_start(out, cfg.run_name)
-    check_size(cfg)
-
-
-def check_size(cfg: TrainConfig) -> None:
-    """The latents one iteration keeps must fit in the memory of the device they live on, from the model's
-    configuration alone: refused before any weights load (minutes for SDXL or Flux), naming the smallest change that
-    fits. A lower bound: the measured plan after loading adds the activations (the GPU) and checks again."""
-    import math
-
-    from . import memory
-    from .backends import latent_shape_from_config, resolve_device
-
-    if cfg.memory.plan == "off":
-        return
-    try:
-        shape = latent_shape_from_config(cfg)
-    except Exception:  # noqa: BLE001 - a model folder that cannot be read is the loader's to explain
-        shape = None
-    if shape is None:
-        return
-    device = resolve_device(cfg.device)
-    available = memory.accelerator_budget(device) if device.type == "cuda" else memory.available_ram()
-    world = max(1, int(os.environ.get("WORLD_SIZE", "1") or 1))   # torchrun / accelerate: each rank keeps its share
-    wl = memory.Workload(trees=-(-cfg.prompts_per_iter * cfg.trees_per_prompt // world),
-                         branching=tuple(cfg.tree.branching))
-    try:
-        memory.size_guard(wl, 4 * math.prod(shape), available, trees_per_prompt=cfg.trees_per_prompt,
-                          where="GPU memory" if device.type == "cuda" else "memory")
-    except memory.MemoryPlanError as e:
-        raise ConfigError(f"TrainConfig.prompts_per_iter / tree: {e}") from None
-
-
-def run_training(cfg: TrainConfig, resume: bool = False, progress: bool = True, write_lora: bool = True,
-                 allow_changes: bool = False, overwrite: bool = False):
-    """Build policy + rewards from ``cfg``, train, save the LoRA; returns (trainer, summary)."""
-    from .backends import load_policy
-    from .trainer import Trainer
-
-    from .backends import resolve_device
-    from .distributed import DataParallel, launched
-
-    preflight(cfg, resume, allow_changes, overwrite)
-
-    device = resolve_device(cfg.device)
-    # torchrun / accelerate launch: one process per device
-    dist = DataParallel(cpu=device.type == "cpu") if launched() else None
-    if dist is not None and device.type == "cuda":
-        device = dist.device
-    # fail on reward names/files before loading the model; score on the policy's device
-    rewards_ready = build_rewards(cfg, device)
-    judges = build_rewards(cfg, device, cfg.eval_rewards) if cfg.eval_every or cfg.eval_every_s else {}
-    policy, base_name = load_policy(cfg, device)
-    trainer = Trainer(cfg, policy, rewards_ready, progress=progress, base_model_name=base_name, dist=dist,
-                      judges=judges, stop=interrupts.interrupt_requested)
-    summary = trainer.train(resume=resume)
-    if write_lora:
-        summary["lora"] = trainer.save_lora()
-        if trainer.rank == 0:  # the same tensors in diffusers' own key format, where the backend has one
-            written = policy.save_diffusers_lora(
-                trainer.lora_weights(), os.path.join(cfg.output_dir, f"{cfg.run_name}_diffusers.safetensors"))
-            if written:
-                summary["lora_diffusers"] = written
-    return trainer, summary
-
-
 def cmd_demo(ns) -> int:
-    from .report import before_after_grid, reward_curves
-    from .io import atomic_write_json
-    import torch
+    from .demo.compare import run_demo
 
     d = apply_flags(demo_run_config_dict(), ns)
     cfg = TrainConfig.from_dict(d)
@@ -264,62 +134,7 @@ def cmd_demo(ns) -> int:
     if ns.dump_config:
         print(json.dumps(cfg.to_dict(), indent=2))
         return 0
-    out = cfg.output_dir
-    check_output_dir(out)
-    torch.manual_seed(cfg.seed)
-    t0 = time.perf_counter()
-    print(f"[treegrpo demo] TreeGRPO: {cfg.iterations} iterations, tree k={cfg.tree.branch} w={cfg.tree.window_width} "
-          f"({cfg.tree.leaves} leaves/tree), {cfg.prompts_per_iter} prompts/iteration -> {out}")
-    tree_tr, tree_sum = run_training(cfg, progress=not ns.quiet, overwrite=True)   # a demo re-run archives the last
-    results = {"tree": {"evals": tree_tr.evals, "summary": tree_sum}}
-    prompts = tree_tr.eval_prompts[: ns.grid_prompts]
-    after = tree_tr.evaluate(prompts=prompts, seeds=4, return_images=True)
-    with tree_tr.policy.lora_disabled():
-        before = tree_tr.evaluate(prompts=prompts, seeds=4, return_images=True)
-    grid = before_after_grid(before["images"], after["images"], prompts, 4, os.path.join(out, "samples_before_after.png"))
-    curves = {"TreeGRPO": tree_tr.evals}
-    if not ns.no_baseline:
-        bd = dict(d, run_name=cfg.run_name + "_baseline", output_dir=os.path.join(out, "baseline"),
-                  time_budget_s=tree_tr.train_time, iterations=cfg.iterations * 100)
-        bd["tree"] = dict(d["tree"], method="trajectory")
-        bcfg = TrainConfig.from_dict(bd)
-        print(f"[treegrpo demo] baseline: trajectory GRPO (SDE window, {bcfg.tree.leaves} trajectories/prompt) "
-              f"for the same training wall-clock ({tree_tr.train_time:.1f} s)")
-        base_tr, base_sum = run_training(bcfg, progress=not ns.quiet, write_lora=False, overwrite=True)
-        results["trajectory_baseline"] = {"evals": base_tr.evals, "summary": base_sum}
-        curves["trajectory GRPO"] = base_tr.evals
-    curve_png = reward_curves(curves, os.path.join(out, "reward_curve.png"), "eval reward (prompt adherence)")
-    first, last = (tree_tr.evals[0], tree_tr.evals[-1]) if tree_tr.evals else ({}, {})
-    summary = {
-        "lora": tree_sum["lora"], "reward_curve": curve_png, "sample_grid": grid,
-        "best_lora": tree_tr.best_lora_path if os.path.exists(tree_tr.best_lora_path) else None,
-        "best_eval": tree_sum["best_eval"], "warnings": tree_sum["warnings"],
-        "base_reward": first.get("eval_reward"), "base_judge": first.get("eval_judge"),
-        "tree_final_judge": last.get("eval_judge"),
-        "hf_energy_ratio": (last["eval_hf_energy"] / first["eval_hf_energy"]
-                            if first.get("eval_hf_energy") else None),
-        "tree_final_reward": tree_sum["final_eval"]["eval_reward"] if tree_sum["final_eval"] else None,
-        "tree_train_time_s": tree_tr.train_time, "tree_iterations": tree_tr.iteration,
-        "wall_time_s": time.perf_counter() - t0, "config": cfg.to_dict(),
-    }
-    if "trajectory_baseline" in results:
-        bs = results["trajectory_baseline"]["summary"]
-        summary.update(baseline_final_reward=(bs["final_eval"] or {}).get("eval_reward"),
-                       baseline_iterations=bs["iterations"], baseline_train_time_s=bs["train_time"])
-    summary["evals"] = {k: v["evals"] for k, v in results.items()}
-    atomic_write_json(os.path.join(out, "summary.json"), summary)
-    if summary["base_reward"] is None:    # --eval-every 0: no evaluation curve
-        print("[treegrpo demo] no evaluations (--eval-every 0): compare the before/after grid, or set --eval-every")
-    else:
-        print(f"[treegrpo demo] eval reward: base {summary['base_reward']:.3f} -> TreeGRPO "
-              f"{summary['tree_final_reward']:.3f}"
-              + (f" | trajectory GRPO (same time) {summary['baseline_final_reward']:.3f}"
-                 if summary.get("baseline_final_reward") is not None else ""))
-    if summary["base_judge"] is not None and summary["tree_final_judge"] is not None:
-        print(f"[treegrpo demo] held-out judge (never trained on): base {summary['base_judge']:.3f} -> TreeGRPO "
-              f"{summary['tree_final_judge']:.3f}; high-frequency energy {summary['hf_energy_ratio']:.2f}x the base "
-              f"model's; {len(summary['warnings'])} hacking warning(s)")
-    print(f"[treegrpo demo] wrote {summary['lora']}, {curve_png}, {grid}, {os.path.join(out, 'summary.json')}")
+    run_demo(d, grid_prompts=ns.grid_prompts, baseline=not ns.no_baseline, progress=not ns.quiet)
     return 0
 
 

@@ -13,6 +13,7 @@ from treegrpo import cli
 from treegrpo.config import TrainConfig
 from treegrpo.demo.model import flow_sigmas
 from treegrpo.lora import from_state_dict, read_lora_file
+from treegrpo.run import run_training
 
 PROMPTS = ["a red circle", "a blue square", "a green triangle"]
 
@@ -55,11 +56,11 @@ def test_a_train_node_run_resumes_from_the_cli_and_back(comfyui_pack):
     after_node = last_checkpoint(folder, run)
     assert after_node["iteration"] == 1 and after_node["base_model"] == "treegrpo-demo-shapes16"
 
-    _, same = cli.run_training(cli_config(folder, run, 1), resume=True, progress=False)    # CLI: nothing to do
+    _, same = run_training(cli_config(folder, run, 1), resume=True, progress=False)    # CLI: nothing to do
     handed = lora_of(same["lora"])
     assert set(handed) == set(after_node["lora"])
     assert all(torch.equal(handed[k], after_node["lora"][k]) for k in handed)   # the node's LoRA, bit for bit
-    tr, summary = cli.run_training(cli_config(folder, run, 2), resume=True, progress=False)   # CLI: iteration 1
+    tr, summary = run_training(cli_config(folder, run, 2), resume=True, progress=False)   # CLI: iteration 1
     assert tr.iteration == 2 and [h["iteration"] for h in tr.history] == [0, 1]
     after_cli = last_checkpoint(folder, run)
     assert adam_steps(after_cli) == {2}                            # the optimiser state came along
@@ -87,7 +88,7 @@ def test_a_run_moved_node_cli_node_equals_the_node_run_uninterrupted(comfyui_pac
     alone = last_checkpoint(out / "node_alone", "node_alone")
     run = "node_cli_node"
     comfyui_pack.execute(node_graph(run, 1))
-    cli.run_training(cli_config(out / run, run, 2), resume=True, progress=False)
+    run_training(cli_config(out / run, run, 2), resume=True, progress=False)
     assert "'comfy' backend and continues on its noise levels" in capsys.readouterr().out
     comfyui_pack.execute(node_graph(run, 3))
     moved = last_checkpoint(out / run, run)
@@ -102,9 +103,9 @@ def test_a_run_moved_cli_node_equals_the_cli_run_uninterrupted(comfyui_pack):
     """CLI (iteration 0) → ComfyUI (iteration 1): the LoRA equals two iterations on the CLI, byte for byte; the
     node trains on the CLI's noise levels, not its scheduler's."""
     out = Path(comfyui_pack.base_dir) / "output" / "treegrpo"
-    _, alone = cli.run_training(cli_config(out / "cli_alone", "cli_alone", 2), progress=False)
+    _, alone = run_training(cli_config(out / "cli_alone", "cli_alone", 2), progress=False)
     run = "cli_node"
-    cli.run_training(cli_config(out / run, run, 1), progress=False)
+    run_training(cli_config(out / run, run, 1), progress=False)
     r = comfyui_pack.execute(node_graph(run, 2))
     from_node = lora_of(r.outputs["save"]["text"][0].split("saved ", 1)[1])
     assert equal_loras(from_node, lora_of(alone["lora"]))
@@ -116,7 +117,7 @@ def test_the_node_resumes_the_clis_lora_bit_for_bit(comfyui_pack):
     returns its LoRA, every tensor equal to the CLI's own LoRA file."""
     run = "cli_then_node"
     folder = Path(comfyui_pack.base_dir) / "output" / "treegrpo" / run
-    _, summary = cli.run_training(cli_config(folder, run, 2), progress=False)
+    _, summary = run_training(cli_config(folder, run, 2), progress=False)
     r = comfyui_pack.execute(node_graph(run, 2))
     from_node = lora_of(r.outputs["save"]["text"][0].split("saved ", 1)[1])
     from_cli = lora_of(summary["lora"])

@@ -9,6 +9,7 @@ from treegrpo import cli, memory
 from treegrpo.backends import load_policy
 from treegrpo.config import TrainConfig
 from treegrpo.trainer import Trainer
+from treegrpo.run import build_rewards
 
 TOLERANCE = 0.15
 
@@ -80,7 +81,7 @@ def test_cli_demo_every_phase_is_predicted(tmp_path, microbatch):
     d = cli.demo_config_dict()
     d.update(output_dir=str(tmp_path), eval_every=0, prompts_per_iter=3, optim=dict(microbatch=microbatch))
     cfg = TrainConfig.from_dict(d)
-    rewards = cli.build_rewards(cfg, "cpu")
+    rewards = build_rewards(cfg, "cpu")
     policy, _ = load_policy(cfg, torch.device("cpu"))
     tr = Trainer(cfg, policy, rewards, progress=False)
     wl = tr.workload()
@@ -166,7 +167,7 @@ def test_a_small_budget_turns_checkpointing_on_and_a_tiny_one_stops_before_sampl
     d.update(output_dir=str(tmp_path), eval_every=0, prompts_per_iter=1, iterations=1)
     cfg = TrainConfig.from_dict(d)
     policy, _ = load_policy(cfg, torch.device("cpu"))
-    rewards = cli.build_rewards(cfg, "cpu")
+    rewards = build_rewards(cfg, "cpu")
     tr = Trainer(cfg, policy, rewards, progress=False)
     wl = tr.workload()
     fp = memory.probe_policy(policy, cfg.prompts[0], cfg.cfg, tr.params, rewards=list(rewards.values()),

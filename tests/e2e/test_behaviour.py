@@ -9,6 +9,7 @@ import json
 import pytest
 
 import behaviour_fixture as bf
+from treegrpo.run import run_training
 
 RECORDED = json.loads(bf.FIXTURE.read_text())
 
@@ -33,9 +34,8 @@ def test_the_comparison_sees_a_one_line_change(tmp_path):
     """The tolerance is no blanket: the same run with kl_beta 0.1 → 0.11 is refused."""
     import dataclasses
 
-    from treegrpo import cli
 
     cfg = bf.cli_config("cli_tree", str(tmp_path / "kl"))
     cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, kl_beta=0.11))
-    _, summary = cli.run_training(cfg, progress=False)
+    _, summary = run_training(cfg, progress=False)
     assert bf.update_difference(summary["lora"], str(bf.LORAS / "cli_tree.safetensors")) > 5 * bf.TOLERANCE

@@ -15,6 +15,7 @@ import pytest
 
 from treegrpo import checkpoint as ckpt, cli, interrupts
 from treegrpo.config import ConfigError, TrainConfig
+from treegrpo.run import check_size
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -325,7 +326,7 @@ def test_a_resolution_too_large_for_memory_is_refused_from_the_model_folders_con
     cfg = TrainConfig.from_dict(base(tmp_path, **over))
     from treegrpo.backends import latent_shape_from_config
     assert latent_shape_from_config(cfg) == (4, 64, 64)
-    cli.check_size(cfg)
+    check_size(cfg)
 
 
 # ------------------------------------------------------------------------------------------- runs and resuming

@@ -14,6 +14,7 @@ from treegrpo.backends.diffusers import DiffusersPolicy, ModelLoadError, detect_
 from treegrpo.config import ConfigError, PipelineConfig, TrainConfig, TreeConfig
 from treegrpo.lora import read_lora_file
 from treegrpo.tree import Denoiser, NFECounter, euler_solve, expected_nfe
+from treegrpo.run import check_size, run_training
 
 PROMPTS = ["a red circle", "a blue square"]
 PC = PipelineConfig(height=16, width=16)
@@ -112,7 +113,7 @@ def test_one_iteration_nfe_and_lora_exports(saved, tmp_path, family):
         return pol, name
     backends.load_policy = counting
     try:
-        trainer, summary = cli.run_training(cfg, progress=False)
+        trainer, summary = run_training(cfg, progress=False)
     finally:
         backends.load_policy = real
     h = trainer.history[0]
@@ -170,11 +171,11 @@ def test_detection_and_load_errors(saved, tmp_path):
 def test_resume_gives_the_same_lora_bytes(saved, tmp_path):
     """SD1.x tiny model: 2 iterations straight vs 1 + checkpoint + resume -> identical LoRA tensors."""
     a = _train_cfg(saved["sd"], tmp_path / "a", "sd", iterations=2, checkpoint_every=1)
-    cli.run_training(a, progress=False)
+    run_training(a, progress=False)
     b1 = _train_cfg(saved["sd"], tmp_path / "b", "sd", iterations=1, checkpoint_every=1)
-    cli.run_training(b1, progress=False)
+    run_training(b1, progress=False)
     b2 = _train_cfg(saved["sd"], tmp_path / "b", "sd", iterations=2, checkpoint_every=1)
-    tr, _ = cli.run_training(b2, resume=True, progress=False)
+    tr, _ = run_training(b2, resume=True, progress=False)
     assert tr.iteration == 2 and len(tr.history) == 2
     ta = read_lora_file(str(tmp_path / "a" / "tiny_sd.safetensors"))[0]
     tb = read_lora_file(str(tmp_path / "b" / "tiny_sd.safetensors"))[0]
@@ -190,7 +191,7 @@ def test_gradient_checkpointing_gives_the_same_update(saved, tmp_path, family):
     for gc in (False, True):
         cfg = _train_cfg(saved[family], tmp_path / str(gc), family,
                          pipeline={"height": 16, "width": 16, "gradient_checkpointing": gc})
-        tr, summary = cli.run_training(cfg, progress=False)
+        tr, summary = run_training(cfg, progress=False)
         assert tr.policy.model.is_gradient_checkpointing == gc
         outs.append(read_lora_file(summary["lora"])[0])
     a, b = outs
@@ -201,7 +202,7 @@ def test_gradient_checkpointing_gives_the_same_update(saved, tmp_path, family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_latent_shape_read_from_the_folders_configs_is_the_loaded_models(saved, tmp_path, family):
-    """cli.check_size reads a leaf's latent shape from the JSON configs before any weight loads: the same as the
+    """check_size reads a leaf's latent shape from the JSON configs before any weight loads: the same as the
     loaded policy's, at the default size and at a chosen one."""
     from treegrpo.backends import latent_shape_from_config
 

@@ -5,6 +5,7 @@ import torch
 
 from treegrpo.config import ConfigError, TrainConfig
 from treegrpo.matching import awm_loss, matching_error, nft_loss, optimality, renoise
+from treegrpo.run import run_training
 
 
 def _tensors(seed=0, b=4, shape=(3, 4, 4)):
@@ -106,7 +107,6 @@ def test_ode_groups_are_independent_deterministic_samples_with_the_nfe_formula()
 
 @pytest.mark.parametrize("loss,method", [("nft", "ode"), ("awm", "ode"), ("nft", "tree"), ("awm", "tree")])
 def test_a_short_seeded_run_raises_the_demo_reward(tmp_path, loss, method):
-    from treegrpo import cli
 
     tree = {"steps": 10, "window_start": 1, "window_width": 3, "branch": 2, "method": method,
             "tail_solver": "dpmpp_2m", "tail_steps": 3}
@@ -117,7 +117,7 @@ def test_a_short_seeded_run_raises_the_demo_reward(tmp_path, loss, method):
         "tree": tree, "optim": {"lr": 3e-3, "loss": loss, "kl_beta": 0.0}, "lora": {"rank": 8, "alpha": 16.0},
         "iterations": 12, "prompts_per_iter": 4, "eval_every": 12, "eval_seeds": 4, "checkpoint_every": 0,
         "output_dir": str(tmp_path), "run_name": f"{loss}_{method}", "signals": {"kl_estimate": False}})
-    trainer, _ = cli.run_training(cfg, progress=False, write_lora=False)
+    trainer, _ = run_training(cfg, progress=False, write_lora=False)
     first, last = trainer.evals[0]["eval_reward"], trainer.evals[-1]["eval_reward"]
     assert last > first + 0.02, (first, last)
     assert trainer.history[-1]["forwards"] == trainer.history[-1]["edges"] > 0

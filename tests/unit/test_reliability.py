@@ -19,6 +19,7 @@ from treegrpo.lora import LoraFileError, check_base_model
 from treegrpo.tree import expected_nfe, level_sizes, sample_trees
 
 from analytic import AnalyticPolicy
+from treegrpo.run import build_rewards, run_training
 
 CATALOGUE = [
     (lambda: OptimConfig(lr_schedule="exponential"), ConfigError, r"OptimConfig\.lr_schedule: must be one of"),
@@ -59,7 +60,7 @@ CATALOGUE = [
     (lambda: TrainConfig.from_dict({"prompts": ["p"], "learning_rate": 1}), ConfigError, r"unknown field\(s\) \['learning_rate'\]"),
     (lambda: TrainConfig.from_dict({"prompts": ["p"], "tree": {"brnach": 2}}), ConfigError, r"TreeConfig: unknown field\(s\) \['brnach'\]"),
     (lambda: TrainConfig(prompts_file="/nonexistent/prompts.txt").load_prompts(), ConfigError, r"cannot read '/nonexistent/prompts.txt'"),
-    (lambda: cli.build_rewards(TrainConfig(prompts=["p"], rewards=[{"name": "aesthetics9000"}]), "cpu"), ConfigError,
+    (lambda: build_rewards(TrainConfig(prompts=["p"], rewards=[{"name": "aesthetics9000"}]), "cpu"), ConfigError,
      r"unknown reward model\(s\) \['aesthetics9000'\]; available: .*demo_adherence"),
     (lambda: check_base_model({"treegrpo.base_model": "sdxl"}, "sd15", "l.safetensors"), LoraFileError,
      r"l\.safetensors was trained for base model 'sdxl', not 'sd15'"),
@@ -78,7 +79,7 @@ def test_non_finite_reward_during_training_names_reward_and_checkpoints(tmp_path
     cfg = TrainConfig.from_dict(d)
     from treegrpo.backends import load_policy
     from treegrpo.trainer import Trainer
-    good = cli.build_rewards(cfg, "cpu")["demo_adherence"]
+    good = build_rewards(cfg, "cpu")["demo_adherence"]
     calls = {"n": 0}
 
     def flaky(images, prompts):
@@ -98,10 +99,10 @@ def test_non_finite_reward_during_training_names_reward_and_checkpoints(tmp_path
 def test_refuses_to_overwrite_another_runs_output(tmp_path):
     d = cli.demo_config_dict()
     d.update(output_dir=str(tmp_path), iterations=1, prompts_per_iter=1, eval_every=0, checkpoint_every=0)
-    cli.run_training(TrainConfig.from_dict(d), progress=False)
+    run_training(TrainConfig.from_dict(d), progress=False)
     d["run_name"] = "other_run"
     with pytest.raises(ValueError, match=r"holds run 'treegrpo_demo'.*this is run 'other_run'"):
-        cli.run_training(TrainConfig.from_dict(d), progress=False)
+        run_training(TrainConfig.from_dict(d), progress=False)
 
 
 WRITER = r"""

@@ -17,6 +17,7 @@ from PIL import Image  # noqa: E402
 import reward_fixtures as rf  # noqa: E402
 from treegrpo.rewards.base import available, load_reward  # noqa: E402
 from treegrpo.rewards.torch_reward import OPENAI_MEAN, OPENAI_STD, resolve_dtype  # noqa: E402
+from treegrpo.run import build_rewards  # noqa: E402
 
 NAMES = ["image_reward", "hpsv2", "pickscore", "laion_aesthetic", "clipscore"]
 PROMPTS = ["a photo of a cat", "a red dog on the mountain", "a photo of a cat"]
@@ -403,13 +404,12 @@ def test_jpeg_orders_flat_above_noise():
 
 def test_config_reward_options_reach_the_loader(tmp_path):
     """A TrainConfig reward with a path and constructor options is built by the CLI's reward builder."""
-    from treegrpo import cli
     from treegrpo.config import TrainConfig
     rf.register_tiny_configs()
     path, arch = rf.make_hps_file(str(tmp_path))
     cfg = TrainConfig(prompts=["a red circle"], device="cpu",
                       rewards=[{"name": "hpsv2", "path": path, "options": {"arch": arch, "batch_size": 2}}])
-    model = cli.build_rewards(cfg, "cpu")["hpsv2"]
+    model = build_rewards(cfg, "cpu")["hpsv2"]
     assert model(torch.rand(3, 3, 32, 32), ["a", "b", "c"]).shape == (3,)
 
 

@@ -10,6 +10,7 @@ import torch
 from treegrpo.artist import Answer, pairwise_wins
 from treegrpo.taste import (OnlineTaste, TasteConfig, TasteModel, fit_bradley_terry, from_labels, should_ask,
                             win_probability)
+from treegrpo.run import build_rewards
 
 
 def test_two_items_give_the_log_odds_of_their_wins():
@@ -212,7 +213,7 @@ def test_the_taste_is_a_reward_for_load_reward_and_the_cli(tmp_path):
     d = cli.demo_config_dict()
     d["rewards"] = [{"name": "taste", "weight": 1.0, "path": str(path)}]
     cfg = TrainConfig.from_dict(d)
-    built = cli.build_rewards(cfg, torch.device("cpu"))
+    built = build_rewards(cfg, torch.device("cpu"))
     assert torch.allclose(built["taste"](test, ["x"] * len(test)), s)
     with pytest.raises(ValueError, match="needs the taste model's file"):
         load_reward("taste")

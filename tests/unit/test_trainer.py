@@ -8,6 +8,7 @@ import torch
 from treegrpo import cli
 from treegrpo.config import ConfigError, TrainConfig
 from treegrpo.lora import from_state_dict, read_lora_file
+from treegrpo.run import build_rewards, run_training
 
 
 def _cfg(tmp_path, **kw):
@@ -58,7 +59,7 @@ def test_cli_rejects_bad_input_before_loading_any_model(tmp_path, monkeypatch, c
 def test_short_training_run_raises_reward(tmp_path):
     """Seeded: 30 TreeGRPO iterations (the demo's settings) lift the fixed-noise evaluation reward."""
     cfg = _cfg(tmp_path, iterations=30, eval_every=30, prompts_per_iter=16)
-    trainer, summary = cli.run_training(cfg, progress=False)
+    trainer, summary = run_training(cfg, progress=False)
     before, after = trainer.evals[0]["eval_reward"], trainer.evals[-1]["eval_reward"]
     print(f"eval reward {before:.4f} -> {after:.4f}")
     # measured, seeds 0/1/2: +0.037/+0.068/+0.089 (sibling baseline), +0.084/+0.054/+0.045 (paper's advantages);
@@ -71,11 +72,11 @@ def test_short_training_run_raises_reward(tmp_path):
 
 def test_resume_gives_the_same_lora_bytes(tmp_path):
     full = _cfg(tmp_path / "a", iterations=4, prompts_per_iter=2, checkpoint_every=2, run_name="r")
-    cli.run_training(full, progress=False)
+    run_training(full, progress=False)
     part = _cfg(tmp_path / "b", iterations=2, prompts_per_iter=2, checkpoint_every=2, run_name="r")
-    cli.run_training(part, progress=False)
+    run_training(part, progress=False)
     rest = _cfg(tmp_path / "b", iterations=4, prompts_per_iter=2, checkpoint_every=2, run_name="r")
-    tr, _ = cli.run_training(rest, resume=True, progress=False)
+    tr, _ = run_training(rest, resume=True, progress=False)
     assert tr.iteration == 4
     a = read_lora_file(str(tmp_path / "a" / "r.safetensors"))[0]
     b = read_lora_file(str(tmp_path / "b" / "r.safetensors"))[0]
@@ -91,7 +92,7 @@ def test_a_run_moved_to_another_front_end_keeps_the_noise_levels_it_was_trained_
     from treegrpo.backends.demo import DemoPolicy
 
     cfg = _cfg(tmp_path, iterations=1, prompts_per_iter=2, run_name="s", checkpoint_every=1, eval_seeds=1)
-    tr, _ = cli.run_training(cfg, progress=False)
+    tr, _ = run_training(cfg, progress=False)
     state = torch.load(tr.latest_checkpoint(), weights_only=True)
     assert torch.equal(state["sigmas"], flow_sigmas(cfg.tree.steps))
     other = torch.linspace(1.0, 0.0, cfg.tree.steps + 1) ** 2
@@ -143,11 +144,11 @@ def test_interrupted_run_with_lr_schedule_resumes_to_the_same_lora_bytes(tmp_pat
 
     optim = {"lr_schedule": "cosine", "warmup": 1}
     full = _cfg(tmp_path / "a", iterations=4, prompts_per_iter=2, run_name="r", optim=optim)
-    tr_a, _ = cli.run_training(full, progress=False)
+    tr_a, _ = run_training(full, progress=False)
     assert [round(h["lr"] / full.optim.lr, 6) for h in tr_a.history] == [0.5, 1.0, 0.75, 0.25]
 
     cfg = _cfg(tmp_path / "b", iterations=4, prompts_per_iter=2, run_name="r", optim=optim)
-    rewards = cli.build_rewards(cfg, torch.device("cpu"))
+    rewards = build_rewards(cfg, torch.device("cpu"))
     policy, name = load_policy(cfg)
     tr = Trainer(cfg, policy, rewards, progress=False, base_model_name=name,
                  stop=lambda: len(tr.history) >= 2)
@@ -155,7 +156,7 @@ def test_interrupted_run_with_lr_schedule_resumes_to_the_same_lora_bytes(tmp_pat
         tr.train()
     ck = torch.load(tr.latest_checkpoint(), weights_only=True)
     assert ck["iteration"] == 2 and "numpy_rng" in ck  # the lr is a function of (iteration, train_time)
-    tr_b, _ = cli.run_training(cfg, resume=True, progress=False)
+    tr_b, _ = run_training(cfg, resume=True, progress=False)
     assert [h["lr"] for h in tr_b.history] == [h["lr"] for h in tr_a.history]
     a = read_lora_file(str(tmp_path / "a" / "r.safetensors"))[0]
     b = read_lora_file(str(tmp_path / "b" / "r.safetensors"))[0]
@@ -183,13 +184,13 @@ def test_lr_schedule_follows_the_time_budget_when_it_ends_the_run_first(tmp_path
     from treegrpo import trainer
 
     monkeypatch.setattr(trainer, "time", _StepClock(0.25))
-    warm = cli.run_training(_cfg(tmp_path / "warm", iterations=2, prompts_per_iter=2), progress=False,
+    warm = run_training(_cfg(tmp_path / "warm", iterations=2, prompts_per_iter=2), progress=False,
                             write_lora=False)[0].history[-1]["t_iter"]
     assert warm == pytest.approx(1.25)
     budget = 6 * warm - 0.1                         # ends in the 6th iteration
     cfg = _cfg(tmp_path, iterations=10 ** 6, prompts_per_iter=2, time_budget_s=budget,
                optim={"lr_schedule": "cosine"})
-    tr, _ = cli.run_training(cfg, progress=False, write_lora=False)
+    tr, _ = run_training(cfg, progress=False, write_lora=False)
     h = tr.history
     assert len(h) == 6 and h[-2]["train_time"] < budget <= h[-1]["train_time"]
     before = [0.0] + [x["train_time"] for x in h[:-1]]
@@ -202,7 +203,7 @@ def test_a_time_budgeted_run_counts_its_progress_in_seconds(tmp_path, capsys):
     """The demo's baseline is bounded by training time, with an iteration cap far away (100x): its progress bar
     counts training seconds up to the budget (not 0/<cap> iterations) and ends full."""
     cfg = _cfg(tmp_path, iterations=10 ** 4, prompts_per_iter=2, time_budget_s=1.5)
-    cli.run_training(cfg, progress=True, write_lora=False)
+    run_training(cfg, progress=True, write_lora=False)
     err = capsys.readouterr().err
     last = [ln for ln in err.replace("\r", "\n").splitlines() if "time budget" in ln][-1]
     assert "1.5/1.5 s" in last and "100%" in last and "10000" not in err, last
@@ -214,7 +215,7 @@ def test_eval_every_seconds_of_training_time(tmp_path):
 
     def evals(every_s, out):
         cfg = _cfg(out, iterations=3, prompts_per_iter=2, eval_every_s=every_s, eval_seeds=1)
-        tr = Trainer(cfg, load_policy(cfg)[0], cli.build_rewards(cfg, torch.device("cpu")), progress=False)
+        tr = Trainer(cfg, load_policy(cfg)[0], build_rewards(cfg, torch.device("cpu")), progress=False)
         tr.train()
         return [e["iteration"] for e in tr.evals]
 
@@ -230,7 +231,7 @@ def test_a_tree_shaped_per_step_trains_and_its_lora_says_so(tmp_path):
     the schedule; a uniform tree's metadata has no such key (as LoRAs written before the option existed)."""
     cfg = _cfg(tmp_path / "shaped", iterations=2, prompts_per_iter=4,
                tree={"window_width": 2, "branch_schedule": [4, 2]})
-    trainer, summary = cli.run_training(cfg, progress=False)
+    trainer, summary = run_training(cfg, progress=False)
     log = json.load(open(tmp_path / "shaped" / "log.json"))
     assert [h["nfe"] for h in log["train"]] == [4 * (1 + 1 + 4 + 8 * 3)] * 2
     trained = [h for h in log["train"] if h["flat_trees"] == 0]
@@ -238,7 +239,7 @@ def test_a_tree_shaped_per_step_trains_and_its_lora_says_so(tmp_path):
     meta = json.loads(read_lora_file(summary["lora"])[1]["treegrpo.tree_config"])
     assert meta["branch_schedule"] == [4, 2] and meta["window_width"] == 2
     plain = _cfg(tmp_path / "plain", iterations=1, prompts_per_iter=2)
-    _, s2 = cli.run_training(plain, progress=False)
+    _, s2 = run_training(plain, progress=False)
     assert "branch_schedule" not in json.loads(read_lora_file(s2["lora"])[1]["treegrpo.tree_config"])
 
 
@@ -248,9 +249,9 @@ def test_a_lengthening_tail_trains_each_iteration_with_its_own_tail(tmp_path):
     the schedule, and the LoRA's metadata records it."""
     tree = {"tail_steps_schedule": [[0, 1], [2, 2]]}
     cfg = _cfg(tmp_path, iterations=2, prompts_per_iter=2, checkpoint_every=1, tree=tree)
-    cli.run_training(cfg, progress=False)
+    run_training(cfg, progress=False)
     more = _cfg(tmp_path, iterations=4, prompts_per_iter=2, checkpoint_every=1, tree=tree)
-    _, summary = cli.run_training(more, resume=True, progress=False, allow_changes=True)
+    _, summary = run_training(more, resume=True, progress=False, allow_changes=True)
     log = json.load(open(tmp_path / "log.json"))
     assert [h["nfe"] for h in log["train"]] == [2 * (1 + 7 + 8 * t) for t in (1, 1, 2, 2)]
     meta = json.loads(read_lora_file(summary["lora"])[1]["treegrpo.tree_config"])
@@ -262,9 +263,9 @@ def test_an_lr_factor_schedule_sets_each_iterations_lr_across_resume(tmp_path):
     iteration trains at lr × its factor, on top of the linear warm-up of the first iteration, and the optimiser takes
     it (its param groups hold the last iteration's lr)."""
     optim = {"lr": 2e-3, "warmup": 1, "lr_factor_schedule": [[0, 1], [2, 0.5], [3, 0.25]]}
-    cli.run_training(_cfg(tmp_path, iterations=2, prompts_per_iter=2, checkpoint_every=1, optim=optim), progress=False)
+    run_training(_cfg(tmp_path, iterations=2, prompts_per_iter=2, checkpoint_every=1, optim=optim), progress=False)
     more = _cfg(tmp_path, iterations=4, prompts_per_iter=2, checkpoint_every=1, optim=optim)
-    tr, _ = cli.run_training(more, resume=True, progress=False, allow_changes=True)
+    tr, _ = run_training(more, resume=True, progress=False, allow_changes=True)
     log = json.load(open(tmp_path / "log.json"))
     assert [h["lr"] for h in log["train"]] == pytest.approx([1e-3, 2e-3, 1e-3, 5e-4])
     assert [g["lr"] for g in tr.optimizer.param_groups] == pytest.approx([5e-4] * len(tr.optimizer.param_groups))

@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 
 from ..config import AdvantageConfig, LoraConfig, MemoryConfig, OptimConfig, TrainConfig, TreeConfig
+from ..run import build_trainer
 from ..trainer import Trainer
 from ..tree import TreeBatch
 from . import runtime
@@ -119,7 +120,7 @@ def sample_tree(model, positive, negative, latent: dict, tree_cfg: TreeConfig, *
                              seed=run.seed if run is not None else seed,
                              gradient_checkpointing=run is not None and run.gradient_checkpointing == "on")
         if trainer is None:
-            trainer = Trainer(tc, policy, progress=False, base_model_name=name)
+            trainer = build_trainer(tc, policy, progress=False, base_model_name=name)
             if run is not None:
                 run.trainer = trainer
                 trainer.begin(resume=True)

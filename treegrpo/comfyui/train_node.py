@@ -15,6 +15,7 @@ import torch
 from .. import checkpoint as ckpt
 from ..config import AdvantageConfig, LoraConfig, MemoryConfig, OptimConfig, TrainConfig, TreeConfig, VideoConfig
 from ..rewards.base import check_config_prompts
+from ..run import build_trainer
 from ..trainer import Trainer
 from . import runtime
 from .policy import ComfyPolicy
@@ -113,27 +114,37 @@ def artist_hook(model, rewards: dict, taste_features, *, every: int, mode: Optio
     srv = PromptServer.instance
     where = dict(check_interrupt=comfy.model_management.throw_exception_if_processing_interrupted,
                  prompt_id=getattr(srv, "last_prompt_id", None), client_id=getattr(srv, "client_id", None))
-    check = start_check(acfg, seed, **where) if acfg.check_every else None
     if acfg.ask == "when unsure":
         from ..demo import BASE_MODEL_NAME
         from ..taste import TasteConfig
         from .taste import choose_encoder, train_node_taste
 
         encoder = choose_encoder(taste_features, rewards, demo=runtime.model_name(model) == BASE_MODEL_NAME)
-        return train_node_taste(encoder, acfg.mode, acfg.timeout_s, TasteConfig.one_in(acfg.every),
-                                away_s=acfg.away_s, **where), check
-    return train_node_artist(acfg.every, acfg.mode, acfg.timeout_s, away_s=acfg.away_s, **where), check
+        hook = train_node_taste(encoder, acfg.mode, acfg.timeout_s, TasteConfig.one_in(acfg.every),
+                                away_s=acfg.away_s, **where)
+
+        def learn(first, second, pick):          # the taste model learns each check too (once it exists)
+            if "taste" in hook.state:
+                hook.state["taste"].learn_check(first, second, pick)
+
+        return hook, (start_check(acfg, seed, learn=learn, **where) if acfg.check_every else None)
+    return (train_node_artist(acfg.every, acfg.mode, acfg.timeout_s, away_s=acfg.away_s, **where),
+            start_check(acfg, seed, **where) if acfg.check_every else None)
 
 
-def start_check(acfg, seed: int, **where):
+def start_check(acfg, seed: int, learn: Optional[Callable] = None, **where):
     """The Train node's check against the start: a :class:`~treegrpo.start_check.StartCheck` whose question goes to
-    the artist's dialog (:func:`treegrpo.comfyui.artist.ask_check`, the run folder keeps the answers)."""
+    the artist's dialog (:func:`treegrpo.comfyui.artist.ask_check`, the run folder keeps the answers); ``learn(first,
+    second, pick)`` also gets each answer (the taste model's :meth:`~treegrpo.taste.OnlineTaste.learn_check`)."""
     from ..start_check import CheckConfig, StartCheck
     from .artist import ask_check
 
     def ask(first, second, prompts, iteration):     # the run's folder and name: known once the Trainer began
-        return ask_check(first, second, prompts, iteration, folder=check.output_dir, run_name=check.run_name,
+        pick = ask_check(first, second, prompts, iteration, folder=check.output_dir, run_name=check.run_name,
                          timeout_s=acfg.timeout_s, away_grace_s=acfg.away_s, **where)
+        if learn is not None:                        # video sides: their first frames
+            learn(*((x if x.ndim == 4 else x[:, 0]).float().cpu() for x in (first, second)), pick)
+        return pick
 
     check = StartCheck(ask, CheckConfig(every=acfg.check_every, seed=seed))
     return check
@@ -195,10 +206,10 @@ def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict
                          seed=cfg.seed, gradient_checkpointing=cfg.memory.checkpointing == "on", video=cfg.video)
     bar = runtime.comfy_progress(cfg.iterations)
     with torch.inference_mode(False):
-        trainer = Trainer(dataclasses.replace(cfg, output_dir=out), policy, rewards,
-                          progress=False, base_model_name=runtime.model_name(model),
-                          step_callback=comfy.model_management.throw_exception_if_processing_interrupted,
-                          judges=judges, start_check=start_check)
+        trainer = build_trainer(dataclasses.replace(cfg, output_dir=out), policy, rewards,
+                                progress=False, base_model_name=runtime.model_name(model),
+                                step_callback=comfy.model_management.throw_exception_if_processing_interrupted,
+                                judges=judges, start_check=start_check)
         trainer.log = logging.info
         watcher = RunWatcher(trainer, cfg.iterations, bar, save_every=save_every, node_id=node_id)
         trainer.iteration_callback = watcher.on_iteration

@@ -1,0 +1,148 @@
+"""Building a run, shared by the CLI, the Train node, the step nodes, the benchmarks and the tests: :func:`prepare`
+(every check that needs no model, each once, before minutes of loading), :func:`build_rewards`,
+:func:`build_trainer`, and :func:`run_training` (the CLI's whole run: prepare, load, train, save)."""
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Optional
+
+from . import interrupts
+from .config import ConfigError, TrainConfig, shorten
+
+
+def check_output_dir(out: str, flag: str = "TrainConfig.output_dir") -> None:
+    """``out`` is (or can become) a folder this process writes in; ConfigError naming it otherwise."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ConfigError(f"{flag}: {out!r} is a file; choose a folder")
+    try:
+        os.makedirs(out, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{flag}: cannot write in {shorten(out)!r} ({e.strerror}); choose a folder you "
+                          "can write to (--output-dir)") from None
+
+
+def check_reward_names(cfg: TrainConfig) -> None:
+    """Reward names and their options' names and types, before any model is built."""
+    from .rewards.base import available, check_options, missing_package
+
+    names = available()
+    for field_name in ("rewards", "eval_rewards"):
+        specs = getattr(cfg, field_name)
+        unknown = [r.name for r in specs if r.name not in names]
+        if unknown:
+            raise ConfigError(f"TrainConfig.{field_name}: unknown reward model(s) {unknown}; available: {names}")
+        for i, r in enumerate(specs):
+            missing = missing_package(r.name)
+            if missing:
+                raise ConfigError(f"TrainConfig.{field_name}[{i}]: {missing}")
+            try:
+                check_options(r.name, r.options, where=f"TrainConfig.{field_name}[{i}].options")
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+
+
+def build_rewards(cfg: TrainConfig, device, specs: Optional[list] = None, checked: bool = False) -> dict:
+    """The reward models of ``specs`` (default: the training rewards) with a weight > 0, by name (``checked``: the
+    names and options were checked already, by :func:`prepare`)."""
+    from .rewards.base import load_reward
+
+    if not checked:
+        check_reward_names(cfg)
+    specs = cfg.rewards if specs is None else specs
+    return {r.name: load_reward(r.name, path=r.path, device=device, **r.options) for r in specs if r.weight > 0}
+
+
+def prepare(cfg: TrainConfig, resume: bool = False, allow_changes: bool = False, overwrite: bool = False) -> None:
+    """Every check that needs no model, before one is loaded (minutes for SDXL or Flux): the prompts, the reward
+    names and options, the output folder, the LoRA to start from; for ``resume`` a checkpoint whose training
+    settings match ``cfg`` (unless ``allow_changes``), otherwise no earlier run of the same name in the folder
+    (unless ``overwrite``: the Trainer then moves its files aside)."""
+    from . import checkpoint as ckpt
+
+    prompts = cfg.load_prompts()
+    check_reward_names(cfg)
+    from .rewards.base import check_config_prompts
+    try:
+        check_config_prompts(cfg, prompts)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    out = cfg.output_dir
+    check_output_dir(out)
+    if cfg.lora.init_from and not os.path.isfile(cfg.lora.init_from):
+        raise ConfigError(f"LoraConfig.init_from: no LoRA file at {cfg.lora.init_from!r}")
+    if resume:
+        ckpt.check_resume(out, cfg, allow_changes=allow_changes)
+    elif not overwrite:
+        ckpt.check_fresh_start(out, cfg.run_name)
+    check_size(cfg)
+
+
+def check_size(cfg: TrainConfig) -> None:
+    """The latents one iteration keeps must fit in the memory of the device they live on, from the model's
+    configuration alone: refused before any weights load (minutes for SDXL or Flux), naming the smallest change that
+    fits. A lower bound: the measured plan after loading adds the activations (the GPU) and checks again."""
+    import math
+
+    from . import memory
+    from .backends import latent_shape_from_config, resolve_device
+
+    if cfg.memory.plan == "off":
+        return
+    try:
+        shape = latent_shape_from_config(cfg)
+    except Exception:  # noqa: BLE001 - a model folder that cannot be read is the loader's to explain
+        shape = None
+    if shape is None:
+        return
+    device = resolve_device(cfg.device)
+    available = memory.accelerator_budget(device) if device.type == "cuda" else memory.available_ram()
+    world = max(1, int(os.environ.get("WORLD_SIZE", "1") or 1))   # torchrun / accelerate: each rank keeps its share
+    wl = memory.Workload(trees=-(-cfg.prompts_per_iter * cfg.trees_per_prompt // world),
+                         branching=tuple(cfg.tree.branching))
+    try:
+        memory.size_guard(wl, 4 * math.prod(shape), available, trees_per_prompt=cfg.trees_per_prompt,
+                          where="GPU memory" if device.type == "cuda" else "memory")
+    except memory.MemoryPlanError as e:
+        raise ConfigError(f"TrainConfig.prompts_per_iter / tree: {e}") from None
+
+
+def build_trainer(cfg: TrainConfig, policy, rewards: Optional[dict] = None, **kw):
+    """The :class:`~treegrpo.trainer.Trainer` of a run on a loaded ``policy``: ``rewards`` by name (None: scored
+    outside, as the step nodes do), ``kw`` the Trainer's own (progress, stop, callbacks, judges, start_check, ...).
+    The CLI, the Train node and the step nodes build their trainers here."""
+    from .trainer import Trainer
+
+    return Trainer(cfg, policy, rewards, **kw)
+
+
+def run_training(cfg: TrainConfig, resume: bool = False, progress: bool = True, write_lora: bool = True,
+                 allow_changes: bool = False, overwrite: bool = False):
+    """Build policy + rewards from ``cfg``, train, save the LoRA; returns (trainer, summary)."""
+    from .backends import load_policy, resolve_device
+    from .distributed import DataParallel, launched
+
+    prepare(cfg, resume, allow_changes, overwrite)
+
+    device = resolve_device(cfg.device)
+    # torchrun / accelerate launch: one process per device
+    dist = DataParallel(cpu=device.type == "cpu") if launched() else None
+    if dist is not None and device.type == "cuda":
+        device = dist.device
+    # fail on reward names/files before loading the model; score on the policy's device
+    rewards_ready = build_rewards(cfg, device, checked=True)
+    judges = build_rewards(cfg, device, cfg.eval_rewards, checked=True) if cfg.eval_every or cfg.eval_every_s else {}
+    policy, base_name = load_policy(cfg, device)
+    trainer = build_trainer(cfg, policy, rewards_ready, progress=progress, base_model_name=base_name, dist=dist,
+                            judges=judges, stop=interrupts.interrupt_requested)
+    summary = trainer.train(resume=resume)
+    if write_lora:
+        summary["lora"] = trainer.save_lora()
+        if trainer.rank == 0:  # the same tensors in diffusers' own key format, where the backend has one
+            written = policy.save_diffusers_lora(
+                trainer.lora_weights(), os.path.join(cfg.output_dir, f"{cfg.run_name}_diffusers.safetensors"))
+            if written:
+                summary["lora_diffusers"] = written
+    return trainer, summary
