@@ -153,7 +153,7 @@ def run(strategy: str, seed: int, iterations: int, error: float, output_dir: str
         online = OnlineTaste(TasteModel(config=taste_cfg, features="demo"), encoder=encoder or DemoEncoder())
     check = None
     if check_every and strategy != "oracle":
-        def ask_check(first, second, prompts, iteration):
+        def ask_check(first, second, prompts, iteration, again=False):
             pick = artist.check(first, second, prompts, iteration)
             if online is not None and learn_checks:
                 online.learn_check(first.float(), second.float(), pick)

@@ -8,8 +8,10 @@ of these" as its answer, and a taste model that agrees with those answers keeps 
 want. The answer guards the run (:class:`StartGuard`, a pure state machine):
 
 * **now wins**: the LoRA, the optimiser's state and the iteration are kept as a snapshot the artist approved;
-* **the start wins**: the LoRA and the optimiser go back to the newest approved snapshot (the start itself before
-  any); if the run had just gone back there and loses again, that snapshot is dropped and the one before is used;
+* **the start wins**: the artist gets a second look on other noises (``confirm``; one wrong click must not throw
+  away a good run's progress); if the start wins again, the LoRA and the optimiser go back to the newest approved
+  snapshot (the start itself before any); if the run had just gone back there and loses again, that snapshot is
+  dropped and the one before is used; a second look that does not pick the start changes nothing;
 * **no preference / no answer**: nothing changes.
 
 So what a run ends with is the artist's last approved LoRA or newer training that has not lost a check: a run that
@@ -74,11 +76,13 @@ class StartGuard:
 @dataclass(frozen=True)
 class CheckConfig:
     """``every``: iterations between checks (0: never). ``pictures``: samples per side. ``seed``: the checks'
-    noises and the sides' order (the same noises at every check, so two checks compare like with like)."""
+    noises and the sides' order (the same noises at every check, so two checks compare like with like).
+    ``confirm``: the start picked once is asked again on other noises before the run goes back."""
 
     every: int = 5
     pictures: int = 4
     seed: int = 0
+    confirm: bool = True
 
     def __post_init__(self):
         if not (isinstance(self.every, int) and self.every >= 0):
@@ -109,9 +113,9 @@ def check_pictures(policy, prompts: list[str], noise: torch.Tensor, steps: int, 
 class StartCheck:
     """The check as the trainer runs it after an iteration (``Trainer.start_check``).
 
-    ``ask(first, second, prompts, iteration) -> 0 | 1 | None``: which side the artist prefers (``first``/``second``:
-    image batches (B, 3, H, W) in [0, 1]; None: no preference or no answer). Which of the two is the model now is
-    drawn at random per check (the artist is not told)."""
+    ``ask(first, second, prompts, iteration, again) -> 0 | 1 | None``: which side the artist prefers
+    (``first``/``second``: image batches (B, 3, H, W) in [0, 1]; None: no preference or no answer; ``again``: the
+    second look). Which of the two is the model now is drawn at random per question (the artist is not told)."""
 
     def __init__(self, ask: Callable, config: CheckConfig = CheckConfig()):
         self.ask, self.config = ask, config
@@ -133,24 +137,32 @@ class StartCheck:
         self.output_dir, self.run_name = trainer.cfg.output_dir, trainer.cfg.run_name
         self.guard = StartGuard(self.snapshot(trainer))
 
+    def look(self, trainer, again: bool) -> Optional[str]:
+        """One question: the pictures now and the base model's (the second look: other noises), the artist's
+        verdict :data:`NOW`, :data:`START` or None."""
+        c, cfg = self.config, trainer.cfg
+        prompts = [trainer.prompts[i % len(trainer.prompts)] for i in range(c.pictures)]
+        noise = torch.randn((c.pictures, *trainer.policy.latent_shape()),
+                            generator=torch.Generator().manual_seed(424_242 + c.seed + (7919 if again else 0)))
+        now, start = check_pictures(trainer.policy, prompts, noise, cfg.tree.steps, cfg.cfg, trainer.sigmas())
+        now_first = bool(torch.rand((), generator=self.g) < 0.5)
+        pick = self.ask(*((now, start) if now_first else (start, now)), prompts, trainer.iteration, again)
+        if pick not in (0, 1, None):
+            raise ValueError(f"a check's answer is 0, 1 or None, got {pick!r}")
+        return None if pick is None else (NOW if (pick == 0) == now_first else START)
+
     def __call__(self, trainer) -> Optional[dict]:
         """Run the check when due: the record (iteration, verdict, restored iteration or None), else None."""
         if self.guard is None:
             self.begin(trainer)
         if not self.due(trainer.iteration):
             return None
-        c, cfg = self.config, trainer.cfg
-        prompts = [trainer.prompts[i % len(trainer.prompts)] for i in range(c.pictures)]
-        noise = torch.randn((c.pictures, *trainer.policy.latent_shape()),
-                            generator=torch.Generator().manual_seed(424_242 + c.seed))
-        now, start = check_pictures(trainer.policy, prompts, noise, cfg.tree.steps, cfg.cfg, trainer.sigmas())
-        now_first = bool(torch.rand((), generator=self.g) < 0.5)
-        pick = self.ask(*((now, start) if now_first else (start, now)), prompts, trainer.iteration)
-        if pick not in (0, 1, None):
-            raise ValueError(f"a check's answer is 0, 1 or None, got {pick!r}")
-        verdict = None if pick is None else (NOW if (pick == 0) == now_first else START)
+        looks = [self.look(trainer, again=False)]
+        if looks[0] == START and self.config.confirm:
+            looks.append(self.look(trainer, again=True))
+        verdict = looks[-1] if looks[-1] == START or len(looks) == 1 else None
         back = self.guard.record(verdict, lambda: self.snapshot(trainer))
-        rec = {"iteration": trainer.iteration, "verdict": verdict, "restored": None}
+        rec = {"iteration": trainer.iteration, "verdict": verdict, "restored": None, "looks": looks}
         if back is not None:
             trainer.lora.load(copy.deepcopy(back.weights))
             if back.optimizer is not None:
@@ -160,6 +172,6 @@ class StartCheck:
                    f"back to " + ("where this run started" if back is self.guard.initial
                                   else f"iteration {back.iteration}'s, which the artist approved"))
             trainer.warnings.append(f"iteration {trainer.iteration}: {msg}")
-            logging.warning("TreeGRPO %s: %s", cfg.run_name, msg)
+            logging.warning("TreeGRPO %s: %s", trainer.cfg.run_name, msg)
         self.records.append(rec)
         return rec

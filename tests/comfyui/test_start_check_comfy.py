@@ -35,7 +35,7 @@ def _answering(board, client, answers):
 
 
 def test_a_check_question_returns_the_side_picked_and_keeps_every_answer(comfyui_pack, tmp_path):
-    from treegrpo.comfyui.artist import CHECK_TEXT, CHECKS_FILE, ArtistBoard, ask_check
+    from treegrpo.comfyui.artist import CHECK_AGAIN_TEXT, CHECK_TEXT, CHECKS_FILE, ArtistBoard, ask_check
 
     board, client = ArtistBoard(), "tab-1"
     first, second = torch.rand(4, 3, 8, 8), torch.rand(4, 3, 8, 8)
@@ -58,6 +58,26 @@ def test_a_check_question_returns_the_side_picked_and_keeps_every_answer(comfyui
     assert not (tmp_path / "artist_labels.jsonl").exists()                   # the taste model's labels: untouched
     assert board.pending(client)["questions"] == []
     assert CHECK_TEXT.startswith("Is the run still going your way?")
+    # the second look after the start was picked: its own question (tree -2, its own text), kept as such
+    seen = []
+
+    def look():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for q in board.pending(client)["questions"]:
+                seen.append(q)
+                board.answer(q["id"], q["nonce"], {"mode": "favourites", "good": [0]})
+                return
+            time.sleep(0.01)
+
+    th = threading.Thread(target=look)
+    th.start()
+    assert ask_check(first, second, ["p"] * 4, 7, folder=str(tmp_path), run_name="r", timeout_s=30, board=board,
+                     client_id=client, again=True) == 0
+    th.join()
+    assert seen[0]["tree"] == -2 and seen[0]["prompt"] == CHECK_AGAIN_TEXT and seen[0]["kind"] == "check"
+    last = json.loads((tmp_path / CHECKS_FILE).read_text().splitlines()[-1])
+    assert last["again"] is True and last["iteration"] == 7 and "check_again" in last["sides"][0]
 
 
 def test_an_unanswered_check_changes_nothing_and_an_away_artist_waits_the_grace_period(comfyui_pack, tmp_path):

@@ -77,32 +77,45 @@ def test_the_start_side_is_the_base_model_and_both_sides_share_the_noise(tmp_pat
     assert now2.shape == start2.shape == (3, 3, *now2.shape[2:])
 
 
-def test_a_lost_check_restores_the_approved_lora_and_optimiser_exactly(tmp_path):
-    verdicts = iter(["now", "start", "start"])
-    seen = []
+def _scripted(verdicts, t_box, asked):
+    """An ``ask`` that answers each look with the next of ``verdicts`` ("now", "start", None), telling the sides
+    apart by the base model's pictures of both looks' noises (the start side equals them)."""
+    verdicts = iter(verdicts)
+    base = {}
 
-    def ask(first, second, prompts, iteration):
-        # tell the sides apart the way the test knows them: the model now differs from the start after training
+    def ask(first, second, prompts, iteration, again=False):
+        t = t_box[0]
+        if again not in base:
+            seed = 424_242 + (7919 if again else 0)
+            noise = torch.randn((len(prompts), *t.policy.latent_shape()), generator=torch.Generator().manual_seed(seed))
+            base[again] = check_pictures(t.policy, prompts, noise, t.cfg.tree.steps)[1]
+        assert torch.equal(first, base[again]) != torch.equal(second, base[again])   # one side is the start
         want = next(verdicts)
-        now_is_first = not torch.equal(first, seen_start[0])
-        seen.append((iteration, now_is_first))
-        return 0 if (want == "now") == now_is_first else 1
+        asked.append((iteration, again, want))
+        if want is None:
+            return None
+        start_first = torch.equal(first, base[again])
+        return (1 if start_first else 0) if want == "now" else (0 if start_first else 1)
 
-    seen_start = []
-    check = StartCheck(ask, CheckConfig(every=2, pictures=2, seed=0))
+    return ask
+
+
+def test_a_lost_check_restores_the_approved_lora_and_optimiser_exactly(tmp_path):
+    box, asked = [], []
+    check = StartCheck(_scripted(["now", "start", "start", "start", "start"], box, asked),
+                       CheckConfig(every=2, pictures=2, seed=0))
     t = _trainer(tmp_path, check)
-    noise = torch.randn((2, *t.policy.latent_shape()), generator=torch.Generator().manual_seed(424_242))
-    seen_start.append(check_pictures(t.policy, [t.prompts[0]] * 2, noise, t.cfg.tree.steps)[1])
+    box.append(t)
     w0 = copy.deepcopy(t.lora.weights())
     for _ in range(2):
         t.after_iteration(t.train_step())
-    assert check.records[-1] == {"iteration": 2, "verdict": NOW, "restored": None}
+    assert check.records[-1] == {"iteration": 2, "verdict": NOW, "restored": None, "looks": [NOW]}
     w2 = copy.deepcopy(t.lora.weights())
     opt2 = copy.deepcopy(t.optimizer.state_dict())
     for _ in range(2):
         t.after_iteration(t.train_step())
     rec = check.records[-1]
-    assert rec == {"iteration": 4, "verdict": START, "restored": 2}
+    assert rec == {"iteration": 4, "verdict": START, "restored": 2, "looks": [START, START]}   # confirmed
     assert torch.equal(_flat(t.lora.weights()), _flat(w2))
     st = t.optimizer.state_dict()["state"]
     for k, v in opt2["state"].items():
@@ -111,9 +124,31 @@ def test_a_lost_check_restores_the_approved_lora_and_optimiser_exactly(tmp_path)
     assert any("goes back to iteration 2's" in w for w in t.warnings)
     for _ in range(2):
         t.after_iteration(t.train_step())
-    assert check.records[-1] == {"iteration": 6, "verdict": START, "restored": 0}   # lost again: the start
+    assert check.records[-1]["restored"] == 0            # lost again right after going back: the start
     assert torch.equal(_flat(t.lora.weights()), _flat(w0))
     assert any("where this run started" in w for w in t.warnings)
+    assert [a for _, a, _ in asked] == [False, False, True, False, True]   # a second look only after the start
+
+
+def test_a_start_picked_once_but_not_on_the_second_look_changes_nothing(tmp_path):
+    box, asked = [], []
+    check = StartCheck(_scripted(["start", "now", "start", None], box, asked), CheckConfig(every=1, pictures=2))
+    t = _trainer(tmp_path, check)
+    box.append(t)
+    t.after_iteration(t.train_step())
+    w1 = copy.deepcopy(t.lora.weights())
+    assert check.records[-1] == {"iteration": 1, "verdict": None, "restored": None, "looks": [START, NOW]}
+    assert torch.equal(_flat(t.lora.weights()), _flat(w1)) and check.guard.approved == []
+    t.after_iteration(t.train_step())
+    assert check.records[-1]["looks"] == [START, None] and check.records[-1]["restored"] is None
+    assert t.history[-1]["check"] == "none"
+    # without confirm one pick of the start goes back at once
+    box2, asked2 = [], []
+    once = StartCheck(_scripted(["start"], box2, asked2), CheckConfig(every=1, pictures=2, confirm=False))
+    t2 = _trainer(tmp_path / "once", once)
+    box2.append(t2)
+    t2.after_iteration(t2.train_step())
+    assert once.records[-1] == {"iteration": 1, "verdict": START, "restored": 0, "looks": [START]}
 
 
 def test_a_check_answer_outside_its_choices_is_refused(tmp_path):

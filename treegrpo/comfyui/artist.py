@@ -366,7 +366,9 @@ def ask_trees(batch, images, *, folder: str, iteration: int, seed, run_name: str
 CHECK_TEXT = ("Is the run still going your way? One side is the model now, the other the base model it started from, "
               "from the same noises (which is which is drawn at random). Pick the side closer to what you want, or "
               "no preference. If you pick the start, the LoRA goes back to the last state you approved.")
-CHECK_TREE = -1            # a check's Question.tree: not a tree of the batch
+CHECK_AGAIN_TEXT = ("You picked where the run started. Once more, on other noises, before the LoRA goes back: which "
+                    "side is closer to what you want?")
+CHECK_TREE, CHECK_AGAIN_TREE = -1, -2      # a check's Question.tree (first and second look): not trees of the batch
 
 
 def _grid(images) -> "torch.Tensor":
@@ -386,18 +388,19 @@ def _grid(images) -> "torch.Tensor":
 def ask_check(first, second, prompts: list, iteration: int, *, folder: str, run_name: str, timeout_s: float,
               board: ArtistBoard = BOARD, check_interrupt: Optional[Callable[[], None]] = None,
               prompt_id: Optional[str] = None, client_id: Optional[str] = None,
-              away_grace_s: float = 30.0) -> Optional[int]:
+              away_grace_s: float = 30.0, again: bool = False) -> Optional[int]:
     """A check against the start (:class:`treegrpo.start_check.StartCheck`'s ``ask``) as one question in the
     artist's dialog: the two sides (B, 3, H, W) each as one picture (a grid), favourites mode. Returns the side
     picked (0 / 1; a side marked bad picks the other) or None (no preference, skipped, both or neither marked, no
-    answer in time — an artist who is away gets the grace period only). Each check is appended to
-    ``<folder>/artist_checks.jsonl`` with its two pictures kept in ``<folder>/artist/``."""
+    answer in time — an artist who is away gets the grace period only). ``again``: the second look after the start
+    was picked (its own text). Each check is appended to ``<folder>/artist_checks.jsonl`` with its two pictures
+    kept in ``<folder>/artist/``."""
     import folder_paths
 
     temp = os.path.join(folder_paths.get_temp_directory(), "treegrpo_artist")
     os.makedirs(temp, exist_ok=True)
     prompt_id = prompt_id or uuid.uuid4().hex
-    stem = f"{prompt_id[:8]}_{iteration}_check"
+    stem = f"{prompt_id[:8]}_{iteration}_check" + ("_again" if again else "")
     label_dir = os.path.join(folder, "artist", stem)
     os.makedirs(label_dir, exist_ok=True)
     refs, kept = [], []
@@ -409,7 +412,8 @@ def ask_check(first, second, prompts: list, iteration: int, *, folder: str, run_
         kept.append(os.path.relpath(os.path.join(label_dir, f"side_{pos}.png"), folder))
     away = board.away(client_id)
     wait_s = min(float(timeout_s), float(away_grace_s)) if away else float(timeout_s)
-    q = board.ask(Question(prompt_id=prompt_id, client_id=client_id, tree=CHECK_TREE, prompt=CHECK_TEXT, images=refs,
+    q = board.ask(Question(prompt_id=prompt_id, client_id=client_id, tree=CHECK_AGAIN_TREE if again else CHECK_TREE,
+                           prompt=CHECK_AGAIN_TEXT if again else CHECK_TEXT, images=refs,
                            groups=[[0], [1]], mode="favourites", timeout_s=wait_s, run_name=run_name,
                            iteration=int(iteration), away=away, kind="check"))
     answer = board.wait(q, check_interrupt or (lambda: None))
@@ -421,7 +425,8 @@ def ask_check(first, second, prompts: list, iteration: int, *, folder: str, run_
         elif not good and len(bad) == 1:
             pick = 1 - next(iter(bad))
     append_label(folder, {"version": LABELS_VERSION, "time": time.time(), "prompt_id": prompt_id,
-                          "run_name": run_name, "iteration": iteration, "prompts": list(prompts), "sides": kept,
+                          "run_name": run_name, "iteration": iteration, "again": again, "prompts": list(prompts),
+                          "sides": kept,
                           "answer": answer.to_dict() if answer is not None else None, "pick": pick,
                           "outcome": "answered" if answer is not None else "timeout", "waited_s": wait_s},
                  name=CHECKS_FILE)
