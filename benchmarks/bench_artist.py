@@ -161,7 +161,7 @@ def run(strategy: str, seed: int, iterations: int, error: float, output_dir: str
 
         check = StartCheck(ask_check, CheckConfig(every=check_every, seed=seed))
     trainer = Trainer(cfg, policy, {"demo_adherence": lambda im, p: torch.zeros(len(p))}, progress=False,
-                      start_check=check)
+                      callbacks=[check] if check is not None else [])
     if strategy == "random":
         g = torch.Generator().manual_seed(20_000 + seed)
         online.decide = lambda scores, seen, asked, c: (seen < c.warmup_trees or scores is None

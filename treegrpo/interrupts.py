@@ -20,8 +20,19 @@ import sys
 import threading
 from typing import Iterator
 
+from .callbacks import TrainerCallback       # imports nothing: safe while an import may be what was interrupted
+
 _INTERRUPT = threading.Event()
 _HANDLERS: dict = {}        # signal number -> our handler, while :func:`handled` has them installed
+_SAVED: list = []           # the checkpoints the run of :func:`handled` wrote (:class:`CheckpointNote`)
+
+
+class CheckpointNote(TrainerCallback):
+    """The command line's trainer callback: notes each checkpoint written, for :func:`report`'s line."""
+
+    def on_checkpoint(self, trainer, path) -> None:
+        if path:
+            _SAVED.append(path)
 
 
 def _on_sigint(signum, frame):
@@ -59,8 +70,9 @@ def interrupt_requested() -> bool:
 @contextlib.contextmanager
 def handled() -> Iterator[threading.Event]:
     """Our SIGINT / SIGTERM handlers (main thread only) and the quiet unraisable hook for the block; yields the flag.
-    Afterwards the flag is cleared and the handlers and hook found before are put back."""
+    Afterwards the flag and the checkpoints noted are cleared and the handlers and hook found before are put back."""
     _INTERRUPT.clear()
+    _SAVED.clear()
     previous = {}
     unraisable = sys.unraisablehook
     sys.unraisablehook = _quiet_unraisable(unraisable)
@@ -74,6 +86,7 @@ def handled() -> Iterator[threading.Event]:
         sys.unraisablehook = unraisable
         _HANDLERS.clear()
         _INTERRUPT.clear()
+        _SAVED.clear()
         for signum, handler in previous.items():
             if handler is not None:
                 signal.signal(signum, handler)
@@ -83,8 +96,7 @@ def report(exit_now: bool = False) -> int:
     """One line about the interrupt; 130. ``exit_now`` (the real command line): leave at once, as the shell expects
     of Ctrl-C. Finalising the interpreter after an import was cut short (torch half-imported) sometimes ended the
     process by SIGINT after this line; the checkpoint and the run lock are already dealt with by then."""
-    trainer = sys.modules.get("treegrpo.trainer")     # never import here: an import may be what was interrupted
-    saved = getattr(getattr(trainer, "Trainer", None), "last_checkpoint_written", None)
+    saved = _SAVED[-1] if _SAVED else None
     print("treegrpo: interrupted" + (f"; the last finished iteration is saved in {saved} (resume with --resume)"
                                      if saved else " before any iteration finished: nothing to resume"),
           file=sys.stderr)

@@ -136,7 +136,8 @@ def run_training(cfg: TrainConfig, resume: bool = False, progress: bool = True, 
     judges = build_rewards(cfg, device, cfg.eval_rewards, checked=True) if cfg.eval_every or cfg.eval_every_s else {}
     policy, base_name = load_policy(cfg, device)
     trainer = build_trainer(cfg, policy, rewards_ready, progress=progress, base_model_name=base_name, dist=dist,
-                            judges=judges, stop=interrupts.interrupt_requested)
+                            judges=judges, stop=interrupts.interrupt_requested,
+                            callbacks=[interrupts.CheckpointNote()])
     summary = trainer.train(resume=resume)
     if write_lora:
         summary["lora"] = trainer.save_lora()

@@ -26,6 +26,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from .callbacks import TrainerCallback
+
 NOW, START = "now", "start"
 
 
@@ -110,8 +112,10 @@ def check_pictures(policy, prompts: list[str], noise: torch.Tensor, steps: int, 
     return now, start
 
 
-class StartCheck:
-    """The check as the trainer runs it after an iteration (``Trainer.start_check``).
+class StartCheck(TrainerCallback):
+    """The check as the trainer runs it after an iteration (one of its ``callbacks``: the state at
+    ``on_train_begin`` is the start; ``on_iteration_end`` checks when due and adds ``check`` / ``check_restored`` to
+    the iteration's record).
 
     ``ask(first, second, prompts, iteration, again) -> 0 | 1 | None``: which side the artist prefers
     (``first``/``second``: image batches (B, 3, H, W) in [0, 1]; None: no preference or no answer; ``again``: the
@@ -131,6 +135,19 @@ class StartCheck:
     def snapshot(trainer) -> Snapshot:
         return Snapshot(trainer.iteration, copy.deepcopy(trainer.lora.weights()),
                         copy.deepcopy(trainer.optimizer.state_dict()))
+
+    def on_train_begin(self, trainer) -> None:
+        self.begin(trainer)
+
+    def on_step(self, trainer) -> None:
+        if self.guard is None:      # a loop driven step by step (no train()): the state before the first update
+            self.begin(trainer)
+
+    def on_iteration_end(self, trainer, stats: dict) -> None:
+        rec = self(trainer)
+        if rec is not None:
+            stats["check"] = rec["verdict"] or "none"
+            stats["check_restored"] = rec["restored"]
 
     def begin(self, trainer) -> None:
         """Take the state the run starts from (a resumed run: the state it resumed with) as the guard's start."""

@@ -22,11 +22,12 @@ import math
 import os
 import random
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
 from . import checkpoint as ckpt
+from .callbacks import TrainerCallback
 from .advantages import backup_advantages, check_rewards, weighted_raw
 from .config import AdvantageConfig, TrainConfig, schedule_at
 from .io import atomic_write, atomic_write_json
@@ -77,9 +78,10 @@ class Trainer:
 
     ``rewards``: name → reward model (callable ``(images, prompts) -> (B,)``), or None when the leaves are scored
     outside the trainer (ComfyUI's step nodes pass the raw rewards to :meth:`backup`).
-    ``stop``: optional callable returning True to stop (interrupt); checked at every step.
-    ``step_callback``: called after every denoiser/update step (progress bars, interrupt checks).
-    ``iteration_callback``: called with each iteration's statistics.
+    ``callbacks``: the run's hooks (:class:`treegrpo.callbacks.TrainerCallback`: begin, step, stop, iteration end,
+    evaluation, checkpoint). Shortcuts for the simplest ones: ``stop`` (a callable returning True to stop, checked
+    at every step), ``step_callback`` (called after every denoiser/update step: the step nodes swap their progress
+    bar here per phase), ``iteration_callback`` (called with each iteration's statistics, after the callbacks).
     ``dist``: optional data-parallel helper with ``rank``, ``world``, ``all_reduce_grads(params, n_edges)``
     (:class:`treegrpo.distributed.DataParallel`); only rank 0 evaluates and writes files."""
 
@@ -87,17 +89,14 @@ class Trainer:
                  progress: bool = True, stop: Optional[Callable[[], bool]] = None,
                  step_callback: Optional[Callable[[], None]] = None, dist: Any = None, base_model_name: str = "",
                  iteration_callback: Optional[Callable[[dict], None]] = None,
-                 judges: Optional[dict[str, Callable]] = None, start_check: Optional[Callable] = None):
+                 judges: Optional[dict[str, Callable]] = None, callbacks: Sequence[TrainerCallback] = ()):
         self.cfg, self.policy, self.rewards = cfg, policy, rewards
-        #: ``(trainer) -> record | None`` after every iteration: the artist's check against the base model, which may
-        #: roll the LoRA back (treegrpo.start_check.StartCheck); None: no checks
-        self.start_check = start_check
+        #: the run's hooks (treegrpo.callbacks.TrainerCallback), called in order
+        self.callbacks: list[TrainerCallback] = list(callbacks)
         # held-out judges: scored on the evaluation samples only, never trained on
         self.judges = dict(judges or {})
         self.judge_weights = {r.name: r.weight for r in cfg.eval_rewards if r.name in self.judges and r.weight > 0}
         self.warnings: list[str] = []
-        #: called with each evaluation record after it is logged (ComfyUI's live preview)
-        self.eval_callback: Optional[Callable[[dict], None]] = None
         self.keep_eval_images = False    # record_evaluation keeps its samples in last_eval_images
         self.last_eval_images: Optional[torch.Tensor] = None
         #: ``(trainer, batch, images, raw) -> (raw, weights, exclude_trees)``: a person answering about some trees
@@ -139,7 +138,6 @@ class Trainer:
         #: the noise levels a resumed run was trained with, when they differ from this policy's own (a run moved
         #: between ComfyUI, whose scheduler sets them, and the CLI, whose backend does)
         self.kept_sigmas: Optional[torch.Tensor] = None
-        self._start_check_begins()
 
     def rebind(self, cfg: TrainConfig, policy: Policy) -> None:
         """Continue this run with new settings and a new policy over the same LoRA (ComfyUI's step nodes build a
@@ -172,12 +170,14 @@ class Trainer:
         return self.policy.sigmas(self.cfg.tree.steps).float().cpu()
 
     def _check_stop(self) -> None:
-        if self.stop is not None and self.stop():
+        if (self.stop is not None and self.stop()) or any(cb.should_stop(self) for cb in self.callbacks):
             raise TrainingInterrupted("training stopped by request")
 
     def _cb(self) -> None:
         if self.step_callback:
             self.step_callback()
+        for cb in self.callbacks:
+            cb.on_step(self)
         self._check_stop()
 
     # ------------------------------------------------------------------ phase 1: sample
@@ -386,8 +386,8 @@ class Trainer:
                 self.log(f"TreeGRPO warning (iteration {self.iteration}): {w}")
         if sc.keep_best and best_index(self.evals) == len(self.evals) - 1:
             self.save_best()
-        if self.eval_callback is not None:
-            self.eval_callback(rec)
+        for cb in self.callbacks:
+            cb.on_evaluate(self, rec)
         return rec
 
     @property
@@ -443,7 +443,6 @@ class Trainer:
                 "numpy_rng": json.dumps(_numpy_state())}
 
     #: the path of the newest checkpoint any Trainer of this process wrote (the CLI's interrupt message)
-    last_checkpoint_written: Optional[str] = None
 
     def save_checkpoint(self) -> Optional[str]:
         """Write ``checkpoints/<run>-<iteration>.pt`` (see :mod:`treegrpo.checkpoint`)."""
@@ -451,7 +450,8 @@ class Trainer:
             return None
         path = ckpt.write_checkpoint(self.out, self.cfg.run_name, self.iteration, self.checkpoint_state(),
                                      self.cfg.keep_checkpoints)
-        Trainer.last_checkpoint_written = path
+        for cb in self.callbacks:
+            cb.on_checkpoint(self, path)
         return path
 
     def latest_checkpoint(self) -> Optional[str]:
@@ -482,13 +482,6 @@ class Trainer:
         st = json.loads(state["python_rng"])
         random.setstate((st[0], tuple(st[1]), st[2]))
         _set_numpy_state(json.loads(state["numpy_rng"]))
-        self._start_check_begins()
-
-    def _start_check_begins(self) -> None:
-        """The state the checks against the start roll back to at most: this one (fresh, or as resumed)."""
-        begin = getattr(self.start_check, "begin", None)
-        if begin is not None:
-            begin(self)
 
     def _keep_schedule(self, saved: Optional[torch.Tensor], saved_backend: str) -> None:
         """A run moved to another front-end (the checkpoint's backend is not this one's) continues on the noise levels
@@ -549,13 +542,10 @@ class Trainer:
         self._next_eval_t = _next_multiple(self.train_time, self.cfg.eval_every_s)
 
     def after_iteration(self, stats: dict) -> None:
-        """The check against the start, callbacks, then the evaluation and the checkpoint when they are due."""
+        """The callbacks, then the evaluation and the checkpoint when they are due."""
         cfg = self.cfg
-        if self.start_check is not None:
-            rec = self.start_check(self)
-            if rec is not None:
-                stats["check"] = rec["verdict"] or "none"
-                stats["check_restored"] = rec["restored"]
+        for cb in self.callbacks:
+            cb.on_iteration_end(self, stats)
         if self.iteration_callback:
             self.iteration_callback(stats)
         due_t = self.train_time >= self._next_eval_t
@@ -649,6 +639,8 @@ class Trainer:
     def _train(self, total: int, resume: bool) -> dict:
         cfg = self.cfg
         self.begin(resume)
+        for cb in self.callbacks:
+            cb.on_train_begin(self)
         bar = None
         budget = cfg.time_budget_s
         if self.progress and self.rank == 0:

@@ -56,7 +56,8 @@ def _trainer(tmp_path, check=None, lr=5e-2):
     policy, _ = load_policy(cfg)
     from treegrpo.demo.tastes import taste
     big = taste("big")
-    return Trainer(cfg, policy, {"demo_adherence": lambda im, p: big(im)}, progress=False, start_check=check)
+    return Trainer(cfg, policy, {"demo_adherence": lambda im, p: big(im)}, progress=False,
+                   callbacks=[check] if check is not None else [])
 
 
 def _flat(w):

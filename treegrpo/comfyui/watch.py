@@ -15,6 +15,7 @@ from typing import Callable, Optional
 import torch
 
 from .. import checkpoint as ckpt
+from ..callbacks import TrainerCallback
 from ..progress import IterationClock, format_duration, iteration_line
 
 #: the Train node's ``existing_run`` choices: what a queued prompt does when its run_name already trained
@@ -56,11 +57,12 @@ def loras_folder(run_name: str) -> str:
     return os.path.join(folder_paths.get_folder_paths("loras")[0], "treegrpo", run_name)
 
 
-class RunWatcher:
-    """The Train node's callbacks. ``on_iteration(stats)``: ComfyUI's progress bar, one console line (reward, judge,
-    KL, s/it, time left), the same text on the node, and the LoRA every ``save_every`` iterations into
-    :func:`loras_folder`. ``on_evaluate(rec)``: the evaluation's sample grid as ``evals/eval_<iteration>.png`` in the
-    run folder and, beside the curves, on the node; the best LoRA copied to the LoRA folder when it changed.
+class RunWatcher(TrainerCallback):
+    """The Train node's callback (:class:`treegrpo.callbacks.TrainerCallback`). After each iteration
+    (:meth:`on_iteration`): ComfyUI's progress bar, one console line (reward, judge, KL, s/it, time left), the same
+    text on the node, and the LoRA every ``save_every`` iterations into :func:`loras_folder`. After each evaluation
+    (:meth:`evaluated`): the evaluation's sample grid as ``evals/eval_<iteration>.png`` in the run folder and, beside
+    the curves, on the node; the best LoRA copied to the LoRA folder when it changed.
     ``finish()``: the final LoRA there too, the curve and the before/after grid in the run folder."""
 
     def __init__(self, trainer, total: int, bar, *, save_every: int = 0, node_id: Optional[str] = None,
@@ -74,6 +76,12 @@ class RunWatcher:
         self.last_grid: Optional[torch.Tensor] = None
         self._best_mtime = None
         trainer.keep_eval_images = True
+
+    def on_iteration_end(self, trainer, stats: dict) -> None:
+        self.on_iteration(stats)
+
+    def on_evaluate(self, trainer, record: dict) -> None:
+        self.evaluated(record)
 
     # ------------------------------------------------------------------ per iteration
     def on_iteration(self, stats: dict) -> None:
@@ -110,7 +118,7 @@ class RunWatcher:
             _reraise_interrupt(e)
 
     # ------------------------------------------------------------------ per evaluation
-    def on_evaluate(self, rec: dict) -> None:
+    def evaluated(self, rec: dict) -> None:
         from ..report import signals_image
         t = self.trainer
         images = getattr(t, "last_eval_images", None)
