@@ -237,7 +237,8 @@ def report(runs: list[dict], fraction: float = TARGET_FRACTION) -> dict:
         entry = {"answers_to_target": summary(vals), "ask_rate": statistics.fmean(r["ask_rate"] for r in rs),
                  "final_gain": summary([r["curve"][-1][1] - r["curve"][0][1] for r in rs]),
                  "final_value": [r["curve"][-1][1] for r in rs],
-                 "below_base": sum(r["curve"][-1][1] < r["curve"][0][1] for r in rs)}
+                 "below_base": sum(r["curve"][-1][1] < r["curve"][0][1] for r in rs),
+                 "worst_vs_base": min(r["curve"][-1][1] - r["curve"][0][1] for r in rs)}
         fits = [r["fit_s"] for r in rs if r.get("fit_s")]
         if fits:
             entry["fit_s"] = statistics.fmean(fits)
@@ -369,7 +370,7 @@ def print_report(rep: dict) -> None:
             print(f"{name:>6}: {s['mean']:.1f} ± {s['sd']:.1f} answers to the target (reached {s['reached']}), "
                   f"asked {e['ask_rate']:.0%} of trees" + (f", refit {1000 * e['fit_s']:.1f} ms" if e.get("fit_s") else "")
                   + (f"; final {', '.join(f'{v:.2f}' for v in e['final_value'])}, {e['below_base']} below the base"
-                     if "final_value" in e else ""))
+                     f" (worst {e['worst_vs_base']:+.3f})" if "final_value" in e else ""))
     for k, v in rep["ratios"].items():
         if v:
             print(f"{k}: {v['mean']:.2f} ± {v['sd']:.2f} (seeds {v['reached']}, min {v['min']:.2f}, max {v['max']:.2f}"

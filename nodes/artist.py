@@ -6,6 +6,7 @@ from comfy_api.latest import io
 
 from treegrpo.config import ArtistConfig
 from treegrpo.comfyui.artist import ask_artist
+from treegrpo.comfyui.runtime import asking_context
 
 from .sockets import CATEGORY, PackNode, RewardModel, Rewards, Tree
 from .widgets import widget
@@ -47,15 +48,9 @@ class ArtistPicks(PackNode):
 
     @classmethod
     def execute(cls, images, tree, mode, timeout_s, on_timeout, reward_model=None):
-        import comfy.model_management
-        from server import PromptServer
-
         cfg = ArtistConfig(mode=mode, timeout_s=timeout_s, on_timeout=on_timeout)   # refuses bad values first
-        srv = PromptServer.instance
         out = ask_artist(tree, images, mode=cfg.mode, timeout_s=cfg.timeout_s, on_timeout=cfg.on_timeout,
-                         reward_model=reward_model,
-                         check_interrupt=comfy.model_management.throw_exception_if_processing_interrupted,
-                         prompt_id=getattr(srv, "last_prompt_id", None), client_id=getattr(srv, "client_id", None))
+                         reward_model=reward_model, **asking_context())
         return io.NodeOutput(out)
 
 

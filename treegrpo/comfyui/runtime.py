@@ -37,6 +37,17 @@ def comfy_progress(total: int) -> ComfyProgress:
     return ComfyProgress(total)
 
 
+def asking_context() -> dict:
+    """Where a question to the artist goes and how its wait ends: ComfyUI's interrupt check and the prompt and tab
+    (``client_id``) that queued the run being executed (keyword arguments of the artist functions)."""
+    import comfy.model_management
+    from server import PromptServer
+
+    srv = PromptServer.instance
+    return dict(check_interrupt=comfy.model_management.throw_exception_if_processing_interrupted,
+                prompt_id=getattr(srv, "last_prompt_id", None), client_id=getattr(srv, "client_id", None))
+
+
 def run_folder(run_name: str) -> str:
     """``<ComfyUI output>/treegrpo/<run_name>``: the run's checkpoints, logs and LoRA file."""
     import os

@@ -102,18 +102,13 @@ def artist_hook(model, rewards: dict, taste_features, *, every: int, mode: Optio
     the base model's, one question in the same dialog."""
     if not every:
         return None, None
-    import comfy.model_management
-    from server import PromptServer
-
     from ..config import ArtistConfig
     from .artist import train_node_artist
 
     acfg = ArtistConfig(mode=mode or "favourites", timeout_s=timeout_s or 600, every=every,
                         ask=ask or "every N-th tree", away_s=away_s or ArtistConfig().away_s,
                         check_every=ArtistConfig().check_every if check_every is None else check_every)
-    srv = PromptServer.instance
-    where = dict(check_interrupt=comfy.model_management.throw_exception_if_processing_interrupted,
-                 prompt_id=getattr(srv, "last_prompt_id", None), client_id=getattr(srv, "client_id", None))
+    where = runtime.asking_context()
     if acfg.ask == "when unsure":
         from ..demo import BASE_MODEL_NAME
         from ..taste import TasteConfig
