@@ -48,6 +48,7 @@ from treegrpo.backends import load_policy  # noqa: E402
 from treegrpo.config import TrainConfig  # noqa: E402
 from treegrpo.demo.tastes import TASTES, taste as taste_fn  # noqa: E402
 from treegrpo.io import atomic_write_json  # noqa: E402
+from treegrpo.scores import LeafScores  # noqa: E402
 from treegrpo.start_check import CheckConfig, StartCheck  # noqa: E402
 from treegrpo.taste import OnlineTaste, TasteConfig, TasteModel  # noqa: E402
 from treegrpo.taste_features import DemoEncoder  # noqa: E402
@@ -108,26 +109,25 @@ class SimulatedArtist:
 
 
 def make_hook(strategy: str, artist: SimulatedArtist, taste: OnlineTaste | None):
-    """The ``Trainer.artist`` of a strategy: leaf rewards for the batch."""
+    """The leaf scorer (treegrpo.scores) of a strategy: leaf rewards for the batch."""
 
-    def hook(trainer, batch, images, raw):
+    def hook(ctx, batch, images, raw):
         images = images.float()
         leaf_tree = batch.leaf_tree.cpu()
         if strategy == "oracle":
-            return {"artist": artist.value(images)}, {"artist": 1.0}, None
+            return LeafScores({"artist": artist.value(images)}, {"artist": 1.0})
         if strategy in ("every", "d3po"):
             rewards = torch.zeros(len(leaf_tree))
             for t in range(batch.n_trees):
                 idx = (leaf_tree == t).nonzero().flatten()
                 rewards[idx] = win_rates(artist.pairs(images[idx]), len(idx))
-            return {"artist": rewards}, {"artist": 1.0}, None
+            return LeafScores({"artist": rewards}, {"artist": 1.0})
 
         def ask(t):
             return artist.pairs(images[(leaf_tree == t).nonzero().flatten()])
 
         rewards, exclude, stats = taste.round(images, leaf_tree, ask)
-        trainer.taste_stats = stats
-        return {"artist": rewards}, {"artist": 1.0}, exclude
+        return LeafScores({"artist": rewards}, {"artist": 1.0}, exclude, stats=stats)
 
     return hook
 
@@ -166,15 +166,16 @@ def run(strategy: str, seed: int, iterations: int, error: float, output_dir: str
         g = torch.Generator().manual_seed(20_000 + seed)
         online.decide = lambda scores, seen, asked, c: (seen < c.warmup_trees or scores is None
                                                        or float(torch.rand((), generator=g)) < ask_rate)
-    trainer.artist = make_hook(strategy, artist, online)
+    trainer.leaf_scorer = make_hook(strategy, artist, online)
     noise = torch.randn((EVAL_N, *policy.latent_shape()), generator=torch.Generator().manual_seed(EVAL_SEED))
     curve = [(0, eval_area(policy, noise, cfg.tree.steps, artist.value))]
     fits, agree, reasons, warnings, novelty = [], [], {}, [], []
     t0 = time.perf_counter()
     for _ in range(iterations):
-        trainer.after_iteration(trainer.train_step())
+        stats = trainer.train_step()
+        trainer.after_iteration(stats)
         curve.append((artist.answers, eval_area(policy, noise, cfg.tree.steps, artist.value)))
-        st = getattr(trainer, "taste_stats", None)
+        st = stats if "taste_asked" in stats else None
         if st:
             if st["taste_asked"]:
                 fits.append(st["taste_fit_s"])
@@ -185,7 +186,6 @@ def run(strategy: str, seed: int, iterations: int, error: float, output_dir: str
             warnings += [(len(curve) - 1, w) for w in st.get("taste_warnings", [])]
             novelty.append(st.get("taste_novelty"))
             reasons["beyond"] = reasons.get("beyond", 0) + st.get("taste_beyond", 0)
-            trainer.taste_stats = None
     trees = iterations * cfg.prompts_per_iter
     return {"strategy": strategy, "seed": seed, "taste": taste, "kl_beta": kl_beta, "curve": curve, "answers": artist.answers, "trees": trees,
             "ask_rate": artist.answers / trees if strategy != "oracle" else 0.0,

@@ -130,7 +130,7 @@ def gradient_draws(overrides: dict, draws: int, seed: int = 0, per_step: bool = 
         tr.iteration = it
         t0 = time.perf_counter()
         batch = tr.sample()
-        raw = tr.score(batch)
+        raw = tr.score(batch).raw
         tr.backup(batch, raw)
         edges = collect_edges(batch, skip_zero_adv=cfg.optim.kl_beta == 0, step_weight=cfg.optim.step_weight)
         for p in tr.params:

@@ -53,7 +53,7 @@ def leaf_rewards(solver: str, steps: int, iterations: int, seed: int) -> torch.T
         trainer.iteration = it
         with torch.no_grad():
             batch = trainer.sample()
-            raw = trainer.score(batch)
+            raw = trainer.score(batch).raw
         total = sum(raw[n].float() * w for n, w in trainer.weights.items())
         out.append(total.reshape(-1, cfg.tree.leaves))
     return torch.cat(out)

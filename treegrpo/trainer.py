@@ -34,6 +34,7 @@ from .io import atomic_write, atomic_write_json
 from . import memory
 from .lora import PeftLoRA, check_base_model, from_state_dict, read_lora_file, save_lora_file, to_peft
 from .policy import Policy
+from .scores import LeafScores, ScoringContext
 from .hacking import best_index, hacking_warnings, image_signals
 from .tree import TreeBatch, at_iteration, sample_ode, sample_ode_window_kl, sample_trees, window_start_at
 from .update import grpo_update, lr_factor, matching_update
@@ -89,7 +90,8 @@ class Trainer:
                  progress: bool = True, stop: Optional[Callable[[], bool]] = None,
                  step_callback: Optional[Callable[[], None]] = None, dist: Any = None, base_model_name: str = "",
                  iteration_callback: Optional[Callable[[dict], None]] = None,
-                 judges: Optional[dict[str, Callable]] = None, callbacks: Sequence[TrainerCallback] = ()):
+                 judges: Optional[dict[str, Callable]] = None, callbacks: Sequence[TrainerCallback] = (),
+                 leaf_scorer: Optional[Callable] = None):
         self.cfg, self.policy, self.rewards = cfg, policy, rewards
         #: the run's hooks (treegrpo.callbacks.TrainerCallback), called in order
         self.callbacks: list[TrainerCallback] = list(callbacks)
@@ -99,9 +101,9 @@ class Trainer:
         self.warnings: list[str] = []
         self.keep_eval_images = False    # record_evaluation keeps its samples in last_eval_images
         self.last_eval_images: Optional[torch.Tensor] = None
-        #: ``(trainer, batch, images, raw) -> (raw, weights, exclude_trees)``: a person answering about some trees
-        #: (the Train node's artist input, treegrpo/comfyui/artist.py); None: the reward models alone
-        self.artist: Optional[Callable] = None
+        #: ``(ctx, batch, images, raw) -> LeafScores`` (treegrpo.scores): a person answering about some trees, or the
+        #: taste model (the Train node's artist inputs, treegrpo/comfyui/artist.py); None: the reward models alone
+        self.leaf_scorer: Optional[Callable] = leaf_scorer
         if rewards is not None:
             missing = [r.name for r in cfg.rewards if r.name not in rewards]
             if missing:
@@ -219,8 +221,17 @@ class Trainer:
         check_rewards(out, len(prompts), where=f" at iteration {self.iteration}")
         return out
 
-    def score(self, batch: TreeBatch) -> dict[str, torch.Tensor]:
-        """Decode the leaves and score them: ``{reward name: (n_leaves,)}`` raw rewards."""
+    def scoring_context(self, batch: TreeBatch) -> ScoringContext:
+        """What a leaf scorer is told about the run (:class:`treegrpo.scores.ScoringContext`)."""
+        cfg = self.cfg
+        return ScoringContext(iteration=self.iteration,
+                              trees_before=self.iteration * cfg.prompts_per_iter * cfg.trees_per_prompt,
+                              output_dir=cfg.output_dir, run_name=cfg.run_name, seed=cfg.seed, weights=self.weights,
+                              score_images=self.score_images)
+
+    def score(self, batch: TreeBatch) -> LeafScores:
+        """Decode the leaves and score them: the reward models' raw rewards ``{name: (n_leaves,)}``, or what the leaf
+        scorer makes of them (:class:`treegrpo.scores.LeafScores`)."""
         if self.rewards is None:
             raise ValueError("this trainer has no reward models: score the leaves outside and call backup()")
         t0 = time.perf_counter()
@@ -230,11 +241,15 @@ class Trainer:
         raw = self.score_images(images, batch.leaf_prompts)
         if self.memory_plan is not None and self.memory_plan.workload.offload_rewards:
             self._offload_rewards()
-        if self.artist is not None:
-            raw, weights, exclude = self.artist(self, batch, images, raw)
-            batch.stats["artist"] = {"weights": weights, "exclude_trees": exclude}
+        scores = LeafScores(raw)
+        if self.leaf_scorer is not None:
+            scores = self.leaf_scorer(self.scoring_context(batch), batch, images, raw)
+            if not isinstance(scores, LeafScores):
+                raise TypeError(f"a leaf scorer returns treegrpo.scores.LeafScores, got {type(scores).__name__}")
+        if scores.stats:
+            batch.stats["scorer"] = scores.stats
         batch.stats.update(t_decode=t1 - t0, t_reward=time.perf_counter() - t1)
-        return raw
+        return scores
 
     # ------------------------------------------------------------------ phase 3: advantages
     def backup(self, batch: TreeBatch, raw: dict[str, torch.Tensor], weights: Optional[dict[str, float]] = None,
@@ -281,7 +296,7 @@ class Trainer:
         upd = dict(upd)
         lr = upd.pop("lr")
         stats = {"iteration": self.iteration, "window_start": batch.window_start, **batch.stats.get("adv", {}),
-                 **batch.stats.get("taste", {}),
+                 **batch.stats.get("scorer", {}),
                  **upd, "nfe": batch.nfe, "calls": batch.calls, "lr": lr, **t, "t_iter": t_iter,
                  "train_time": self.train_time}
         self._pool_over_ranks(stats, batch.rewards)
@@ -299,8 +314,8 @@ class Trainer:
     def train_step(self) -> dict:
         """One iteration: sample → score → backup → update → record; returns its statistics."""
         batch = self.sample()
-        raw = self.score(batch)
-        self.backup(batch, raw, **batch.stats.pop("artist", {}))
+        scores = self.score(batch)
+        self.backup(batch, scores.raw, scores.weights, exclude_trees=scores.exclude_trees)
         return self.record(batch, self.update(batch))
 
     _SUMMED = ("flat_trees", "nfe", "edges", "parents", "forwards", "ref_forwards")

@@ -239,6 +239,7 @@ def test_a_taste_warning_reaches_the_runs_warnings_and_log(tmp_path, caplog):
     from treegrpo import cli
     from treegrpo.backends import load_policy
     from treegrpo.config import TrainConfig
+    from treegrpo.scores import LeafScores
     from treegrpo.trainer import Trainer
 
     d = cli.demo_config_dict()
@@ -248,11 +249,12 @@ def test_a_taste_warning_reaches_the_runs_warnings_and_log(tmp_path, caplog):
     trainer = Trainer(cfg, policy, {"demo_adherence": lambda im, p: torch.rand(len(p))}, progress=False)
     said = "the samples are 40% as diverse as at the start: asking you about the next tree"
 
-    def hook(tr, batch, images, raw):
-        batch.stats["taste"] = {"taste_warnings": [said], "taste_asked": 0}
-        return {"artist": torch.rand(images.shape[0])}, {"artist": 1.0}, None
+    def hook(ctx, batch, images, raw):
+        assert ctx.iteration == 0 and ctx.run_name == "warned" and ctx.trees_before == 0
+        return LeafScores({"artist": torch.rand(images.shape[0])}, {"artist": 1.0},
+                          stats={"taste_warnings": [said], "taste_asked": 0})
 
-    trainer.artist = hook
+    trainer.leaf_scorer = hook
     with caplog.at_level(logging.WARNING):
         stats = trainer.train_step()
     assert stats["taste_warnings"] == [said] and trainer.warnings == [f"iteration 0: {said}"]

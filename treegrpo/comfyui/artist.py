@@ -436,27 +436,28 @@ def ask_check(first, second, prompts: list, iteration: int, *, folder: str, run_
 def train_node_artist(every: int, mode: str, timeout_s: float, *, board: ArtistBoard = BOARD,
                       check_interrupt: Optional[Callable[[], None]] = None, prompt_id: Optional[str] = None,
                       client_id: Optional[str] = None, away_s: float = 30.0) -> Callable:
-    """The Train node's ``Trainer.artist``: every ``every``-th tree of the run (counted over iterations) is asked
-    about; the other trees, and those the person does not answer in ``timeout_s``, keep the reward models' weighted
-    score. One reward per leaf either way (each tree is z-scored on its own, so the two scales do not mix)."""
+    """The Train node's leaf scorer (treegrpo.scores): every ``every``-th tree of the run (counted over iterations)
+    is asked about; the other trees, and those the person does not answer in ``timeout_s``, keep the reward models'
+    weighted score. One reward per leaf either way (each tree is z-scored on its own, so the two scales do not mix)."""
     from ..advantages import weighted_raw
+    from ..scores import LeafScores
 
     board.back(client_id)            # whoever queued this run is at the page now
 
-    def ask(trainer, batch, images, raw):
-        first = trainer.iteration * batch.n_trees
+    def ask(ctx, batch, images, raw):
+        first = ctx.iteration * batch.n_trees
         trees = [t for t in range(batch.n_trees) if (first + t) % every == 0]
-        mixed = weighted_raw(raw, trainer.weights).float().cpu()
+        mixed = weighted_raw(raw, ctx.weights).float().cpu()
         if not trees:
-            return {"reward": mixed}, {"reward": 1.0}, None
+            return LeafScores({"reward": mixed}, {"reward": 1.0})
         pictures = images if images.ndim == 4 else images[:, 0]          # video leaves: their first frame
-        score = {"fn": lambda imgs, prompts: weighted_raw(trainer.score_images(imgs, prompts), trainer.weights)}
-        rewards, exclude = ask_trees(batch, pictures.movedim(1, -1).float().cpu(), folder=trainer.cfg.output_dir,
-                                     iteration=trainer.iteration, seed=trainer.cfg.seed,
-                                     run_name=trainer.cfg.run_name, mode=mode, timeout_s=timeout_s,
+        score = {"fn": lambda imgs, prompts: weighted_raw(ctx.score_images(imgs, prompts), ctx.weights)}
+        rewards, exclude = ask_trees(batch, pictures.movedim(1, -1).float().cpu(), folder=ctx.output_dir,
+                                     iteration=ctx.iteration, seed=ctx.seed,
+                                     run_name=ctx.run_name, mode=mode, timeout_s=timeout_s,
                                      on_timeout=ON_TIMEOUT[1], fallback=score["fn"], fallback_name="the reward models",
                                      trees=trees, base=mixed, board=board, check_interrupt=check_interrupt,
                                      prompt_id=prompt_id, client_id=client_id, away_grace_s=away_s)
-        return {"reward": rewards}, {"reward": 1.0}, exclude
+        return LeafScores({"reward": rewards}, {"reward": 1.0}, exclude)
 
     return ask

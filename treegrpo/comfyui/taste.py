@@ -58,33 +58,33 @@ def taste_file(run_name: str) -> str:
 def train_node_taste(encoder, mode: str, timeout_s: float, config: Optional[TasteConfig] = None, *,
                      check_interrupt: Optional[Callable[[], None]] = None, prompt_id: Optional[str] = None,
                      client_id: Optional[str] = None, board=None, away_s: float = 30.0) -> Callable:
-    """The Train node's ``Trainer.artist`` for ``artist_ask = when unsure``. A resumed run first learns again from
+    """The Train node's leaf scorer (treegrpo.scores) for ``artist_ask = when unsure``. A resumed run first learns again from
     its ``artist_labels.jsonl``; every answer refits the model and rewrites the taste file; the statistics (trees
     asked, answers, agreement of the model with each answer before it learnt from it, refit seconds) go into the
     run's log."""
     from ..artist import pairwise_wins
+    from ..scores import LeafScores
     from .artist import BOARD, ask_trees
 
     state: dict = {}
     (board or BOARD).back(client_id)          # whoever queued this run is at the page now
 
-    def online(trainer) -> OnlineTaste:
+    def online(ctx) -> OnlineTaste:
         if "taste" not in state:
-            model = from_labels(trainer.cfg.output_dir, encoder, config, features=encoder.name)
-            done = trainer.iteration * trainer.cfg.prompts_per_iter * trainer.cfg.trees_per_prompt
-            state["taste"] = OnlineTaste(model, encoder, trees_seen=done, asked=model.answers)
-            state["path"] = taste_file(trainer.cfg.run_name)
+            model = from_labels(ctx.output_dir, encoder, config, features=encoder.name)
+            state["taste"] = OnlineTaste(model, encoder, trees_seen=ctx.trees_before, asked=model.answers)
+            state["path"] = taste_file(ctx.run_name)
         return state["taste"]
 
-    def ask(trainer, batch, images, raw):
-        taste = online(trainer)
+    def ask(ctx, batch, images, raw):
+        taste = online(ctx)
         pictures = (images if images.ndim == 4 else images[:, 0]).float().cpu()   # video leaves: the first frame
         leaf_tree = batch.leaf_tree.cpu()
 
         def one(t):
             got: dict = {}
-            ask_trees(batch, pictures.movedim(1, -1), folder=trainer.cfg.output_dir, iteration=trainer.iteration,
-                      seed=trainer.cfg.seed, run_name=trainer.cfg.run_name, mode=mode, timeout_s=timeout_s,
+            ask_trees(batch, pictures.movedim(1, -1), folder=ctx.output_dir, iteration=ctx.iteration,
+                      seed=ctx.seed, run_name=ctx.run_name, mode=mode, timeout_s=timeout_s,
                       trees=[t], board=board or BOARD, check_interrupt=check_interrupt, prompt_id=prompt_id,
                       client_id=client_id, answers=got, away_grace_s=away_s,
                       timeout_by="taste model" if taste.model.thetas is not None else "skipped")
@@ -94,11 +94,11 @@ def train_node_taste(encoder, mode: str, timeout_s: float, config: Optional[Tast
         before = taste.model.answers
         rewards, exclude, stats = taste.round(pictures, leaf_tree, one)
         if taste.model.answers != before:
-            taste.model.save(state["path"], extra={"run_name": trainer.cfg.run_name,
+            taste.model.save(state["path"], extra={"run_name": ctx.run_name,
                                                    "features_path": getattr(encoder, "path", None) or "",
                                                    "features_options": getattr(encoder, "options", {})})
-        batch.stats["taste"] = {k: v for k, v in stats.items() if v is not None}
-        return {"reward": rewards}, {"reward": 1.0}, exclude
+        return LeafScores({"reward": rewards}, {"reward": 1.0}, exclude,
+                          stats={k: v for k, v in stats.items() if v is not None})
 
     ask.state = state
     return ask

@@ -204,12 +204,12 @@ def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict
         trainer = build_trainer(dataclasses.replace(cfg, output_dir=out), policy, rewards,
                                 progress=False, base_model_name=runtime.model_name(model),
                                 step_callback=comfy.model_management.throw_exception_if_processing_interrupted,
-                                judges=judges, callbacks=[start_check] if start_check is not None else [])
+                                judges=judges, callbacks=[start_check] if start_check is not None else [],
+                                leaf_scorer=artist)  # the person answering about some trees (artist_every)
         trainer.log = logging.info
         # after the check against the start: the console line shows its verdict
         trainer.callbacks.append(RunWatcher(trainer, cfg.iterations, bar, save_every=save_every, node_id=node_id))
         watcher = trainer.callbacks[-1]
-        trainer.artist = artist       # the person answering about some trees (the Train node's artist_every)
         if not cfg.memory.budget_gb:
             trainer.memory_budget = runtime.memory_budget(policy.device) or None
         trainer.train(resume=resume)
