@@ -93,6 +93,35 @@ class CheckConfig:
             raise ValueError(f"check pictures {self.pictures!r}: give 1..64 samples per side")
 
 
+GAP = 2   # pixels between the pictures of a side
+
+
+def side_picture(images: torch.Tensor) -> torch.Tensor:
+    """A check's side as the artist sees it: pictures (B, 3, H, W) in [0, 1] in rows of at most 4 with a
+    :data:`GAP`-pixel white gap, (H', W', 3)."""
+    b, _, h, w = images.shape
+    cols = min(4, b)
+    rows = -(-b // cols)
+    out = torch.ones(rows * (h + GAP) - GAP, cols * (w + GAP) - GAP, 3)
+    for i in range(b):
+        r, k = divmod(i, cols)
+        out[r * (h + GAP):r * (h + GAP) + h, k * (w + GAP):k * (w + GAP) + w] = images[i].movedim(0, -1).float().cpu()
+    return out
+
+
+def side_pictures(picture: torch.Tensor, n: int) -> torch.Tensor:
+    """The ``n`` pictures (n, 3, H, W) of a side drawn by :func:`side_picture` ((H', W', 3)): its inverse (what a
+    resumed run's taste model reads back from ``artist_checks.jsonl``)."""
+    cols = min(4, n)
+    rows = -(-n // cols)
+    h = (picture.shape[0] + GAP) // rows - GAP
+    w = (picture.shape[1] + GAP) // cols - GAP
+    if h <= 0 or w <= 0 or rows * (h + GAP) - GAP != picture.shape[0] or cols * (w + GAP) - GAP != picture.shape[1]:
+        raise ValueError(f"a picture of {tuple(picture.shape[:2])} pixels is not a side of {n} pictures")
+    return torch.stack([picture[(i // cols) * (h + GAP):(i // cols) * (h + GAP) + h,
+                                (i % cols) * (w + GAP):(i % cols) * (w + GAP) + w].movedim(-1, 0) for i in range(n)])
+
+
 def check_pictures(policy, prompts: list[str], noise: torch.Tensor, steps: int, guidance: float = 1.0,
                    sigmas: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """ODE samples of the policy now and of the base model (LoRA off) from the same ``noise`` (B, C, H, W), one

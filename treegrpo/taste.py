@@ -530,13 +530,18 @@ class OnlineTaste:
             return None
         if pick not in (0, 1):
             raise ValueError(f"a check's pick is 0, 1 or None, got {pick!r}")
-        f = torch.stack([self.encoder(first).double().mean(0), self.encoder(second).double().mean(0)])
+        f = check_features(self.encoder, first, second)
         pairs = [(pick, 1 - pick)]
         a = self.model.agreement(f, pairs)
         if a is not None:
             self.agreements.append(a)
         self.model.add(f, pairs)
         return a
+
+
+def check_features(encoder, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """A check's two sides (B, 3, H, W) each as its pictures' mean feature: (2, D) float64."""
+    return torch.stack([encoder(first).double().mean(0), encoder(second).double().mean(0)])
 
 
 def read_labels(path: str | os.PathLike) -> list[tuple[dict, "object"]]:
@@ -595,17 +600,21 @@ def read_labels(path: str | os.PathLike) -> list[tuple[dict, "object"]]:
 def from_labels(folder: str | os.PathLike, encoder, config: Optional[TasteConfig] = None,
                 features: str = "demo") -> TasteModel:
     """A taste model learnt from a run's ``artist_labels.jsonl`` (the answered trees whose leaf images are kept
-    beside it, in ``artist/``; :func:`read_labels`): what a resumed run starts from."""
+    beside it, in ``artist/``; :func:`read_labels`) and its ``artist_checks.jsonl`` (each check a side was picked
+    in, its two pictures kept there too): what a resumed run starts from."""
     import numpy as np
     from PIL import Image
 
     from .artist import pairwise_wins
+    from .start_check import side_pictures
 
     path = os.path.join(os.fspath(folder), "artist_labels.jsonl")
     model = TasteModel(config=config or TasteConfig(), features=features)
-    if not os.path.isfile(path):
-        return model
-    for rec, answer in read_labels(path):
+
+    def image(p):
+        return torch.from_numpy(np.asarray(Image.open(p).convert("RGB"), dtype=np.float32) / 255.0)
+
+    for rec, answer in (read_labels(path) if os.path.isfile(path) else []):
         leaves = [os.path.join(os.fspath(folder), p) for p in rec.get("leaves", [])]
         if len(leaves) < 2 or not all(os.path.isfile(p) for p in leaves):
             continue
@@ -613,8 +622,33 @@ def from_labels(folder: str | os.PathLike, encoder, config: Optional[TasteConfig
             pairs = pairwise_wins(answer, len(leaves))
         except ValueError:
             continue
-        imgs = torch.stack([torch.from_numpy(np.asarray(Image.open(p).convert("RGB"), dtype=np.float32) / 255.0)
-                            for p in leaves]).movedim(-1, 1)
+        imgs = torch.stack([image(p) for p in leaves]).movedim(-1, 1)
         model.add(encoder(imgs), pairs, refit=False)
+    for rec in _read_jsonl(os.path.join(os.fspath(folder), "artist_checks.jsonl")):
+        sides = [os.path.join(os.fspath(folder), p) for p in rec.get("sides") or []]
+        pick, n = rec.get("pick"), len(rec.get("prompts") or [])
+        if pick not in (0, 1) or n < 1 or len(sides) != 2 or not all(os.path.isfile(p) for p in sides):
+            continue
+        try:
+            first, second = (side_pictures(image(p), n) for p in sides)
+        except ValueError:
+            continue
+        model.add(check_features(encoder, first, second), [(pick, 1 - pick)], refit=False)
     model.fit()
     return model
+
+
+def _read_jsonl(path: str) -> list[dict]:
+    """The records of a JSON-lines file (none when it is missing; a damaged line is skipped)."""
+    if not os.path.isfile(path):
+        return []
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict):
+                out.append(rec)
+    return out

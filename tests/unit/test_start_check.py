@@ -174,3 +174,52 @@ def test_the_taste_model_learns_a_check_as_one_comparison_of_the_sides_mean_feat
     assert online.agreements == [1.0]
     with pytest.raises(ValueError, match="0, 1 or None"):
         online.learn_check(first, second, 2)
+
+
+def test_a_side_picture_reads_back_into_its_pictures():
+    from treegrpo.start_check import side_picture, side_pictures
+
+    for n in (1, 3, 4, 6):
+        pics = torch.rand(n, 3, 5, 7)
+        grid = side_picture(pics)
+        assert torch.equal(side_pictures(grid, n), pics)
+    assert side_picture(torch.rand(6, 3, 5, 7)).shape == (2 * 5 + 2, 4 * 7 + 3 * 2, 3)   # rows of at most 4
+    with pytest.raises(ValueError, match="not a side of 3 pictures"):
+        side_pictures(torch.rand(5, 30, 3), 3)
+
+
+def test_a_resumed_runs_taste_model_learns_its_checks_again(tmp_path):
+    """What a resumed Train node starts from: the checks the artist answered (artist_checks.jsonl, the sides kept as
+    PNGs) count as they did live — one comparison of the sides' mean features each; a check without a pick, with a
+    missing picture or of another size is passed over."""
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    from treegrpo.start_check import side_picture
+    from treegrpo.taste import TasteConfig, check_features, from_labels
+
+    enc = lambda x: x.flatten(1)[:, :3]                       # noqa: E731
+    g = torch.Generator().manual_seed(0)
+    (tmp_path / "artist" / "c").mkdir(parents=True)
+    recs, sides = [], []
+    for i, pick in enumerate((1, 0, None, 1)):
+        first, second = torch.rand(4, 3, 6, 6, generator=g), torch.rand(4, 3, 6, 6, generator=g)
+        names = []
+        for k, side in enumerate((first, second)):
+            name = f"artist/c/{i}_{k}.png"
+            arr = side_picture(side).mul(255).round().to(torch.uint8).numpy()
+            Image.fromarray(arr).save(tmp_path / name)
+            names.append(name)
+        if i == 3:
+            names[1] = "artist/c/missing.png"
+        sides.append((first, second))
+        recs.append({"iteration": 5 * (i + 1), "prompts": ["p"] * 4, "sides": names, "pick": pick})
+    (tmp_path / "artist_checks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs) + "{damaged\n")
+    m = from_labels(tmp_path, enc, TasteConfig(heads=1))
+    assert m.answers == 2                                      # checks 0 and 1; 2 had no pick, 3 lost a picture
+    q = lambda x: x.mul(255).round().div(255)                  # noqa: E731 -- the PNG's 8 bits
+    for t, (first, second), pick in zip(m.trees, sides[:2], (1, 0)):
+        assert t.pairs == [(pick, 1 - pick)]
+        assert torch.allclose(t.features, check_features(enc, q(first), q(second)), atol=1e-6)

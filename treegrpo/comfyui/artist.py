@@ -25,6 +25,7 @@ import uuid
 from typing import Any, Callable, Optional
 
 from ..artist import LABELS_VERSION, Answer
+from ..start_check import side_picture
 
 QUESTION_EVENT = "treegrpo.artist.question"
 WAITING_EVENT = "treegrpo.artist.waiting"
@@ -371,20 +372,6 @@ CHECK_AGAIN_TEXT = ("You picked where the run started. Once more, on other noise
 CHECK_TREE, CHECK_AGAIN_TREE = -1, -2      # a check's Question.tree (first and second look): not trees of the batch
 
 
-def _grid(images) -> "torch.Tensor":
-    """Pictures (B, 3, H, W) in [0, 1] side by side in rows of at most 4 with a 2-pixel gap: (H', W', 3)."""
-    import torch
-
-    b, c, h, w = images.shape
-    cols = min(4, b)
-    rows = -(-b // cols)
-    out = torch.ones(rows * (h + 2) - 2, cols * (w + 2) - 2, 3)
-    for i in range(b):
-        r, k = divmod(i, cols)
-        out[r * (h + 2):r * (h + 2) + h, k * (w + 2):k * (w + 2) + w] = images[i].movedim(0, -1).float().cpu()
-    return out
-
-
 def ask_check(first, second, prompts: list, iteration: int, *, folder: str, run_name: str, timeout_s: float,
               board: ArtistBoard = BOARD, check_interrupt: Optional[Callable[[], None]] = None,
               prompt_id: Optional[str] = None, client_id: Optional[str] = None,
@@ -405,7 +392,7 @@ def ask_check(first, second, prompts: list, iteration: int, *, folder: str, run_
     os.makedirs(label_dir, exist_ok=True)
     refs, kept = [], []
     for pos, side in enumerate((first, second)):
-        pic = _grid(side if side.ndim == 4 else side[:, 0])
+        pic = side_picture(side if side.ndim == 4 else side[:, 0])
         _save_png(pic, os.path.join(temp, f"{stem}_{pos}.png"))
         _save_png(pic, os.path.join(label_dir, f"side_{pos}.png"))
         refs.append({"filename": f"{stem}_{pos}.png", "subfolder": "treegrpo_artist", "type": "temp"})
