@@ -158,3 +158,21 @@ def test_the_design_documents_every_module():
     missing = sorted(str(p.relative_to(PKG)) for p in PKG.rglob("*.py")
                      if p.stem != "__init__" and p.stem not in block)
     assert not missing, f"docs/design.md §2 does not name {missing}"
+
+
+def test_every_result_says_what_it_backs():
+    """benchmarks/results/MANIFEST.md lists every file and folder of benchmarks/results/ once, each with a section of
+    benchmarks/README.md (current) or of a docs/experiments/ note (history) that exists."""
+    import re
+
+    results = ROOT / "benchmarks" / "results"
+    rows = re.findall(r"^\| `([^`]+)` \| (\S+) § (.+?) \| (current|history) \|$",
+                      (results / "MANIFEST.md").read_text(encoding="utf-8"), re.M)
+    names = [r[0] for r in rows]
+    assert len(names) == len(set(names)), "an entry listed twice"
+    assert set(names) == {p.name for p in results.iterdir()} - {"MANIFEST.md"}, \
+        "benchmarks/results/ and its MANIFEST.md disagree: list the new result (or remove the line)"
+    for name, doc, sec, status in rows:
+        assert (status == "history") == doc.startswith("docs/experiments/"), name
+        heads = re.findall(r"^#{2,3} (.+)$", (ROOT / doc).read_text(encoding="utf-8"), re.M)
+        assert any(h.startswith(sec) for h in heads), f"{name}: {doc} has no section {sec!r}"
