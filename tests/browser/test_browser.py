@@ -646,6 +646,10 @@ def test_an_artist_who_likes_big_circles_clicks_through_the_trees_and_the_lora_l
             break
         assert time.time() < deadline, "the queued artist prompts did not finish"
         time.sleep(0.5)
+    # the server's queue can be empty a moment before the last prompt's end reaches the page over the websocket
+    done = "() => window.__tg.events.filter(e => ['execution_success', 'execution_error', " \
+           "'execution_interrupted'].includes(e.type)).length"
+    pg.wait_for_function(f"() => ({done})() >= {ARTIST_QUEUES}", timeout=30_000)
     ends = [e["type"] for e in page.events() if e["type"] in ("execution_success", "execution_error",
                                                               "execution_interrupted")]
     assert ends == ["execution_success"] * ARTIST_QUEUES, (ends, ui_server.log_text()[-4000:])
