@@ -465,24 +465,23 @@ def main(argv: list[str] | None = None) -> dict:
     if ns.px < 16 or ns.px % 16:
         raise SystemExit(f"--px {ns.px}: a positive multiple of 16 (latents of px/8, patches of 2)")
     if "comfy.model_management" not in sys.modules:   # in a test the harness has booted ComfyUI already
-        import tempfile
-
         import comfy_harness as ch
-        ch.boot_comfy(ch.REPO_ROOT, tempfile.mkdtemp(prefix="bench-iteration-"),
-                      extra_argv=["--use-pytorch-cross-attention"], cpu=not ns.gpu)
+        ch.boot_comfy_core(cpu=not ns.gpu, extra_argv=["--use-pytorch-cross-attention"])
 
     if ns.whole:
         ITERATE.update({m: None for m in models})
+    from treegrpo.io import atomic_write_json
+
+    os.makedirs(os.path.dirname(os.path.abspath(ns.out)), exist_ok=True)
+    res: list = []
     with torch.inference_mode(False):
         hps_s = 0.0 if ns.no_hps else hps_seconds()
         print(f"HPS v2.1 network, {PROMPTS_PER_ITER * LEAVES} images: {hps_s:.2f} s", flush=True)
-        res = [measure_model(m, ns.px, methods, hps_s) for m in models]
-    from treegrpo.io import atomic_write_json
-
-    out = {"px": ns.px, "threads": torch.get_num_threads(), "hps_s": hps_s, "models": res,
-           "summary": summarise(res)}
-    os.makedirs(os.path.dirname(os.path.abspath(ns.out)), exist_ok=True)
-    atomic_write_json(ns.out, out)
+        for m in models:   # written after every model: a run cut off by its time limit keeps what it finished
+            res.append(measure_model(m, ns.px, methods, hps_s))
+            out = {"px": ns.px, "threads": torch.get_num_threads(), "hps_s": hps_s, "models": res,
+                   "summary": summarise(res)}
+            atomic_write_json(ns.out, out)
     print(markdown(out))
     return out
 

@@ -136,14 +136,14 @@ class FakeVAE:
 
 class HPSScorer:
     """HPS v2.1's network (open_clip ViT-H-14, fp16) scoring images as treegrpo.rewards.hps does: resize to 224,
-    image and text towers, cosine score."""
+    image and text towers, cosine score. ``arch``: open_clip's architecture (HPS v2.1's by default)."""
 
-    def __init__(self):
+    def __init__(self, arch: str = "ViT-H-14"):
         import open_clip
         default = torch.get_default_dtype()
         torch.set_default_dtype(torch.float16)
         try:
-            self.model = open_clip.create_model("ViT-H-14", pretrained=None)
+            self.model = open_clip.create_model(arch, pretrained=None)
         finally:
             torch.set_default_dtype(default)
         self.model.eval().requires_grad_(False)
@@ -207,7 +207,7 @@ def report(name, fp, wl, px, cfg_scale, shape, seconds) -> dict:
 
     out = {"model": name, "px": px, "cfg": cfg_scale, "latent": list(shape),
            "weights_gb": {k: v / GB for k, v in fp.weights.items()}, "lora_gb": fp.lora / GB,
-           "probe_s": seconds}
+           "probe_s": seconds, "footprint": fp.to_dict()}   # benchmarks/gpu_memory.py plans from it on a GPU
     for label, ck in (("no_checkpointing", False), ("checkpointing", True)):
         if ck and fp.update_ckpt is None:
             continue
@@ -322,7 +322,7 @@ def main(argv=None) -> int:
         print(f"{name:16s} weights {sum(r['weights_gb'].values()):6.2f} GB | peak without checkpointing "
               f"{max(nc.values()):6.2f} GB, with {max(ck.values()) if ck else float('nan'):6.2f} GB | smallest plan "
               f"{r['smallest']['peak_gb']:6.2f} GB | target {r['target_gb']} | probes {r['probe_s']:.0f} s", flush=True)
-    result = {"models": rows}
+    result = {"comfyui": ch.comfyui_version(), "models": rows}
     if ns.merge and os.path.exists(ns.out):
         with open(ns.out, encoding="utf-8") as fh:
             old = json.load(fh)

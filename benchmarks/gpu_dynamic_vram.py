@@ -111,7 +111,7 @@ def main(argv=None):
 
     os.environ[ch.LANE_ENV] = "newest"
     base = tempfile.mkdtemp(prefix="gpu_dynamic_vram-")
-    ch.boot_comfy(ch.REPO_ROOT, base, cpu=a.device == "cpu")
+    ch.boot_comfy_core(cpu=a.device == "cpu")
     import comfy.model_patcher as cmp
     import comfy.sd
 
@@ -132,6 +132,7 @@ def main(argv=None):
         print(f"dynamic patcher trained on {trained}: gradient differs from the plain load by {rel:.1e}")
         assert rel < 1e-3, out
     print(json.dumps(out, indent=1))
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)
 

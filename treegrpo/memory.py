@@ -22,7 +22,7 @@ import dataclasses
 import math
 import os
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -159,6 +159,21 @@ class Footprint:
     denoiser_params: int = 0            # parameters of the denoiser (bytes per parameter: its weights' dtype)
     decode_tiled: Optional[Curve] = None  # the VAE decode in tiles (None: the backend has no tiled decode)
 
+    def to_dict(self) -> dict:
+        """Plain JSON-able data (curves as lists of [rows, bytes]); :meth:`from_dict` inverts it exactly."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Footprint":
+        """The footprint :meth:`to_dict` wrote (a probe made on another machine: the fake probe depends only on the
+        model's shapes and dtypes)."""
+        kw = dict(data)
+        for f in dataclasses.fields(cls):
+            v = kw.get(f.name)
+            if isinstance(v, dict) and "points" in v:
+                kw[f.name] = Curve(tuple((r, y) for r, y in v["points"]))
+        return cls(**kw)
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -239,6 +254,7 @@ class Plan:
     workload: Workload
     peaks: dict
     budget: float
+    footprint: Optional[Footprint] = field(default=None, compare=False, repr=False)   # what it was planned from
 
     @property
     def peak(self) -> float:
@@ -322,7 +338,7 @@ def plan(fp: Footprint, wl: Workload, budget: float, *, suggest: Optional[Callab
     best = None
     for cand in candidates(wl, fp, **fixed):
         peaks = predict(fp, cand)
-        p = Plan(cand, peaks, budget)
+        p = Plan(cand, peaks, budget, fp)
         if p.peak <= budget:
             return p
         if best is None or p.peak < best.peak:

@@ -142,6 +142,19 @@ def test_the_plan_keeps_the_fastest_settings_that_fit():
     assert "checkpointing on" in fixed.line() and "planned peak" in fixed.line()
 
 
+def test_a_footprint_written_as_json_plans_the_same_elsewhere():
+    """benchmarks/gpu_memory.py plans on a GPU from footprints probed on a CPU: the round trip through JSON loses
+    nothing, and the plan (settings and every phase's peak) is the same."""
+    import json
+
+    fp = _footprint(update_ckpt=None, decode_tiled=memory.Curve(((1, 5e8), (4, 9e8))), denoiser_params=123)
+    back = memory.Footprint.from_dict(json.loads(json.dumps(fp.to_dict())))
+    assert back == fp
+    wl = memory.Workload(trees=2, branching=(2, 2, 2), microbatch=64, decode_batch=1)
+    a, b = memory.plan(fp, wl, 20e9), memory.plan(back, wl, 20e9)
+    assert a == b and a.peaks == b.peaks and b.footprint is back
+
+
 def test_nothing_fits_names_the_smallest_change():
     fp, wl = _footprint(), memory.Workload(trees=8, branching=(2, 2, 2), microbatch=64, decode_batch=1)
     with pytest.raises(memory.MemoryPlanError, match="short"):
