@@ -22,6 +22,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.dirname(HERE))   # the pack's treegrpo/, also where it is not installed (a bare GPU machine)
 
 
 def enable_dynamic_vram() -> bool:

@@ -27,6 +27,7 @@ DEST=${OUT:-benchmarks/results/gpu}
 mkdir -p "$DEST"
 SUMMARY="$DEST/gpu_session.json"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TREEGRPO_COMFYUI_LANE=newest
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}    # treegrpo/ from this checkout: nothing is installed there
 
 record() {   # record NAME STATUS SECONDS LIMIT: add one step to gpu_session.json (rewritten whole each time)
   $PY - "$SUMMARY" "$@" <<'PY'
@@ -46,7 +47,7 @@ step() {     # step NAME CAP command...: run it with min(CAP, what is left) seco
   left=$((BUDGET_S - (SECONDS - START)))
   limit=$(( cap < left ? cap : left ))
   if [ "$limit" -lt 20 ]; then
-    echo "== $name: skipped ($left s left of $BUDGET_S)"
+    echo "== $name: skipped (a limit of $limit s: $left s left of $BUDGET_S, the step's own $cap s)"
     record "$name" skipped 0 "$limit"
     return
   fi

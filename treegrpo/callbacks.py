@@ -12,7 +12,9 @@ Events of a run, in order:
   after it; ``stats`` is the iteration's record in ``trainer.history`` (a callback may add to it);
 * ``on_evaluate(trainer, record)``: after an evaluation was logged (``trainer.last_eval_images`` holds its samples
   when ``trainer.keep_eval_images``);
-* ``on_checkpoint(trainer, path)``: after a checkpoint was written.
+* ``on_checkpoint(trainer, path)``: after a checkpoint was written;
+* ``on_train_end(trainer)``: the run reached its end (not when it was stopped or failed), before its last
+  evaluation and before the caller saves its LoRA.
 
 This module imports nothing: the command line's interrupt handling uses it while an import may be what was cut
 short."""
@@ -38,4 +40,7 @@ class TrainerCallback:
         pass
 
     def on_checkpoint(self, trainer, path: str) -> None:
+        pass
+
+    def on_train_end(self, trainer) -> None:
         pass

@@ -74,6 +74,9 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
         for f in dataclasses.fields(klass):
             g.add_argument(f"--{sub}.{f.name}", dest=f"cfg:{sub}.{f.name}", default=None, metavar="V",
                            help=f"{f.metadata.get('help', '')} (default: {_show_default(f)})")
+        if sub == "pipeline":   # the flag of a field that moved (config.moved_fields): scripts that pass it still run
+            g.add_argument("--pipeline.gradient_checkpointing", dest=f"cfg:{MOVED_FLAG}", default=None, metavar="V",
+                           help="true = --memory.checkpointing on (the earlier name of that switch)")
 
 
 def _show_default(f) -> str:
@@ -106,7 +109,17 @@ def apply_flags(d: dict, ns: argparse.Namespace) -> dict:
     return d
 
 
+#: a flag kept for a field that moved: its value goes where the config file's would (config.moved_fields)
+MOVED_FLAG = "pipeline.gradient_checkpointing"
+
+
 def _apply_one(d: dict, fresh, key: str, val: str) -> None:
+    if key == f"cfg:{MOVED_FLAG}":
+        pipe = d.setdefault("pipeline", {})
+        if dataclasses.is_dataclass(pipe):
+            pipe = d["pipeline"] = dataclasses.asdict(pipe)
+        pipe["gradient_checkpointing"] = _parse_value(val, False)
+        return
     path = key[4:].split(".")
     if len(path) == 1:
         f = fresh[path[0]]

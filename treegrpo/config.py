@@ -376,8 +376,6 @@ class PipelineConfig:
     width: int = _f(0, "image width in pixels (0 = the model's default)")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = _f("auto", "weights dtype: auto (bfloat16 on GPU, float32 on CPU) | float32 | bfloat16 | float16")
     autocast: bool = _f(True, "bfloat16 autocast of the denoiser on GPU")
-    gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass (less memory, slower "
-                                             "update); true = memory.checkpointing on")
     shift: float = _f(0.0, "flow models: schedule shift (0 = the model's scheduler config)")
     guidance_embed: float = _f(3.5, "Flux-dev: distilled guidance value fed to the model (true CFG is `cfg`)")
     max_sequence_length: int = _f(0, "T5 tokens for SD3/Flux prompts (0 = the pipeline's default: 256 SD3, 512 Flux)")
@@ -631,6 +629,7 @@ class TrainConfig:
         if not isinstance(d, dict):
             raise ConfigError(f"TrainConfig: a config is a mapping of fields ({{\"prompts\": [...], ...}}), got "
                               f"{type(d).__name__}")
+        d = moved_fields(d)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -649,6 +648,7 @@ class TrainConfig:
         dotted names of those it does not (left out). Values it cannot use still raise ConfigError."""
         if not isinstance(d, dict):
             raise ConfigError(f"TrainConfig: a config is a mapping of fields, got {type(d).__name__}")
+        d = moved_fields(d)
         known = {f.name for f in dataclasses.fields(cls)}
         dropped = sorted(set(d) - known)
         out = {k: v for k, v in d.items() if k in known}
@@ -675,6 +675,25 @@ class TrainConfig:
         keep = ("prompts", "prompts_file", "negative_prompt", "cfg", "rewards", "tree", "advantage", "lora", "optim",
                 "prompts_per_iter", "trees_per_prompt", "seed", "video")
         return {k: d[k] for k in keep}
+
+
+def moved_fields(d: dict[str, Any]) -> dict[str, Any]:
+    """A config dict with the fields earlier versions kept elsewhere moved to where they live now (a copy; ``d`` is
+    not changed). ``pipeline.gradient_checkpointing`` (a second switch beside the memory plan's, until 2026-12):
+    true is ``memory.checkpointing`` "on" unless that says otherwise, false is the plan's own choice."""
+    pipe = d.get("pipeline")
+    if not (isinstance(pipe, dict) and "gradient_checkpointing" in pipe):
+        return d
+    d, pipe = dict(d), dict(pipe)
+    on = pipe.pop("gradient_checkpointing")
+    d["pipeline"] = pipe
+    mem = d.get("memory")
+    if on is True and (mem is None or isinstance(mem, dict)) and (mem or {}).get("checkpointing", "auto") == "auto":
+        d["memory"] = {**(mem or {}), "checkpointing": "on"}
+    elif not isinstance(on, bool):
+        raise ConfigError(f"PipelineConfig.gradient_checkpointing: true or false (now memory.checkpointing: auto | on "
+                          f"| off), got {on!r}")
+    return d
 
 
 #: trees one iteration may sample: far above any published setting (8-48 prompts), far below a size that takes hours

@@ -457,8 +457,6 @@ class Trainer:
                 "torch_rng": torch.get_rng_state(), "python_rng": json.dumps(random.getstate()),
                 "numpy_rng": json.dumps(_numpy_state())}
 
-    #: the path of the newest checkpoint any Trainer of this process wrote (the CLI's interrupt message)
-
     def save_checkpoint(self) -> Optional[str]:
         """Write ``checkpoints/<run>-<iteration>.pt`` (see :mod:`treegrpo.checkpoint`)."""
         if self.rank != 0:
@@ -595,6 +593,8 @@ class Trainer:
         :class:`treegrpo.memory.MemoryPlanError` before any work when nothing fits; None when there is no budget
         (the CPU) or the plan is off."""
         mc = self.cfg.memory
+        if mc.checkpointing != "auto":   # the user's choice holds with or without a plan
+            self.policy.set_gradient_checkpointing(mc.checkpointing == "on")
         if mc.plan == "off":
             return None
         source = memory.BUDGET_SETTING if not (budget or self.memory_budget) and mc.budget_gb else ""
@@ -605,10 +605,10 @@ class Trainer:
                               trees_per_prompt=self.cfg.trees_per_prompt)
             return None
         fixed = mc.fixed()
-        if self.cfg.pipeline.gradient_checkpointing:
-            fixed.setdefault("checkpointing", True)
         rewards = [self.rewards[n] for n in self.weights] if self.rewards else []
         wl = self.workload()
+        self.log(f"TreeGRPO memory: measuring the models at this size to plan for {memory.size_text(budget)} "
+                 "(shapes only: no memory used; up to a few minutes of CPU on the largest models)")
         fp = memory.probe_policy(self.policy, self.prompts[0], self.cfg.cfg, self.params, rewards=rewards, fake=fake,
                                  kl=self.cfg.optim.kl_beta > 0, **memory.probe_rows(wl))
         p = memory.plan(fp, wl, budget, suggest=lambda short: memory.smallest_change(fp, wl, budget, fixed),
@@ -686,6 +686,8 @@ class Trainer:
         finally:
             if bar:
                 bar.close()
+        for cb in self.callbacks:
+            cb.on_train_end(self)
         if self.evaluating and (not self.evals or self.evals[-1]["iteration"] != self.iteration):
             self.record_evaluation()
         self.write_logs()

@@ -186,11 +186,10 @@ def test_resume_gives_the_same_lora_bytes(saved, tmp_path):
 
 @pytest.mark.parametrize("family", ["sdxl", "flux"])
 def test_gradient_checkpointing_gives_the_same_update(saved, tmp_path, family):
-    """``pipeline.gradient_checkpointing`` (diffusers' own) recomputes activations: same LoRA after an update."""
+    """``memory.checkpointing`` on (diffusers' own checkpointing) recomputes activations: same LoRA after an update."""
     outs = []
     for gc in (False, True):
-        cfg = _train_cfg(saved[family], tmp_path / str(gc), family,
-                         pipeline={"height": 16, "width": 16, "gradient_checkpointing": gc})
+        cfg = _train_cfg(saved[family], tmp_path / str(gc), family, memory={"checkpointing": "on" if gc else "off"})
         tr, summary = run_training(cfg, progress=False)
         assert tr.policy.model.is_gradient_checkpointing == gc
         outs.append(read_lora_file(summary["lora"])[0])

@@ -39,6 +39,39 @@ def test_config_errors_name_the_field(tmp_path, kw, field):
         _cfg(tmp_path, **kw)
 
 
+def test_gradient_checkpointing_is_one_switch_and_the_earlier_one_still_reads(tmp_path):
+    """memory.checkpointing is the one switch; configs and command lines that name pipeline.gradient_checkpointing
+    (a second switch until 2026-12) mean the same: true = on unless memory says otherwise, false = the plan's choice;
+    the chosen setting reaches the policy with or without a memory plan (here the CPU: none)."""
+    import argparse
+
+    from treegrpo.config import PipelineConfig
+
+    base = cli.demo_config_dict()
+    assert "gradient_checkpointing" not in PipelineConfig.__dataclass_fields__
+    on = TrainConfig.from_dict({**base, "pipeline": {"gradient_checkpointing": True}})
+    assert on.memory.checkpointing == "on"
+    assert TrainConfig.from_dict({**base, "pipeline": {"gradient_checkpointing": False}}).memory.checkpointing == "auto"
+    kept = TrainConfig.from_dict({**base, "pipeline": {"gradient_checkpointing": True}, "memory": {"checkpointing": "off"}})
+    assert kept.memory.checkpointing == "off"
+    saved, dropped = TrainConfig.from_dict_known({**base, "pipeline": {"gradient_checkpointing": True}})
+    assert saved.memory.checkpointing == "on" and dropped == []
+    with pytest.raises(ConfigError, match="gradient_checkpointing: true or false"):
+        TrainConfig.from_dict({**base, "pipeline": {"gradient_checkpointing": "maybe"}})
+    p = argparse.ArgumentParser()
+    cli.add_config_flags(p)
+    ns = p.parse_args(["--pipeline.gradient_checkpointing", "true"])
+    assert TrainConfig.from_dict(cli.apply_flags(dict(base), ns)).memory.checkpointing == "on"
+
+    from treegrpo.backends import load_policy
+    from treegrpo.run import build_trainer
+
+    cfg = TrainConfig.from_dict({**base, "output_dir": str(tmp_path), "memory": {"checkpointing": "on"}})
+    tr = build_trainer(cfg, load_policy(cfg)[0], build_rewards(cfg, torch.device("cpu")), progress=False)
+    assert tr.plan_memory() is None            # no budget on a CPU: no plan ...
+    assert tr.policy.model.gradient_checkpointing is True   # ... and the user's choice is in effect
+
+
 def test_cli_rejects_bad_input_before_loading_any_model(tmp_path, monkeypatch, capsys):
     import treegrpo.backends as backends
 

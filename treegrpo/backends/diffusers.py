@@ -164,8 +164,6 @@ class DiffusersPolicy(Policy):
             if m is not None:
                 m.requires_grad_(False).eval()
         self.model.requires_grad_(False).eval()
-        if self.pcfg.gradient_checkpointing:
-            self.model.enable_gradient_checkpointing()
         self.dtype = next(self.model.parameters()).dtype
         self.vae_scale = 2 ** (len(pipe.vae.config.block_out_channels) - 1)
         self.height, self.width = self._image_size()
