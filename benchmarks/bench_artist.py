@@ -141,7 +141,7 @@ def eval_area(policy, noise: torch.Tensor, steps: int, value=None) -> float:
 
 def run(strategy: str, seed: int, iterations: int, error: float, output_dir: str, taste_cfg: TasteConfig,
         ask_rate: float = 1.0, encoder=None, taste: str = "big", kl_beta: float = 0.1, check_every: int = 0,
-        learn_checks: bool = True) -> dict:
+        learn_checks: bool = True, final_check: bool = True, check_pictures: int = CheckConfig.pictures) -> dict:
     """One simulated run: after each iteration (answers so far, the hidden taste's mean value); taste statistics.
     ``check_every``: a check against the start every that many iterations (0: none; not for ``oracle``), each one
     answer of the artist; ``learn_checks``: the taste model also learns from them (``OnlineTaste.learn_check``)."""
@@ -159,7 +159,8 @@ def run(strategy: str, seed: int, iterations: int, error: float, output_dir: str
                 online.learn_check(first.float(), second.float(), pick)
             return pick
 
-        check = StartCheck(ask_check, CheckConfig(every=check_every, seed=seed))
+        check = StartCheck(ask_check, CheckConfig(every=check_every, seed=seed, final=final_check,
+                                                  pictures=check_pictures))
     trainer = Trainer(cfg, policy, {"demo_adherence": lambda im, p: torch.zeros(len(p))}, progress=False,
                       callbacks=[check] if check is not None else [])
     if strategy == "random":
@@ -186,6 +187,8 @@ def run(strategy: str, seed: int, iterations: int, error: float, output_dir: str
             warnings += [(len(curve) - 1, w) for w in st.get("taste_warnings", [])]
             novelty.append(st.get("taste_novelty"))
             reasons["beyond"] = reasons.get("beyond", 0) + st.get("taste_beyond", 0)
+    if check is not None and check.finish(trainer) is not None:   # the end of the run (StartCheck.finish)
+        curve.append((artist.answers, eval_area(policy, noise, cfg.tree.steps, artist.value)))
     trees = iterations * cfg.prompts_per_iter
     return {"strategy": strategy, "seed": seed, "taste": taste, "kl_beta": kl_beta, "curve": curve, "answers": artist.answers, "trees": trees,
             "ask_rate": artist.answers / trees if strategy != "oracle" else 0.0,
@@ -295,6 +298,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--check-every", type=int, default=0, help="a check against the start (treegrpo/start_check.py) "
                     "every that many iterations, each one answer (0: none)")
     ap.add_argument("--no-learn-checks", action="store_true", help="the taste model does not learn from the checks")
+    ap.add_argument("--check-pictures", type=int, default=CheckConfig.pictures, help="pictures per side of a check")
+    ap.add_argument("--no-final-check", action="store_true", help="the run ends on the state it reached (no final "
+                    "check keeping only a state the artist preferred to the start)")
     ap.add_argument("--report", default=None, help="only recompute the report of this results file")
     ap.add_argument("--merge", nargs="+", metavar="ARTIST_JSON", help="pool the runs of these results files into "
                     "--out (a later file's run replaces an earlier one of the same strategy and seed: e.g. d3po again "
@@ -344,7 +350,8 @@ def main(argv: list[str] | None = None) -> dict:
             for name in [s for s in STRATEGIES if s in strategies]:
                 r = run(name, seed, a.iterations, a.error, tmp, taste_cfg, ask_rate=rate, encoder=encoder,
                         taste=a.taste, kl_beta=a.kl, check_every=a.check_every,
-                        learn_checks=not a.no_learn_checks)
+                        learn_checks=not a.no_learn_checks, final_check=not a.no_final_check,
+                        check_pictures=a.check_pictures)
                 if name == "unsure":
                     rate = max(0.0, (r["answers"] - taste_cfg.warmup_trees) / max(1, r["trees"] - taste_cfg.warmup_trees))
                 runs.append(r)
@@ -352,6 +359,7 @@ def main(argv: list[str] | None = None) -> dict:
                       f"{r['curve'][0][1]:.3f} -> {r['curve'][-1][1]:.3f} ({r['seconds']:.0f} s)", flush=True)
     out = {"iterations": a.iterations, "error": a.error, "hidden_taste": a.taste, "kl_beta": a.kl,
            "check_every": a.check_every, "learn_checks": bool(a.check_every) and not a.no_learn_checks,
+           "final_check": bool(a.check_every) and not a.no_final_check, "check_pictures": a.check_pictures,
            "taste": vars(taste_cfg), "report": report(runs),
            "runs": runs}
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)

@@ -216,10 +216,11 @@ class Train(PackNode):
                 widget(io.Int, "artist_away_s", "after a question went unanswered, the next ones wait only this long "
                        "(seconds) until you answer again, so a run left alone does not stall artist_timeout_s on every "
                        "tree; the node shows how many trees fell back", optional=True, min=1, max=86400),
-                widget(io.Int, "artist_check_every", "every N iterations you see the model's pictures now beside the "
-                       "base model's (same noises) and pick the side closer to what you want: picking the start "
-                       "rolls the LoRA back to the last state you approved (0 = never)", optional=True, min=0,
-                       max=1000000),
+                widget(io.Int, "artist_check_every", "every N iterations, and at the end, you see the model's "
+                       "pictures now beside the base model's (same noises) and pick the side closer to what you want "
+                       "(twice, on other noises): picking the start rolls the LoRA back to the last state you "
+                       "approved; the run ends on a state you preferred to the start, or on the base model (0 = "
+                       "never)", optional=True, min=0, max=1000000),
             ],
             outputs=[io.Model.Output(display_name="model", tooltip="the model with the trained LoRA applied"),
                      io.LoraModel.Output(display_name="lora", tooltip="the LoRA, for TreeGRPO Save LoRA"),

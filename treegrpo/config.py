@@ -466,9 +466,11 @@ class ArtistConfig:
                                      "trees and the artist is asked only where it is unsure")
     away_s: int = _f(30, "after a question went unanswered, the next ones wait only this long (seconds) until the "
                          "artist answers again: a run left alone does not stall timeout_s on every tree")
-    check_every: int = _f(5, "every N iterations the artist sees the model's pictures now beside the base model's "
-                             "(same noises) and picks the side closer to what they want: picking the start rolls the "
-                             "LoRA back to the last state they approved (treegrpo/start_check.py); 0 = never")
+    check_every: int = _f(5, "every N iterations, and at the end, the artist sees the model's pictures now beside "
+                             "the base model's (same noises) and picks the side closer to what they want, twice: "
+                             "picking the start rolls the LoRA back to the last state they approved, and the run ends "
+                             "on a state they preferred to the start or on the base model (treegrpo/start_check.py); "
+                             "0 = never")
 
     def __post_init__(self) -> None:
         check_types(self)

@@ -7,15 +7,18 @@ of these" as its answer, and a taste model that agrees with those answers keeps 
 (LoRA off) from the same noises and prompts, in an order drawn at random, and asks which side is closer to what they
 want. The answer guards the run (:class:`StartGuard`, a pure state machine):
 
+* a pick of either side gets a second look on other noises (``confirm``): one wrong click must neither throw away a
+  good run's progress nor approve a bad state that a later roll-back would return to; only two looks that agree
+  decide, anything else changes nothing;
 * **now wins**: the LoRA, the optimiser's state and the iteration are kept as a snapshot the artist approved;
-* **the start wins**: the artist gets a second look on other noises (``confirm``; one wrong click must not throw
-  away a good run's progress); if the start wins again, the LoRA and the optimiser go back to the newest approved
-  snapshot (the start itself before any); if the run had just gone back there and loses again, that snapshot is
-  dropped and the one before is used; a second look that does not pick the start changes nothing;
+* **the start wins**: the LoRA and the optimiser go back to the newest approved snapshot (the start itself before
+  any); if the run had just gone back there and loses again, that snapshot is dropped and the one before is used;
 * **no preference / no answer**: nothing changes.
 
-So what a run ends with is the artist's last approved LoRA or newer training that has not lost a check: a run that
-drifts below the base model is rolled back to a state the artist preferred to the start.
+At the end of the run (``final``) the state reached is kept only when the artist prefers it to the start (on two
+looks; a check made at that iteration stands); otherwise — the start preferred, no preference, no
+answer — the LoRA goes back to the newest approved snapshot, the start itself when there is none. So a run ends on a
+state the artist preferred to where it began, or on the base model: never on pictures they did not prefer to it.
 """
 from __future__ import annotations
 
@@ -79,12 +82,15 @@ class StartGuard:
 class CheckConfig:
     """``every``: iterations between checks (0: never). ``pictures``: samples per side. ``seed``: the checks'
     noises and the sides' order (the same noises at every check, so two checks compare like with like).
-    ``confirm``: the start picked once is asked again on other noises before the run goes back."""
+    ``confirm``: a pick of either side is asked again on other noises and decides only when both looks agree.
+    ``final``: the run ends with a check and keeps only a state the artist preferred to the start (module
+    docstring)."""
 
     every: int = 5
-    pictures: int = 4
+    pictures: int = 8
     seed: int = 0
     confirm: bool = True
+    final: bool = True
 
     def __post_init__(self):
         if not (isinstance(self.every, int) and self.every >= 0):
@@ -123,9 +129,11 @@ def side_pictures(picture: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def check_pictures(policy, prompts: list[str], noise: torch.Tensor, steps: int, guidance: float = 1.0,
-                   sigmas: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   sigmas: Optional[torch.Tensor] = None, start: Optional[torch.Tensor] = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """ODE samples of the policy now and of the base model (LoRA off) from the same ``noise`` (B, C, H, W), one
-    per prompt: decoded images ``(now, start)``, each (B, 3, H, W) in [0, 1] (video: (B, F, 3, H, W))."""
+    per prompt: decoded images ``(now, start)``, each (B, 3, H, W) in [0, 1] (video: (B, F, 3, H, W)). ``start``:
+    the base model's pictures of these noises made before (they do not change during a run), not sampled again."""
     from .tree import sample_ode
 
     was_training = policy.model.training
@@ -134,8 +142,9 @@ def check_pictures(policy, prompts: list[str], noise: torch.Tensor, steps: int, 
         with torch.no_grad():
             run = lambda: sample_ode(policy, prompts, noise, steps, guidance, sigmas=sigmas)  # noqa: E731
             now = policy.decode(policy.run(run, max_batch=len(prompts)))
-            with policy.lora_disabled():
-                start = policy.decode(policy.run(run, max_batch=len(prompts)))
+            if start is None:
+                with policy.lora_disabled():
+                    start = policy.decode(policy.run(run, max_batch=len(prompts)))
     finally:
         policy.model.train(was_training)
     return now, start
@@ -148,14 +157,18 @@ class StartCheck(TrainerCallback):
 
     ``ask(first, second, prompts, iteration, again) -> 0 | 1 | None``: which side the artist prefers
     (``first``/``second``: image batches (B, 3, H, W) in [0, 1]; None: no preference or no answer; ``again``: the
-    second look). Which of the two is the model now is drawn at random per question (the artist is not told)."""
+    second look). Which of the two is the model now is drawn at random per question (the artist is not told).
+    ``on_unapproved(trainer)``: called with the state reached before the end of the run takes it back (the Train
+    node keeps it as a LoRA file and returns its path, which the warning names: nothing trained is lost)."""
 
-    def __init__(self, ask: Callable, config: CheckConfig = CheckConfig()):
-        self.ask, self.config = ask, config
+    def __init__(self, ask: Callable, config: CheckConfig = CheckConfig(),
+                 on_unapproved: Optional[Callable[[Any], Any]] = None):
+        self.ask, self.config, self.on_unapproved = ask, config, on_unapproved
         self.guard: Optional[StartGuard] = None
         self.output_dir, self.run_name = "", ""      # the run's, from :meth:`begin` (where an ``ask`` keeps answers)
         self.records: list[dict] = []
         self.g = torch.Generator().manual_seed(7_000_003 + config.seed)
+        self.start_pictures: dict = {}     # again -> the base model's pictures of that look's noises (made once)
 
     def due(self, iteration: int) -> bool:
         return bool(self.config.every) and iteration > 0 and iteration % self.config.every == 0
@@ -172,6 +185,9 @@ class StartCheck(TrainerCallback):
         if self.guard is None:      # a loop driven step by step (no train()): the state before the first update
             self.begin(trainer)
 
+    def on_train_end(self, trainer) -> None:
+        self.finish(trainer)
+
     def on_iteration_end(self, trainer, stats: dict) -> None:
         rec = self(trainer)
         if rec is not None:
@@ -182,6 +198,7 @@ class StartCheck(TrainerCallback):
         """Take the state the run starts from (a resumed run: the state it resumed with) as the guard's start."""
         self.output_dir, self.run_name = trainer.cfg.output_dir, trainer.cfg.run_name
         self.guard = StartGuard(self.snapshot(trainer))
+        self.start_pictures = {}
 
     def look(self, trainer, again: bool) -> Optional[str]:
         """One question: the pictures now and the base model's (the second look: other noises), the artist's
@@ -190,7 +207,9 @@ class StartCheck(TrainerCallback):
         prompts = [trainer.prompts[i % len(trainer.prompts)] for i in range(c.pictures)]
         noise = torch.randn((c.pictures, *trainer.policy.latent_shape()),
                             generator=torch.Generator().manual_seed(424_242 + c.seed + (7919 if again else 0)))
-        now, start = check_pictures(trainer.policy, prompts, noise, cfg.tree.steps, cfg.cfg, trainer.sigmas())
+        now, start = check_pictures(trainer.policy, prompts, noise, cfg.tree.steps, cfg.cfg, trainer.sigmas(),
+                                    start=self.start_pictures.get(again))
+        self.start_pictures[again] = start
         now_first = bool(torch.rand((), generator=self.g) < 0.5)
         pick = self.ask(*((now, start) if now_first else (start, now)), prompts, trainer.iteration, again)
         if pick not in (0, 1, None):
@@ -204,20 +223,63 @@ class StartCheck(TrainerCallback):
         if not self.due(trainer.iteration):
             return None
         looks = [self.look(trainer, again=False)]
-        if looks[0] == START and self.config.confirm:
+        if looks[0] is not None and self.config.confirm:
             looks.append(self.look(trainer, again=True))
-        verdict = looks[-1] if looks[-1] == START or len(looks) == 1 else None
+        verdict = looks[0] if all(v == looks[0] for v in looks) else None
         back = self.guard.record(verdict, lambda: self.snapshot(trainer))
         rec = {"iteration": trainer.iteration, "verdict": verdict, "restored": None, "looks": looks}
         if back is not None:
-            trainer.lora.load(copy.deepcopy(back.weights))
-            if back.optimizer is not None:
-                trainer.optimizer.load_state_dict(copy.deepcopy(back.optimizer))
+            self.restore(trainer, back)
             rec["restored"] = back.iteration
             msg = (f"the artist preferred the base model's pictures to iteration {trainer.iteration}'s: the LoRA goes "
                    f"back to " + ("where this run started" if back is self.guard.initial
                                   else f"iteration {back.iteration}'s, which the artist approved"))
             trainer.warnings.append(f"iteration {trainer.iteration}: {msg}")
+            logging.warning("TreeGRPO %s: %s", trainer.cfg.run_name, msg)
+        self.records.append(rec)
+        return rec
+
+    def restore(self, trainer, back: Snapshot) -> None:
+        trainer.lora.load(copy.deepcopy(back.weights))
+        if back.optimizer is not None:
+            trainer.optimizer.load_state_dict(copy.deepcopy(back.optimizer))
+
+    def finish(self, trainer) -> Optional[dict]:
+        """The end of a run (``config.final``; module docstring): the record of the final check (``final``: True),
+        or None when checks are off or the state reached was just taken back to an approved one."""
+        if not (self.config.every and self.config.final):
+            return None
+        if self.guard is None:
+            self.begin(trainer)
+        last = self.records[-1] if self.records and self.records[-1]["iteration"] == trainer.iteration else None
+        if last is not None and last["restored"] is not None:
+            return None                  # the state reached is an approved one already
+        if last is not None:             # checked at this iteration: that verdict stands
+            looks, kept = [], last["verdict"] == NOW
+        else:
+            looks = [self.look(trainer, again=False)]
+            if looks[0] == NOW and self.config.confirm:
+                looks.append(self.look(trainer, again=True))
+            kept = all(v == NOW for v in looks)
+            if kept:
+                self.guard.record(NOW, lambda: self.snapshot(trainer))
+        rec = {"iteration": trainer.iteration, "verdict": NOW if kept else (START if looks and looks[-1] == START
+                                                                            else None),
+               "restored": None, "looks": looks, "final": True}
+        if not kept:
+            back = self.guard.top()
+            kept_at = self.on_unapproved(trainer) if self.on_unapproved is not None else None
+            self.restore(trainer, back)
+            rec["restored"] = back.iteration
+            if trainer.cfg.checkpoint_every:   # a run resumed later goes on from the state it ended on
+                trainer.save_checkpoint()
+            msg = (f"the artist did not prefer iteration {trainer.iteration}'s pictures to the base model's at the end: "
+                   "the run ends on " + ("the base model (no state of this run was preferred to it)"
+                                         if back is self.guard.initial
+                                         else f"iteration {back.iteration}'s LoRA, which the artist approved"))
+            if isinstance(kept_at, str):
+                msg += f" (iteration {trainer.iteration}'s is kept in {kept_at})"
+            trainer.warnings.append(msg)
             logging.warning("TreeGRPO %s: %s", trainer.cfg.run_name, msg)
         self.records.append(rec)
         return rec

@@ -153,8 +153,11 @@ def test_the_train_node_asks_about_every_nth_tree_and_scores_the_others(comfyui_
     srv, run = comfyui_server, "artist_train_node"
     g = train_graph(run, 2)
     g["train"]["inputs"].update(artist_every=2, artist_mode="favourites", artist_timeout_s=300)
-    _, answered = run_with_scripted_artist(srv, g, redness)
+    checks = []
+    _, answered = run_with_scripted_artist(srv, g, redness, checks=checks)
     assert [(i, tr) for i, tr, _ in answered] == [(0, 0), (1, 0)]      # run trees 0 and 2: 2 questions, 4 trees
+    # no check was due in 2 iterations (every 5), but the run's end is one: the model now against the start
+    assert [(i, q["tree"]) for i, _, q in checks][:1] == [(2, -1)] and all(i == 2 for i, _, _ in checks)
     rec = labels(srv, run)
     assert [(r["iteration"], r["tree"], r["outcome"]) for r in rec] == [(0, 0, "answered"), (1, 0, "answered")]
     log = json.loads((Path(srv.base_dir) / "output" / "treegrpo" / run / "log.json").read_text())

@@ -54,12 +54,14 @@ def test_the_train_node_asks_only_when_unsure_and_learns_the_taste(comfyui_serve
     log = json.loads((folder / "log.json").read_text())["train"]
     # the model learnt from every answered tree and every check (a side picked each time)
     assert sum(h["taste_asked"] for h in log) == len(answered)
-    assert log[-1]["taste_answers"] == len(answered) + len(checks)
+    ended = [c for c in checks if c[0] == ITERATIONS]             # the run's end: after its last log row
+    assert log[-1]["taste_answers"] == len(answered) + len(checks) - len(ended) and ended
     assert any(h.get("taste_agreement") is not None for h in log[6:]) or len(answered) == 12
     # the checks against the start (artist_check_every's default 5): after iterations 5, 10, 15, 20, one question
     # each with the two sides as one picture each; every answer kept with its pictures, every verdict in the log
-    # (a second look, tree -2, follows a first look that picked the start, at the same iteration)
-    assert [i for i, _, q in checks if q["tree"] == -1] == [5, 10, 15, 20]
+    # (a second look, tree -2, follows every first look that picked a side, at the same iteration); and the run's
+    # end (iteration 24), which keeps the LoRA only if the artist prefers it to the start
+    assert [i for i, _, q in checks if q["tree"] == -1] == [5, 10, 15, 20, ITERATIONS]
     assert all(q["tree"] == -1 or (q["tree"] == -2 and checks[k - 1][2]["tree"] == -1 and checks[k - 1][0] == i)
                for k, (i, _, q) in enumerate(checks))
     assert all(len(q["images"]) == 2 and q["groups"] == [[0], [1]] for _, _, q in checks)
@@ -67,7 +69,7 @@ def test_the_train_node_asks_only_when_unsure_and_learns_the_taste(comfyui_serve
     assert [(r["iteration"], r["pick"]) for r in kept] == [(i, p) for i, p, _ in checks]
     assert all((folder / side).is_file() for r in kept for side in r["sides"])
     verdicts = [h["check"] for h in log if "check" in h]
-    assert len(verdicts) == 4 and set(verdicts) <= {"now", "start"}
+    assert len(verdicts) == 4 and set(verdicts) <= {"now", "start", "none"}   # none: the two looks disagreed
     taste = Path(srv.base_dir) / "models" / "reward_models" / f"{run}_taste.safetensors"
     assert taste.is_file()
     saved = Path(json.loads(json.dumps(entry["outputs"]["save"]["text"][0])).split("saved ", 1)[1])

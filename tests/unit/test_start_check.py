@@ -103,14 +103,14 @@ def _scripted(verdicts, t_box, asked):
 
 def test_a_lost_check_restores_the_approved_lora_and_optimiser_exactly(tmp_path):
     box, asked = [], []
-    check = StartCheck(_scripted(["now", "start", "start", "start", "start"], box, asked),
+    check = StartCheck(_scripted(["now", "now", "start", "start", "start", "start"], box, asked),
                        CheckConfig(every=2, pictures=2, seed=0))
     t = _trainer(tmp_path, check)
     box.append(t)
     w0 = copy.deepcopy(t.lora.weights())
     for _ in range(2):
         t.after_iteration(t.train_step())
-    assert check.records[-1] == {"iteration": 2, "verdict": NOW, "restored": None, "looks": [NOW]}
+    assert check.records[-1] == {"iteration": 2, "verdict": NOW, "restored": None, "looks": [NOW, NOW]}
     w2 = copy.deepcopy(t.lora.weights())
     opt2 = copy.deepcopy(t.optimizer.state_dict())
     for _ in range(2):
@@ -128,12 +128,13 @@ def test_a_lost_check_restores_the_approved_lora_and_optimiser_exactly(tmp_path)
     assert check.records[-1]["restored"] == 0            # lost again right after going back: the start
     assert torch.equal(_flat(t.lora.weights()), _flat(w0))
     assert any("where this run started" in w for w in t.warnings)
-    assert [a for _, a, _ in asked] == [False, False, True, False, True]   # a second look only after the start
+    assert [a for _, a, _ in asked] == [False, True, False, True, False, True]   # every pick is looked at twice
 
 
-def test_a_start_picked_once_but_not_on_the_second_look_changes_nothing(tmp_path):
+def test_a_side_picked_once_but_not_on_the_second_look_changes_nothing(tmp_path):
     box, asked = [], []
-    check = StartCheck(_scripted(["start", "now", "start", None], box, asked), CheckConfig(every=1, pictures=2))
+    check = StartCheck(_scripted(["start", "now", "start", None, "now", "start", None], box, asked),
+                       CheckConfig(every=1, pictures=2))
     t = _trainer(tmp_path, check)
     box.append(t)
     t.after_iteration(t.train_step())
@@ -143,6 +144,10 @@ def test_a_start_picked_once_but_not_on_the_second_look_changes_nothing(tmp_path
     t.after_iteration(t.train_step())
     assert check.records[-1]["looks"] == [START, None] and check.records[-1]["restored"] is None
     assert t.history[-1]["check"] == "none"
+    t.after_iteration(t.train_step())            # the model now picked once: not approved without the second look
+    assert check.records[-1]["looks"] == [NOW, START] and check.guard.approved == []
+    t.after_iteration(t.train_step())            # no preference: no second look
+    assert check.records[-1]["looks"] == [None] and check.records[-1]["verdict"] is None
     # without confirm one pick of the start goes back at once
     box2, asked2 = [], []
     once = StartCheck(_scripted(["start"], box2, asked2), CheckConfig(every=1, pictures=2, confirm=False))
@@ -150,6 +155,94 @@ def test_a_start_picked_once_but_not_on_the_second_look_changes_nothing(tmp_path
     box2.append(t2)
     t2.after_iteration(t2.train_step())
     assert once.records[-1] == {"iteration": 1, "verdict": START, "restored": 0, "looks": [START]}
+
+
+def test_the_end_of_a_run_keeps_only_a_state_the_artist_preferred_to_the_start(tmp_path):
+    """StartCheck.finish: the state reached is kept on two looks that prefer it (a check made at the last iteration
+    counts as the first); otherwise the run ends on the newest approved state, or the base model when there is none,
+    and the state it leaves is handed to ``on_unapproved`` first."""
+    # approved at iteration 2, trained on to 3: the end asks twice; the second look says no preference -> back to 2
+    box, asked, left = [], [], []
+    check = StartCheck(_scripted(["now", "now", "now", None], box, asked), CheckConfig(every=2, pictures=2),
+                       on_unapproved=lambda tr: left.append(copy.deepcopy(tr.lora.weights())))
+    t = _trainer(tmp_path / "a", check)
+    box.append(t)
+    for _ in range(2):
+        t.after_iteration(t.train_step())
+    w2 = copy.deepcopy(t.lora.weights())
+    t.after_iteration(t.train_step())
+    w3 = copy.deepcopy(t.lora.weights())
+    rec = check.finish(t)
+    assert rec == {"iteration": 3, "verdict": None, "restored": 2, "looks": [NOW, None], "final": True}
+    assert [a for _, a, _ in asked] == [False, True, False, True]
+    assert torch.equal(_flat(t.lora.weights()), _flat(w2)) and torch.equal(_flat(left[0]), _flat(w3))
+    assert any("ends on iteration 2's LoRA" in w for w in t.warnings)
+
+    # preferred on both looks of a check at the last iteration: that verdict stands, nothing more is asked
+    box, asked = [], []
+    check = StartCheck(_scripted(["now", "now"], box, asked), CheckConfig(every=2, pictures=2))
+    t = _trainer(tmp_path / "b", check)
+    box.append(t)
+    for _ in range(2):
+        t.after_iteration(t.train_step())
+    w2 = copy.deepcopy(t.lora.weights())
+    assert check.finish(t) == {"iteration": 2, "verdict": NOW, "restored": None, "looks": [], "final": True}
+    assert [a for _, a, _ in asked] == [False, True] and torch.equal(_flat(t.lora.weights()), _flat(w2))
+
+    # no state ever approved and no preference at the end: the base model (LoRA as at the start)
+    box, asked = [], []
+    check = StartCheck(_scripted([None, None], box, asked), CheckConfig(every=2, pictures=2))
+    t = _trainer(tmp_path / "c", check)
+    box.append(t)
+    w0 = copy.deepcopy(t.lora.weights())
+    for _ in range(3):
+        t.after_iteration(t.train_step())
+    assert check.finish(t)["restored"] == 0 and torch.equal(_flat(t.lora.weights()), _flat(w0))
+    assert any("ends on the base model" in w for w in t.warnings)
+
+    # Trainer.train runs it at the end (on_train_end), before the caller saves the LoRA; final=False: no end check
+    box, asked = [], []
+    check = StartCheck(_scripted(["start", "start", None, "now", "now"], box, asked), CheckConfig(every=2, pictures=2))
+    t = _trainer(tmp_path / "d", check)
+    box.append(t)
+    t.train(iterations=5)
+    assert [r.get("final", False) for r in check.records] == [False, False, True]
+    assert check.records[0]["restored"] == 0 and check.records[1]["verdict"] is None
+    assert check.records[-1] == {"iteration": 5, "verdict": NOW, "restored": None, "looks": [NOW, NOW], "final": True}
+    off = StartCheck(_scripted([], [], []), CheckConfig(every=2, final=False))
+    assert off.finish(t) is None
+
+
+def test_the_base_models_pictures_are_sampled_once_per_look(tmp_path, monkeypatch):
+    """The base model's side of a look never changes during a run: it is sampled at the first check and reused (the
+    second look's noises: once too), the same pictures as sampling it again."""
+    import treegrpo.start_check as sc
+
+    box, asked, seen, sampled = [], [], [], []
+    ask = _scripted(["now"] * 6, box, asked)
+
+    def spy(first, second, prompts, iteration, again=False):
+        seen.append((first, second))
+        return ask(first, second, prompts, iteration, again)
+
+    real = sc.check_pictures
+
+    def counting(*a, start=None, **kw):
+        sampled.append(start is None)
+        return real(*a, start=start, **kw)
+
+    monkeypatch.setattr(sc, "check_pictures", counting)
+    check = StartCheck(spy, CheckConfig(every=1, pictures=2))
+    t = _trainer(tmp_path, check)
+    box.append(t)
+    for _ in range(3):
+        t.after_iteration(t.train_step())
+    assert len(asked) == 6 and sampled == [True, True, False, False, False, False]   # each look's base: once
+    for k, again in enumerate([False, True] * 3):
+        noise = torch.randn((2, *t.policy.latent_shape()),
+                            generator=torch.Generator().manual_seed(424_242 + (7919 if again else 0)))
+        base = real(t.policy, ["a red circle"] * 2, noise, t.cfg.tree.steps)[1]
+        assert any(torch.equal(side, base) for side in seen[k])
 
 
 def test_a_check_answer_outside_its_choices_is_refused(tmp_path):
@@ -194,7 +287,6 @@ def test_a_resumed_runs_taste_model_learns_its_checks_again(tmp_path):
     missing picture or of another size is passed over."""
     import json
 
-    import numpy as np
     from PIL import Image
 
     from treegrpo.start_check import side_picture

@@ -6,6 +6,8 @@ Imported only inside ComfyUI (it imports ``comfy`` lazily).
 """
 from __future__ import annotations
 
+import os
+
 import dataclasses
 import logging
 from typing import Callable, Optional
@@ -141,7 +143,11 @@ def start_check(acfg, seed: int, learn: Optional[Callable] = None, **where):
             learn(*((x if x.ndim == 4 else x[:, 0]).float().cpu() for x in (first, second)), pick)
         return pick
 
-    check = StartCheck(ask, CheckConfig(every=acfg.check_every, seed=seed))
+    def keep(trainer) -> str:   # the state the end of the run takes back, as a LoRA beside the run's files
+        return trainer.save_lora(os.path.join(trainer.out, f"{trainer.cfg.run_name}-not-preferred-"
+                                                            f"{trainer.iteration}.safetensors"))
+
+    check = StartCheck(ask, CheckConfig(every=acfg.check_every, seed=seed), on_unapproved=keep)
     return check
 
 
