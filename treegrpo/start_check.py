@@ -13,12 +13,13 @@ want. The answer guards the run (:class:`StartGuard`, a pure state machine):
 * **now wins**: the LoRA, the optimiser's state and the iteration are kept as a snapshot the artist approved;
 * **the start wins**: the LoRA and the optimiser go back to the newest approved snapshot (the start itself before
   any); if the run had just gone back there and loses again, that snapshot is dropped and the one before is used;
-* **no preference / no answer**: nothing changes.
+* **no preference / no answer**: nothing changes (no second look).
 
 At the end of the run (``final``) the state reached is kept only when the artist prefers it to the start (on two
-looks; a check made at that iteration stands); otherwise — the start preferred, no preference, no
-answer — the LoRA goes back to the newest approved snapshot, the start itself when there is none. So a run ends on a
-state the artist preferred to where it began, or on the base model: never on pictures they did not prefer to it.
+looks; a check made at that iteration stands); when they prefer the start or have no preference the LoRA goes back
+to the newest approved snapshot, the start itself when there is none. So a run ends on a state the artist preferred
+to where it began, or on the base model: never on pictures they did not prefer to it. Only when nobody answers (the
+artist is away) does the run end on the state it reached, with a warning that it was not compared with the start.
 """
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ import torch
 from .callbacks import TrainerCallback
 
 NOW, START = "now", "start"
+#: what an ``ask`` returns when nobody answered in time (the artist is away): not a verdict, and at the end of a run
+#: not a reason to take the state reached back
+NO_ANSWER = "no answer"
 
 
 @dataclass
@@ -155,9 +159,9 @@ class StartCheck(TrainerCallback):
     ``on_train_begin`` is the start; ``on_iteration_end`` checks when due and adds ``check`` / ``check_restored`` to
     the iteration's record).
 
-    ``ask(first, second, prompts, iteration, again) -> 0 | 1 | None``: which side the artist prefers
-    (``first``/``second``: image batches (B, 3, H, W) in [0, 1]; None: no preference or no answer; ``again``: the
-    second look). Which of the two is the model now is drawn at random per question (the artist is not told).
+    ``ask(first, second, prompts, iteration, again) -> 0 | 1 | None | NO_ANSWER``: which side the artist prefers
+    (``first``/``second``: image batches (B, 3, H, W) in [0, 1]; None: no preference; :data:`NO_ANSWER`: nobody
+    answered; ``again``: the second look). Which of the two is the model now is drawn at random per question (the artist is not told).
     ``on_unapproved(trainer)``: called with the state reached before the end of the run takes it back (the Train
     node keeps it as a LoRA file and returns its path, which the warning names: nothing trained is lost)."""
 
@@ -212,9 +216,9 @@ class StartCheck(TrainerCallback):
         self.start_pictures[again] = start
         now_first = bool(torch.rand((), generator=self.g) < 0.5)
         pick = self.ask(*((now, start) if now_first else (start, now)), prompts, trainer.iteration, again)
-        if pick not in (0, 1, None):
-            raise ValueError(f"a check's answer is 0, 1 or None, got {pick!r}")
-        return None if pick is None else (NOW if (pick == 0) == now_first else START)
+        if pick not in (0, 1, None, NO_ANSWER):
+            raise ValueError(f"a check's answer is 0, 1, None or NO_ANSWER, got {pick!r}")
+        return pick if pick in (None, NO_ANSWER) else (NOW if (pick == 0) == now_first else START)
 
     def __call__(self, trainer) -> Optional[dict]:
         """Run the check when due: the record (iteration, verdict, restored iteration or None), else None."""
@@ -223,9 +227,9 @@ class StartCheck(TrainerCallback):
         if not self.due(trainer.iteration):
             return None
         looks = [self.look(trainer, again=False)]
-        if looks[0] is not None and self.config.confirm:
+        if looks[0] in (NOW, START) and self.config.confirm:
             looks.append(self.look(trainer, again=True))
-        verdict = looks[0] if all(v == looks[0] for v in looks) else None
+        verdict = looks[0] if looks[0] in (NOW, START) and all(v == looks[0] for v in looks) else None
         back = self.guard.record(verdict, lambda: self.snapshot(trainer))
         rec = {"iteration": trainer.iteration, "verdict": verdict, "restored": None, "looks": looks}
         if back is not None:
@@ -256,17 +260,27 @@ class StartCheck(TrainerCallback):
             return None                  # the state reached is an approved one already
         if last is not None:             # checked at this iteration: that verdict stands
             looks, kept = [], last["verdict"] == NOW
+            unanswered = last["looks"][-1] == NO_ANSWER
         else:
             looks = [self.look(trainer, again=False)]
             if looks[0] == NOW and self.config.confirm:
                 looks.append(self.look(trainer, again=True))
             kept = all(v == NOW for v in looks)
+            unanswered = looks[-1] == NO_ANSWER
             if kept:
                 self.guard.record(NOW, lambda: self.snapshot(trainer))
         rec = {"iteration": trainer.iteration, "verdict": NOW if kept else (START if looks and looks[-1] == START
                                                                             else None),
                "restored": None, "looks": looks, "final": True}
-        if not kept:
+        if not kept and unanswered:      # the artist is away: nothing to take back for
+            top = self.guard.top()
+            msg = (f"nobody answered the check at the end of the run: it ends on iteration {trainer.iteration}'s LoRA, "
+                   "which was not compared with the base model (" +
+                   ("no state of this run was approved" if top is self.guard.initial
+                    else f"the newest state the artist approved is iteration {top.iteration}'s") + ")")
+            trainer.warnings.append(msg)
+            logging.warning("TreeGRPO %s: %s", trainer.cfg.run_name, msg)
+        elif not kept:
             back = self.guard.top()
             kept_at = self.on_unapproved(trainer) if self.on_unapproved is not None else None
             self.restore(trainer, back)

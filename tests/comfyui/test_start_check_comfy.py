@@ -87,6 +87,8 @@ def test_an_unanswered_check_changes_nothing_and_an_away_artist_waits_the_grace_
     board.fell_back(client)                         # a tree fell back: the artist is away
     pick = ask_check(torch.rand(2, 3, 8, 8), torch.rand(2, 3, 8, 8), ["p", "p"], 5, folder=str(tmp_path),
                      run_name="r", timeout_s=600, away_grace_s=1.0, board=board, client_id=client)
-    assert pick is None
+    from treegrpo.start_check import NO_ANSWER
+
+    assert pick == NO_ANSWER                        # not "no preference": nobody answered
     rec = json.loads((tmp_path / CHECKS_FILE).read_text())
     assert rec["outcome"] == "timeout" and rec["waited_s"] == 1.0 and rec["answer"] is None

@@ -6,7 +6,8 @@ import copy
 import pytest
 import torch
 
-from treegrpo.start_check import NOW, START, CheckConfig, Snapshot, StartCheck, StartGuard, check_pictures
+from treegrpo.start_check import (NO_ANSWER, NOW, START, CheckConfig, Snapshot, StartCheck, StartGuard,
+                                  check_pictures)
 
 
 def _guard():
@@ -245,9 +246,35 @@ def test_the_base_models_pictures_are_sampled_once_per_look(tmp_path, monkeypatc
         assert any(torch.equal(side, base) for side in seen[k])
 
 
+def test_an_artist_who_is_away_at_the_end_keeps_the_state_the_run_reached(tmp_path):
+    """Nobody answering (NO_ANSWER) is not a verdict: during the run it changes nothing and asks no second look; at
+    the end the run keeps the state it reached and says it was not compared with the start."""
+    box, asked = [], []
+    scripted = _scripted(["now", "now"], box, asked)
+    answers = iter(["scripted", "scripted", NO_ANSWER, NO_ANSWER])
+
+    def ask(first, second, prompts, iteration, again=False):
+        a = next(answers)
+        return scripted(first, second, prompts, iteration, again) if a == "scripted" else a
+
+    check = StartCheck(ask, CheckConfig(every=2, pictures=2))
+    t = _trainer(tmp_path, check)
+    box.append(t)
+    for _ in range(4):
+        t.after_iteration(t.train_step())
+    assert check.records[-1] == {"iteration": 4, "verdict": None, "restored": None, "looks": [NO_ANSWER]}
+    assert t.history[-1]["check"] == "none"
+    t.after_iteration(t.train_step())
+    w5 = copy.deepcopy(t.lora.weights())
+    rec = check.finish(t)
+    assert rec["looks"] == [NO_ANSWER] and rec["restored"] is None and rec["verdict"] is None
+    assert torch.equal(_flat(t.lora.weights()), _flat(w5))
+    assert any("nobody answered the check at the end" in w and "iteration 2's" in w for w in t.warnings)
+
+
 def test_a_check_answer_outside_its_choices_is_refused(tmp_path):
     t = _trainer(tmp_path, StartCheck(lambda *a: "left", CheckConfig(every=1, pictures=1)))
-    with pytest.raises(ValueError, match="0, 1 or None"):
+    with pytest.raises(ValueError, match="0, 1, None or NO_ANSWER"):
         t.after_iteration(t.train_step())
 
 

@@ -25,7 +25,7 @@ import uuid
 from typing import Any, Callable, Optional
 
 from ..artist import LABELS_VERSION, Answer
-from ..start_check import side_picture
+from ..start_check import NO_ANSWER, side_picture
 
 QUESTION_EVENT = "treegrpo.artist.question"
 WAITING_EVENT = "treegrpo.artist.waiting"
@@ -375,11 +375,11 @@ CHECK_TREE, CHECK_AGAIN_TREE = -1, -2      # a check's Question.tree (first and 
 def ask_check(first, second, prompts: list, iteration: int, *, folder: str, run_name: str, timeout_s: float,
               board: ArtistBoard = BOARD, check_interrupt: Optional[Callable[[], None]] = None,
               prompt_id: Optional[str] = None, client_id: Optional[str] = None,
-              away_grace_s: float = 30.0, again: bool = False) -> Optional[int]:
+              away_grace_s: float = 30.0, again: bool = False):
     """A check against the start (:class:`treegrpo.start_check.StartCheck`'s ``ask``) as one question in the
     artist's dialog: the two sides (B, 3, H, W) each as one picture (a grid), favourites mode. Returns the side
-    picked (0 / 1; a side marked bad picks the other) or None (no preference, skipped, both or neither marked, no
-    answer in time — an artist who is away gets the grace period only). ``again``: the second look after the start
+    picked (0 / 1; a side marked bad picks the other), None (no preference, skipped, both or neither marked) or
+    :data:`treegrpo.start_check.NO_ANSWER` (no answer in time — an artist who is away gets the grace period only). ``again``: the second look after the start
     was picked (its own text). Each check is appended to ``<folder>/artist_checks.jsonl`` with its two pictures
     kept in ``<folder>/artist/``."""
     import folder_paths
@@ -417,7 +417,7 @@ def ask_check(first, second, prompts: list, iteration: int, *, folder: str, run_
                           "answer": answer.to_dict() if answer is not None else None, "pick": pick,
                           "outcome": "answered" if answer is not None else "timeout", "waited_s": wait_s},
                  name=CHECKS_FILE)
-    return pick
+    return pick if answer is not None else NO_ANSWER
 
 
 def train_node_artist(every: int, mode: str, timeout_s: float, *, board: ArtistBoard = BOARD,

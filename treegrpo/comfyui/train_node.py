@@ -139,8 +139,9 @@ def start_check(acfg, seed: int, learn: Optional[Callable] = None, **where):
     def ask(first, second, prompts, iteration, again=False):   # the run's folder and name: known once it began
         pick = ask_check(first, second, prompts, iteration, folder=check.output_dir, run_name=check.run_name,
                          timeout_s=acfg.timeout_s, away_grace_s=acfg.away_s, again=again, **where)
-        if learn is not None:                        # video sides: their first frames
-            learn(*((x if x.ndim == 4 else x[:, 0]).float().cpu() for x in (first, second)), pick)
+        if learn is not None:                        # video sides: their first frames; no answer: nothing to learn
+            learn(*((x if x.ndim == 4 else x[:, 0]).float().cpu() for x in (first, second)),
+                  pick if pick in (0, 1) else None)
         return pick
 
     def keep(trainer) -> str:   # the state the end of the run takes back, as a LoRA beside the run's files
