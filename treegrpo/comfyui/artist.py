@@ -367,8 +367,8 @@ def ask_trees(batch, images, *, folder: str, iteration: int, seed, run_name: str
 CHECK_TEXT = ("Is the run still going your way? One side is the model now, the other the base model it started from, "
               "from the same noises (which is which is drawn at random). Pick the side closer to what you want, or "
               "no preference. If you pick the start, the LoRA goes back to the last state you approved.")
-CHECK_AGAIN_TEXT = ("You picked where the run started. Once more, on other noises, before the LoRA goes back: which "
-                    "side is closer to what you want?")
+CHECK_AGAIN_TEXT = ("Once more, on other noises, before your pick counts (a check decides only when both looks "
+                    "agree): which side is closer to what you want?")
 CHECK_TREE, CHECK_AGAIN_TREE = -1, -2      # a check's Question.tree (first and second look): not trees of the batch
 
 
@@ -379,8 +379,8 @@ def ask_check(first, second, prompts: list, iteration: int, *, folder: str, run_
     """A check against the start (:class:`treegrpo.start_check.StartCheck`'s ``ask``) as one question in the
     artist's dialog: the two sides (B, 3, H, W) each as one picture (a grid), favourites mode. Returns the side
     picked (0 / 1; a side marked bad picks the other), None (no preference, skipped, both or neither marked) or
-    :data:`treegrpo.start_check.NO_ANSWER` (no answer in time — an artist who is away gets the grace period only). ``again``: the second look after the start
-    was picked (its own text). Each check is appended to ``<folder>/artist_checks.jsonl`` with its two pictures
+    :data:`treegrpo.start_check.NO_ANSWER` (no answer in time — an artist who is away gets the grace period only).
+    ``again``: the second look after a side was picked (its own text). Each check is appended to ``<folder>/artist_checks.jsonl`` with its two pictures
     kept in ``<folder>/artist/``."""
     import folder_paths
 
