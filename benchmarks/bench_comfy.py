@@ -46,7 +46,7 @@ def cli_config(w: dict, out: str):
     prompts = [p.strip() for p in w["prompts"].splitlines() if p.strip()]
     d.update(prompts=prompts, output_dir=out, run_name="bench_cli", iterations=w["iterations"],
              prompts_per_iter=w["prompts_per_iteration"], seed=w["seed"], eval_every=w["eval_every"], eval_seeds=2,
-             checkpoint_every=0, cfg=w["cfg"],
+             checkpoint_every=0, guidance_scale=w["cfg"],
              tree=dict(steps=w["steps"], window_start=w["window_start"], window_width=w["window_width"],
                        branch=w["branch"], noise_level=w["noise_level"], eta=min(1.0, w["noise_level"]),
                        window_schedule=w["window_schedule"], antithetic=w.get("antithetic", True),

@@ -62,7 +62,7 @@ def make_config(model: str, family: str, iterations: int, device: str, out: str,
     return TrainConfig.from_dict({
         "backend": "diffusers", "model": model, "prompts": ["a red circle", "a blue square", "a green triangle",
                                                             "a yellow cross"],
-        "cfg": 1.0 if family == "flux" else 4.5, "rewards": [{"name": "jpeg_compressibility", "weight": 1.0}],
+        "guidance_scale": 1.0 if family == "flux" else 4.5, "rewards": [{"name": "jpeg_compressibility", "weight": 1.0}],
         "pipeline": {"height": height, "width": height, **pipeline},
         "tree": tree_for(method, family),
         "lora": {"rank": 8, "alpha": 16.0}, "optim": {"lr": 1e-3, "microbatch": microbatch},
@@ -114,7 +114,7 @@ def run_random(name: str, iterations: int, device: str, out: str, height: int, l
         t0 = time.perf_counter()
         # a fresh pipeline per method (LoRA is injected in place); build() seeds its random weights
         pipe = build(name, device=device, dtype=torch.bfloat16 if on_gpu else torch.float32, layers=layers)
-        policy = DiffusersPolicy(pipe, family, cfg.pipeline, device, guidance_hint=cfg.cfg)
+        policy = DiffusersPolicy(pipe, family, cfg.pipeline, device, guidance_hint=cfg.guidance_scale)
         trainer = Trainer(cfg, policy, build_rewards(cfg, torch.device(device)), progress=False,
                           base_model_name=f"random:{name}")
         trainer.train()
@@ -141,7 +141,7 @@ def run_comfy(names: list[str], iterations: int) -> list[dict]:
     for name in names:
         patcher, pos, neg, latent = build(name)
         video = len(latent) == 4 and latent[1] > 1
-        cfg = TrainConfig(backend="comfy", prompts=["a", "b"], cfg=2.0, rewards=[{"name": "jpeg_compressibility",
+        cfg = TrainConfig(backend="comfy", prompts=["a", "b"], guidance_scale=2.0, rewards=[{"name": "jpeg_compressibility",
                                                                                "weight": 1.0}],
                           tree={"steps": 6, "window_start": 1, "window_width": 2, "branch": 2},
                           lora={"rank": 4, "alpha": 4.0, "targets": ["auto"]}, optim={"lr": 1e-3},

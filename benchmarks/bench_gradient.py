@@ -136,7 +136,7 @@ def gradient_draws(overrides: dict, draws: int, seed: int = 0, per_step: bool = 
         for p in tr.params:
             p.grad = None
         policy.model.train()
-        backward_edges(policy, batch, edges, cfg.optim, guidance=cfg.cfg)
+        backward_edges(policy, batch, edges, cfg.optim, guidance=cfg.guidance_scale)
         policy.model.eval()
         secs.append(time.perf_counter() - t0)
         grads.append(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten().double()
@@ -151,7 +151,7 @@ def gradient_draws(overrides: dict, draws: int, seed: int = 0, per_step: bool = 
                     p.grad = None
                 edges.weight = torch.where(levels.to(weight.device) == j, weight, torch.zeros_like(weight))
                 policy.model.train()
-                backward_edges(policy, batch, edges, cfg.optim, guidance=cfg.cfg)
+                backward_edges(policy, batch, edges, cfg.optim, guidance=cfg.guidance_scale)
                 policy.model.eval()
                 parts.append(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten().double()
                                         for p in tr.params]))

@@ -166,7 +166,7 @@ def iteration_phases(patcher, conds, shape, vae, name: str, method: str) -> dict
 
     w = WORKFLOW[name]
     cfg = TrainConfig.from_dict(dict(
-        backend="comfy", prompts=["p0", "p1"], cfg=w["cfg"], tree=method_trees(w["steps"])[method],
+        backend="comfy", prompts=["p0", "p1"], guidance_scale=w["cfg"], tree=method_trees(w["steps"])[method],
         prompts_per_iter=PROMPTS_PER_ITER, seed=0, eval_every=0, checkpoint_every=0, iterations=1,
         output_dir=os.path.join(os.environ.get("TMPDIR", "/tmp"), "bench_iteration"),
         lora=dict(rank=RANK, alpha=2.0 * RANK, targets=["auto"]), optim=dict(lr=3e-4),
@@ -178,7 +178,7 @@ def iteration_phases(patcher, conds, shape, vae, name: str, method: str) -> dict
         stats = tr.train_step()
     return {**{k: stats[k] for k in ("t_sample", "t_decode", "t_update")}, "nfe": stats["nfe"], "calls": stats["calls"],
             "parents": stats["parents"], "edges": stats["edges"],
-            "nfe_closed_form": PROMPTS_PER_ITER * expected_nfe(cfg.tree, guidance=cfg.cfg)}
+            "nfe_closed_form": PROMPTS_PER_ITER * expected_nfe(cfg.tree, guidance=cfg.guidance_scale)}
 
 
 def _clock() -> float:
@@ -309,10 +309,10 @@ def counts(name: str, method: str) -> dict:
     from treegrpo.tree import expected_nfe
 
     w = WORKFLOW[name]
-    cfg = TrainConfig.from_dict(dict(backend="comfy", prompts=["p"], cfg=w["cfg"], prompts_per_iter=PROMPTS_PER_ITER,
+    cfg = TrainConfig.from_dict(dict(backend="comfy", prompts=["p"], guidance_scale=w["cfg"], prompts_per_iter=PROMPTS_PER_ITER,
                                      tree=method_trees(w["steps"])[method]))
     parents = PROMPTS_PER_ITER * bench_steps.trained_parents(cfg)
-    return {"nfe": PROMPTS_PER_ITER * expected_nfe(cfg.tree, guidance=cfg.cfg), "calls": cfg.tree.steps,
+    return {"nfe": PROMPTS_PER_ITER * expected_nfe(cfg.tree, guidance=cfg.guidance_scale), "calls": cfg.tree.steps,
             "parents": parents, "update_calls": math.ceil(parents / cfg.optim.microbatch)}
 
 

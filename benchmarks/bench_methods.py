@@ -22,7 +22,7 @@ reported beside it as ``main_raw``).
     python benchmarks/bench_methods.py --window-width 4 --lr 6e-3   # k=2, w=4: 16 leaves, 12 prompts/iteration
     python benchmarks/bench_methods.py --steps 40 --only tree --only traj_window   # T = 40 (bench_steps.py)
     python benchmarks/bench_methods.py --first-seed 4 --out more      # seeds 4-7, then pool both runs:
-    python benchmarks/bench_methods.py --merge benchmarks/results/methods.json more/methods.json --out pooled
+    python benchmarks/bench_methods.py --merge first/methods.json more/methods.json --out pooled
     python benchmarks/bench_methods.py --base-config sd35.json --budget 120 --seeds 2   # a diffusers model on a GPU
 
 Writes methods.json, reward_vs_time.png, reward_vs_nfe.png and prints the tables.
@@ -46,8 +46,8 @@ SMOOTH = 3   # the ratios are read off each run's curve averaged over this many 
 #              noisy evaluation then neither sets a baseline's final reward nor crosses it; 1 = the raw curve)
 
 # each GRPO method's own sweep under the KL default (optim.kl_beta 0.1), 3e-3 / 6e-3 / 1.2e-2, 2 seeds, 60 s
-# (benchmarks/results/lr_kl): 6e-3 is the best of both the tree (0.751 / 0.788 / 0.747) and the window baseline
-# (0.657 / 0.685 / 0.665). Without KL, 6e-3 destabilised both over 100 s, and 3e-3 was used (README)
+# (docs/experiments/2026-12-05-benchmark-protocols-before-budgets.md): 6e-3 is the best of both the tree
+# (0.751 / 0.788 / 0.747) and the window baseline (0.657 / 0.685 / 0.665). Without KL, 6e-3 destabilised both over 100 s, and 3e-3 was used (README)
 LR = 6e-3
 # the tail after the window: 2 DPM++(2M) steps for every method (3 gave the same rewards, slower; 1 let the
 # tree's policy exploit the blurry one-step leaves and collapse)

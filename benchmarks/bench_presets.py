@@ -34,7 +34,7 @@ def preset_iteration(model: dict, preset: str, reward_s: float) -> dict:
     """One tree iteration's phases (s) with ``preset``'s tail, from ``model``'s unit costs."""
     name, w = model["model"], WORKFLOW[model["model"]]
     tree = apply_preset(TreeConfig(**method_trees(w["steps"])["tree"]), preset)
-    cfg = TrainConfig.from_dict(dict(backend="comfy", prompts=["p"], cfg=w["cfg"], prompts_per_iter=PROMPTS_PER_ITER,
+    cfg = TrainConfig.from_dict(dict(backend="comfy", prompts=["p"], guidance_scale=w["cfg"], prompts_per_iter=PROMPTS_PER_ITER,
                                      tree=dataclasses.asdict(tree)))
     per_tree_nfe, parents_per_tree = preset_cost(cfg.tree)
     cfg_rows = 2 if w["cfg"] > 1 else 1

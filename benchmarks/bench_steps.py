@@ -48,7 +48,7 @@ def method_config(name: str, steps: int, tail: str, prompts: int):
 def predicted_nfe(cfg) -> int:
     """Denoiser calls per iteration by the closed form: trees × ``expected_nfe``."""
     from treegrpo.tree import expected_nfe
-    return cfg.prompts_per_iter * cfg.trees_per_prompt * expected_nfe(cfg.tree, guidance=cfg.cfg)
+    return cfg.prompts_per_iter * cfg.trees_per_prompt * expected_nfe(cfg.tree, guidance=cfg.guidance_scale)
 
 
 def trained_parents(cfg) -> int:

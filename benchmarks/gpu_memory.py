@@ -111,7 +111,7 @@ def run(name: str, device, budget: float, layers: int, px: int, steps: int, hps_
     shape = (c, 1, px // 8, px // 8) if getattr(patcher.model.latent_format, "latent_dimensions", 2) == 3 \
         else (c, px // 8, px // 8)
     reward_fn = _HPS(reward, device)
-    cfg = TrainConfig(backend="comfy", prompts=["a", "b"], prompts_per_iter=2, cfg=cfg_scale, iterations=1,
+    cfg = TrainConfig(backend="comfy", prompts=["a", "b"], prompts_per_iter=2, guidance_scale=cfg_scale, iterations=1,
                       rewards=[{"name": "hpsv2", "weight": 1.0}], eval_every=0, checkpoint_every=0,
                       tree=dict(steps=steps, window_start=1, window_width=3, branch=2),
                       lora=dict(rank=32, alpha=64.0, targets=DEFAULT_TARGETS),

@@ -24,7 +24,7 @@ CONFIG_WIDGETS = {
     "lora_rank": (LoraConfig, "rank"), "lora_alpha": (LoraConfig, "alpha"),
     "learning_rate": (OptimConfig, "lr"), "clip_range": (OptimConfig, "clip_range"),
     "kl_beta": (OptimConfig, "kl_beta"),
-    "seed": (TrainConfig, "seed"), "cfg": (TrainConfig, "cfg"), "negative": (TrainConfig, "negative_prompt"),
+    "seed": (TrainConfig, "seed"), "cfg": (TrainConfig, "guidance_scale"), "negative": (TrainConfig, "negative_prompt"),
     "iterations": (TrainConfig, "iterations"), "prompts_per_iteration": (TrainConfig, "prompts_per_iter"),
     "eval_every": (TrainConfig, "eval_every"), "run_name": (TrainConfig, "run_name"),
     "gradient_checkpointing": (MemoryConfig, "checkpointing"), "memory_budget_gb": (MemoryConfig, "budget_gb"),

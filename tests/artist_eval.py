@@ -21,5 +21,5 @@ def samples_area(lora: Path | None, n: int = 64, seed: int = 123) -> float:
         cli.apply_lora_file(policy, base, cfg, cli.read_checked_lora(str(lora)), str(lora))
     noise = torch.randn((n, *policy.latent_shape()), generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
-        imgs = policy.decode(sample_ode(policy, ["a red circle"] * n, noise, cfg.tree.steps, cfg.cfg))
+        imgs = policy.decode(sample_ode(policy, ["a red circle"] * n, noise, cfg.tree.steps, cfg.guidance_scale))
     return float(shape_area(imgs).mean())

@@ -66,8 +66,8 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
     for f in dataclasses.fields(TrainConfig):
         if f.name in _SUBS:
             continue
-        g.add_argument(f"--{f.name.replace('_', '-')}", dest=f"cfg:{f.name}", default=None, metavar="V",
-                       help=f"{f.metadata.get('help', '')} (default: {_show_default(f)})")
+        g.add_argument(f"--{f.name.replace('_', '-')}", *FLAG_ALIASES.get(f.name, ()), dest=f"cfg:{f.name}",
+                       default=None, metavar="V", help=f"{f.metadata.get('help', '')} (default: {_show_default(f)})")
     for sub in _SUBS:
         klass = base[sub].default_factory
         g = p.add_argument_group(f"{sub} ({klass.__name__})")
@@ -108,6 +108,9 @@ def apply_flags(d: dict, ns: argparse.Namespace) -> dict:
             raise ConfigError(f"{flag_name(key)}: {e}") from None
     return d
 
+
+#: the earlier names of renamed top-level fields, kept as flags (config.moved_fields reads them in files)
+FLAG_ALIASES = {"guidance_scale": ("--cfg",)}
 
 #: a flag kept for a field that moved: its value goes where the config file's would (config.moved_fields)
 MOVED_FLAG = "pipeline.gradient_checkpointing"
@@ -257,7 +260,7 @@ def cmd_sample(ns) -> int:
     g = torch.Generator().manual_seed(cfg.seed)
     noise = torch.randn((len(allp), *policy.latent_shape()), generator=g)
     with torch.no_grad():
-        imgs = policy.decode(sample_ode(policy, allp, noise, cfg.tree.steps, cfg.cfg))
+        imgs = policy.decode(sample_ode(policy, allp, noise, cfg.tree.steps, cfg.guidance_scale))
     to_pil(image_grid(imgs, nrow=ns.per_prompt)).save(ns.output)
     print(f"wrote {ns.output} ({len(prompts)} prompts x {ns.per_prompt})")
     return 0

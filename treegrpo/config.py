@@ -377,7 +377,7 @@ class PipelineConfig:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = _f("auto", "weights dtype: auto (bfloat16 on GPU, float32 on CPU) | float32 | bfloat16 | float16")
     autocast: bool = _f(True, "bfloat16 autocast of the denoiser on GPU")
     shift: float = _f(0.0, "flow models: schedule shift (0 = the model's scheduler config)")
-    guidance_embed: float = _f(3.5, "Flux-dev: distilled guidance value fed to the model (true CFG is `cfg`)")
+    guidance_embed: float = _f(3.5, "Flux-dev: distilled guidance value fed to the model (true CFG is `guidance_scale`)")
     max_sequence_length: int = _f(0, "T5 tokens for SD3/Flux prompts (0 = the pipeline's default: 256 SD3, 512 Flux)")
     decode_batch: int = _f(8, "images per VAE decode call")
 
@@ -512,7 +512,7 @@ class TrainConfig:
     prompts: list = _f([], "training prompts (or use prompts_file)")
     prompts_file: Optional[str] = _f(None, "a prompt file: .txt (one prompt a line), .csv (a prompt column) or .jsonl ({\"prompt\": ...} a line)")
     negative_prompt: str = _f("", "negative prompt for CFG")
-    cfg: float = _f(1.0, "classifier-free guidance scale (1 = off)")
+    guidance_scale: float = _f(1.0, "classifier-free guidance scale, CFG (1 = off; the nodes' cfg; `cfg` in earlier config files and the --cfg flag still mean it)")
     rewards: list = _f([{"name": "demo_adherence", "weight": 1.0}], "reward models: [{name, weight, path, options}]: a registered name (treegrpo rewards), its weight, the local file or folder of its weights, constructor options (e.g. {\"dtype\": \"bfloat16\"})")
     tree: TreeConfig = field(default_factory=TreeConfig, metadata={"help": "tree shape"})
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig, metadata={"help": "advantages"})
@@ -585,7 +585,7 @@ class TrainConfig:
                  f"{len(self.prompts)} prompts exceed max_prompts={self.max_prompts}")
         _require(all(isinstance(p, str) and p.strip() for p in self.prompts), c, "prompts",
                  "every prompt must be a non-empty string")
-        _require(self.cfg >= 1.0, c, "cfg", f"must be >= 1, got {self.cfg}")
+        _require(self.guidance_scale >= 1.0, c, "guidance_scale", f"must be >= 1, got {self.guidance_scale}")
         _require(self.iterations >= 1, c, "iterations", f"must be >= 1, got {self.iterations}")
         _require(self.prompts_per_iter >= 1, c, "prompts_per_iter", f"must be >= 1, got {self.prompts_per_iter}")
         _require(self.trees_per_prompt >= 1, c, "trees_per_prompt", f"must be >= 1, got {self.trees_per_prompt}")
@@ -674,15 +674,22 @@ class TrainConfig:
         d["lora"].pop("init_from")
         d["lora"].pop("targets")         # checked by the checkpoint's parameter names (they differ per frontend)
         d["rewards"] = [{"name": r["name"], "weight": r["weight"]} for r in d["rewards"]]
-        keep = ("prompts", "prompts_file", "negative_prompt", "cfg", "rewards", "tree", "advantage", "lora", "optim",
+        keep = ("prompts", "prompts_file", "negative_prompt", "guidance_scale", "rewards", "tree", "advantage", "lora", "optim",
                 "prompts_per_iter", "trees_per_prompt", "seed", "video")
         return {k: d[k] for k in keep}
 
 
 def moved_fields(d: dict[str, Any]) -> dict[str, Any]:
     """A config dict with the fields earlier versions kept elsewhere moved to where they live now (a copy; ``d`` is
-    not changed). ``pipeline.gradient_checkpointing`` (a second switch beside the memory plan's, until 2026-12):
-    true is ``memory.checkpointing`` "on" unless that says otherwise, false is the plan's own choice."""
+    not changed). ``cfg`` (the guidance scale's name until 2026-12) is ``guidance_scale``.
+    ``pipeline.gradient_checkpointing`` (a second switch beside the memory plan's, until 2026-12): true is
+    ``memory.checkpointing`` "on" unless that says otherwise, false is the plan's own choice."""
+    if "cfg" in d:
+        if "guidance_scale" in d and d["guidance_scale"] != d["cfg"]:
+            raise ConfigError(f"TrainConfig: both cfg ({d['cfg']!r}) and guidance_scale ({d['guidance_scale']!r}) are "
+                              "given; they are one setting (cfg is its earlier name): keep guidance_scale")
+        d = dict(d)
+        d.setdefault("guidance_scale", d.pop("cfg"))
     pipe = d.get("pipeline")
     if not (isinstance(pipe, dict) and "gradient_checkpointing" in pipe):
         return d

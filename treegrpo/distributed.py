@@ -12,11 +12,14 @@ writes files; no collective runs inside a save, so a slow disk cannot leave peer
 """
 from __future__ import annotations
 
+import math
 import os
 from typing import Optional
 
 import torch
 import torch.distributed as dist
+
+from .advantages import weighted_raw
 
 
 def launched() -> bool:
@@ -85,3 +88,33 @@ class DataParallel:
         if self.world > 1 and dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()
+
+
+#: per-iteration statistics summed over ranks, and those averaged per trained edge
+SUMMED = ("flat_trees", "nfe", "edges", "parents", "forwards", "ref_forwards")
+PER_EDGE = ("loss", "kl", "ratio_mean", "clip_frac")
+
+
+def pool_over_ranks(stats: dict, raw: dict, weights: dict, group) -> None:
+    """Data parallel: replace the rank-local batch statistics in ``stats`` by the whole batch's (every
+    rank's trees): reward mean/std over all leaves, counts summed, per-edge means weighted by edges.
+    ``raw``: {name: (n_leaves,)} this rank's raw rewards; ``group``: a :class:`DataParallel` (``sum_over_ranks``).
+    Timings stay this rank's; ``grad_norm`` is already global (taken after the all-reduce)."""
+    names = sorted(raw)
+    total = weighted_raw(raw, weights).double()
+    e = float(stats["edges"])
+    vec = [total.numel(), float(total.sum()), float((total ** 2).sum())]
+    vec += [float(raw[k].double().sum()) for k in names]
+    vec += [float(stats.get(k, 0)) for k in SUMMED] + [float(stats.get(k, 0)) * e for k in PER_EDGE]
+    out = group.sum_over_ranks(torch.tensor(vec, dtype=torch.float64)).tolist()
+    n, s1, s2 = out[:3]
+    stats["reward"] = s1 / n
+    stats["reward_std"] = math.sqrt(max(s2 / n - (s1 / n) ** 2, 0.0))
+    for k, v in zip(names, out[3:3 + len(names)]):
+        stats[f"reward/{k}"] = v / n
+    rest = out[3 + len(names):]
+    for k, v in zip(SUMMED, rest):
+        stats[k] = int(round(v))
+    edges = stats["edges"]
+    for k, v in zip(PER_EDGE, rest[len(SUMMED):]):
+        stats[k] = v / edges if edges else stats[k]

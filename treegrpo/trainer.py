@@ -9,17 +9,16 @@ phases, which the CLI loop (:meth:`Trainer.train`), ComfyUI's Train node and its
 4. :meth:`Trainer.update` — the GRPO update of the LoRA; then :meth:`Trainer.record` logs the iteration and
    :meth:`Trainer.after_iteration` evaluates and checkpoints on schedule.
 
+Around the loop, in their own modules: the evaluations (:mod:`treegrpo.evaluation`), the run's files — LoRAs,
+checkpoints, logs (:mod:`treegrpo.run_files`) — and the memory plan (:mod:`treegrpo.planning`).
+
 The prompts and noises of iteration ``i`` depend only on ``(seed, i)``, so methods compared with the same seed
 see the same prompts and initial noises, and a resumed run continues exactly where it stopped.
 """
 from __future__ import annotations
 
-import csv
-import dataclasses
-import json
 import logging
 import math
-import os
 import random
 import time
 from typing import Any, Callable, Optional, Sequence
@@ -27,29 +26,21 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from . import checkpoint as ckpt
-from .callbacks import TrainerCallback
-from .advantages import backup_advantages, check_rewards, weighted_raw
-from .config import AdvantageConfig, TrainConfig, schedule_at
-from .io import atomic_write, atomic_write_json
 from . import memory
-from .lora import PeftLoRA, check_base_model, from_state_dict, read_lora_file, save_lora_file, to_peft
+from .advantages import backup_advantages, check_rewards
+from .callbacks import TrainerCallback
+from .config import AdvantageConfig, TrainConfig, schedule_at
+from .distributed import pool_over_ranks
+from .evaluation import Evaluation, next_multiple
+from .hacking import best_index
+from .lora import PeftLoRA, check_base_model, from_state_dict, read_lora_file
+from .planning import MemoryPlanning
 from .policy import Policy
+from .run_files import RunFiles
 from .scores import LeafScores, ScoringContext
-from .hacking import best_index, hacking_warnings, image_signals
-from .tree import TreeBatch, at_iteration, sample_ode, sample_ode_window_kl, sample_trees, window_start_at
+from .tree import TreeBatch, at_iteration, sample_trees, window_start_at
 from .update import grpo_update, lr_factor, matching_update
-from .video import first_frames, score_over_frames
-
-
-def _numpy_state() -> list:
-    import numpy as np
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    return [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]
-
-
-def _set_numpy_state(st: list) -> None:
-    import numpy as np
-    np.random.set_state((st[0], np.array(st[1], dtype=np.uint32), st[2], st[3], st[4]))
+from .video import score_over_frames
 
 
 class TrainingInterrupted(RuntimeError):
@@ -68,13 +59,8 @@ def iteration_prompts(prompts: list[str], n: int, seed: int, iteration: int) -> 
     return [rng.randrange(len(prompts)) for _ in range(n)]
 
 
-def _next_multiple(t: float, every: float) -> float:
-    """The first multiple of ``every`` after ``t`` (seconds); ``inf`` when ``every`` is 0 (off)."""
-    return (math.floor(t / every) + 1) * every if every else math.inf
 
-
-
-class Trainer:
+class Trainer(Evaluation, RunFiles, MemoryPlanning):
     """TreeGRPO (or trajectory GRPO) LoRA training on one policy.
 
     ``rewards``: name → reward model (callable ``(images, prompts) -> (B,)``), or None when the leaves are scored
@@ -204,7 +190,7 @@ class Trainer:
         rows = cfg.memory.sample_batch or len(tree_prompts) * cfg.tree.leaves
         tree = at_iteration(cfg.tree, it)      # this iteration's tail (tree.tail_steps_schedule)
         batch = self.policy.run(lambda: sample_trees(
-            self.policy, tree_prompts, tree, prompt_ids=tree_pids, window_start=s, guidance=cfg.cfg,
+            self.policy, tree_prompts, tree, prompt_ids=tree_pids, window_start=s, guidance=cfg.guidance_scale,
             generator=sde_gen, noise=noise.to(self.policy.device), callback=self._cb, max_batch=rows,
             sigmas=self.sigmas()),
             max_batch=rows)
@@ -273,7 +259,7 @@ class Trainer:
         t0 = time.perf_counter()
         lr = self._set_lr()
         self.policy.model.train()
-        kw = dict(guidance=self.cfg.cfg, params=self.params, callback=self._cb,
+        kw = dict(guidance=self.cfg.guidance_scale, params=self.params, callback=self._cb,
                   all_reduce=getattr(self.dist, "all_reduce_grads", None))
         if self.cfg.optim.loss != "grpo":   # NFT / AWM: re-noised leaves, levels and noise from (seed, iteration)
             kw["generator"] = iteration_generator(self.cfg.seed, self.iteration, salt=1 + 10 ** 6 + self.rank)
@@ -299,7 +285,8 @@ class Trainer:
                  **batch.stats.get("scorer", {}),
                  **upd, "nfe": batch.nfe, "calls": batch.calls, "lr": lr, **t, "t_iter": t_iter,
                  "train_time": self.train_time}
-        self._pool_over_ranks(stats, batch.rewards)
+        if self.world > 1 and hasattr(self.dist, "sum_over_ranks"):
+            pool_over_ranks(stats, batch.rewards, self.weights, self.dist)
         self.total_nfe += stats["nfe"]
         stats["total_nfe"] = self.total_nfe
         if not math.isfinite(stats["loss"]):
@@ -318,242 +305,7 @@ class Trainer:
         self.backup(batch, scores.raw, scores.weights, exclude_trees=scores.exclude_trees)
         return self.record(batch, self.update(batch))
 
-    _SUMMED = ("flat_trees", "nfe", "edges", "parents", "forwards", "ref_forwards")
-    _PER_EDGE = ("loss", "kl", "ratio_mean", "clip_frac")
-
-    def _pool_over_ranks(self, stats: dict, raw: dict[str, torch.Tensor]) -> None:
-        """Data parallel: replace the rank-local batch statistics in ``stats`` by the whole batch's (every
-        rank's trees): reward mean/std over all leaves, counts summed, per-edge means weighted by edges.
-        Timings stay this rank's; ``grad_norm`` is already global (taken after the all-reduce)."""
-        if self.world == 1 or not hasattr(self.dist, "sum_over_ranks"):
-            return
-        names = sorted(raw)
-        total = weighted_raw(raw, self.weights).double()
-        e = float(stats["edges"])
-        vec = [total.numel(), float(total.sum()), float((total ** 2).sum())]
-        vec += [float(raw[k].double().sum()) for k in names]
-        vec += [float(stats.get(k, 0)) for k in self._SUMMED] + [float(stats.get(k, 0)) * e for k in self._PER_EDGE]
-        out = self.dist.sum_over_ranks(torch.tensor(vec, dtype=torch.float64)).tolist()
-        n, s1, s2 = out[:3]
-        stats["reward"] = s1 / n
-        stats["reward_std"] = math.sqrt(max(s2 / n - (s1 / n) ** 2, 0.0))
-        for k, v in zip(names, out[3:3 + len(names)]):
-            stats[f"reward/{k}"] = v / n
-        rest = out[3 + len(names):]
-        for k, v in zip(self._SUMMED, rest):
-            stats[k] = int(round(v))
-        edges = stats["edges"]
-        for k, v in zip(self._PER_EDGE, rest[len(self._SUMMED):]):
-            stats[k] = v / edges if edges else stats[k]
-
-    # ------------------------------------------------------------------ evaluation
-    @torch.no_grad()
-    def evaluate(self, prompts: Optional[list[str]] = None, seeds: Optional[int] = None,
-                 return_images: bool = False) -> dict:
-        """Deterministic ODE samples on fixed (prompt, noise) pairs, scored by the training rewards and the held-out
-        judges, with the reward-hacking signals (``treegrpo.hacking``: diversity, high-frequency energy,
-        saturation, near-black / near-white share) and the window KL to the base model. Not training time."""
-        prompts = prompts or self.eval_prompts
-        seeds = seeds or self.cfg.eval_seeds
-        was_training = self.policy.model.training
-        self.policy.model.eval()
-        all_p = [p for p in prompts for _ in range(seeds)]
-        gen = torch.Generator().manual_seed(987654321)
-        noise = torch.randn((len(all_p), *self.policy.latent_shape()), generator=gen)
-        kl = None
-        if self.cfg.signals.kl_estimate:
-            x, kl = self.policy.run(lambda: sample_ode_window_kl(self.policy, all_p, noise, self.cfg.tree,
-                                                                 self.cfg.cfg, self.sigmas()), max_batch=len(all_p))
-        else:
-            x = self.policy.run(lambda: sample_ode(self.policy, all_p, noise, self.cfg.tree.steps, self.cfg.cfg,
-                                                   sigmas=self.sigmas()), max_batch=len(all_p))
-        images = self.policy.decode(x)
-        raw = self.score_images(images, all_p)
-        total = weighted_raw(raw, self.weights)
-        self.policy.model.train(was_training)
-        out = {"iteration": self.iteration, "train_time": self.train_time, "total_nfe": self.total_nfe,
-               "eval_reward": float(total.mean()), **image_signals(first_frames(images), seeds),
-               **{f"eval/{k}": float(v.mean()) for k, v in raw.items()}}
-        if self.judge_weights:
-            judged = {n: score_over_frames(self.judges[n], images, all_p) for n in self.judge_weights}
-            check_rewards(judged, len(all_p), where=" (held-out judge)")
-            out["eval_judge"] = float(weighted_raw(judged, self.judge_weights).mean())
-            out.update({f"judge/{k}": float(v.mean()) for k, v in judged.items()})
-        if kl is not None:
-            out["eval_kl"] = float(kl.mean())
-        if return_images:
-            out["images"] = first_frames(images).cpu()
-        return out
-
-    def record_evaluation(self) -> dict:
-        """Evaluate, log, warn about reward hacking (:func:`treegrpo.hacking.hacking_warnings`) and keep the best
-        LoRA (``signals.keep_best``); returns the record."""
-        rec = self.evaluate(return_images=self.keep_eval_images)
-        self.last_eval_images = rec.pop("images", None)   # (B, 3, H, W) for an eval callback; not in the logs
-        self.evals.append(rec)
-        sc = self.cfg.signals
-        found = hacking_warnings(self.evals, judge_drop=sc.judge_drop, diversity_floor=sc.diversity_floor,
-                                 hf_ceiling=sc.hf_ceiling)
-        if found:
-            rec["warnings"] = found
-            for w in found:
-                self.warnings.append(f"iteration {self.iteration}: {w}")
-                self.log(f"TreeGRPO warning (iteration {self.iteration}): {w}")
-        if sc.keep_best and best_index(self.evals) == len(self.evals) - 1:
-            self.save_best()
-        for cb in self.callbacks:
-            cb.on_evaluate(self, rec)
-        return rec
-
-    @property
-    def best_lora_path(self) -> str:
-        return os.path.join(self.out, f"{self.cfg.run_name}_best.safetensors")
-
-    def save_best(self) -> Optional[str]:
-        """Write the current LoRA as the run's best (atomically), with the evaluation that chose it."""
-        if self.rank != 0:
-            return None
-        rec = self.evals[-1]
-        key = "eval_judge" if rec.get("eval_judge") is not None else "eval_reward"
-        meta = dict(self.metadata(), **{"treegrpo.best_iteration": str(self.iteration), "treegrpo.best_metric": key,
-                                        "treegrpo.best_score": f"{rec[key]:.6f}"})
-        return save_lora_file(self.best_lora_path, self.lora_tensors("comfy"), meta)
-
-    # ------------------------------------------------------------------ files
-    def lora_weights(self):
-        return self.lora.weights()
-
-    def lora_tensors(self, fmt: str = "comfy") -> dict:
-        w = self.lora_weights()
-        return self.policy.comfy_lora_state_dict(w) if fmt == "comfy" else to_peft(w)
-
-    def metadata(self) -> dict:
-        tree = dict(self.cfg.tree.__dict__)
-        for key in ("branch_schedule", "tail_steps_schedule"):   # a tree without them is described as before the
-            if not tree[key]:                                      # fields existed
-                del tree[key]
-        return {"treegrpo.method": self.cfg.tree.method, "treegrpo.tree_config": tree,
-                "treegrpo.step": str(self.iteration), "treegrpo.base_model": self.base_model_name,
-                "treegrpo.run_name": self.cfg.run_name, "treegrpo.lora_alpha": str(self.cfg.lora.alpha),
-                "treegrpo.lora_rank": str(self.cfg.lora.rank), "treegrpo.backend": self.cfg.backend}
-
-    @property
-    def lora_path(self) -> str:
-        return os.path.join(self.out, f"{self.cfg.run_name}.safetensors")
-
-    def save_lora(self, path: Optional[str] = None, fmt: str = "comfy") -> str:
-        path = path or self.lora_path
-        if self.rank != 0:
-            return path
-        return save_lora_file(path, self.lora_tensors(fmt), self.metadata())
-
-    def checkpoint_state(self) -> dict:
-        named = self.lora.named_lora_parameters()
-        return {"base_model": self.base_model_name,
-                "lora": {n: p.detach().cpu().clone() for n, p in named}, "param_names": [n for n, _ in named],
-                "optimizer": self.optimizer.state_dict(), "history": json.dumps(self.history),
-                "evals": json.dumps(self.evals), "train_time": self.train_time, "total_nfe": self.total_nfe,
-                "config": json.dumps(self.cfg.to_dict(), default=str), "sigmas": self.sigmas(),
-                "torch_rng": torch.get_rng_state(), "python_rng": json.dumps(random.getstate()),
-                "numpy_rng": json.dumps(_numpy_state())}
-
-    def save_checkpoint(self) -> Optional[str]:
-        """Write ``checkpoints/<run>-<iteration>.pt`` (see :mod:`treegrpo.checkpoint`)."""
-        if self.rank != 0:
-            return None
-        path = ckpt.write_checkpoint(self.out, self.cfg.run_name, self.iteration, self.checkpoint_state(),
-                                     self.cfg.keep_checkpoints)
-        for cb in self.callbacks:
-            cb.on_checkpoint(self, path)
-        return path
-
-    def latest_checkpoint(self) -> Optional[str]:
-        found = ckpt.checkpoint_paths(self.out, self.cfg.run_name)
-        return found[-1] if found else None
-
-    def load_checkpoint(self, path: str, state: Optional[dict] = None) -> None:
-        state = state if state is not None else ckpt.read_checkpoint(path, self.cfg.run_name)
-        named = self.lora.named_lora_parameters()
-        names = [n for n, _ in named]
-        opt = ckpt.optimizer_state_in_order(state["optimizer"], state["param_names"], names)
-        with torch.no_grad():
-            for n, p in named:
-                if state["lora"][n].shape != p.shape:
-                    raise ckpt.CheckpointError(f"checkpoint {path} does not fit the model: LoRA parameter {n} is "
-                                               f"{tuple(state['lora'][n].shape)}, the model's {tuple(p.shape)} "
-                                               "(another LoRA rank?)")
-                p.copy_(state["lora"][n])
-        with torch.inference_mode(False):
-            self.optimizer.load_state_dict(opt)  # the lr is re-set from (iteration, train_time)
-        self.iteration = int(state["iteration"])
-        self.history = json.loads(state["history"])
-        self.evals = json.loads(state["evals"])
-        self.train_time = float(state["train_time"])
-        self.total_nfe = int(state["total_nfe"])
-        self._keep_schedule(state.get("sigmas"), json.loads(state.get("config", "{}")).get("backend", self.cfg.backend))
-        torch.set_rng_state(state["torch_rng"])
-        st = json.loads(state["python_rng"])
-        random.setstate((st[0], tuple(st[1]), st[2]))
-        _set_numpy_state(json.loads(state["numpy_rng"]))
-
-    def _keep_schedule(self, saved: Optional[torch.Tensor], saved_backend: str) -> None:
-        """A run moved to another front-end (the checkpoint's backend is not this one's) continues on the noise levels
-        it was trained with, when this policy's own differ at the same step count: ComfyUI's schedulers and the CLI's
-        backends space them differently, and the moved run must compute what it would have computed where it
-        started. On the same front-end the policy's own apply (a new scheduler or shift is the user's choice), as
-        they do for another step count or a checkpoint without a schedule (older versions)."""
-        self.kept_sigmas = None
-        if saved is None or saved_backend == self.cfg.backend:
-            return
-        own = self.policy.sigmas(self.cfg.tree.steps).float().cpu()
-        if saved.numel() != own.numel() or torch.equal(saved.float(), own):
-            return
-        self.kept_sigmas = saved.float().cpu()
-        self.log(f"run {self.cfg.run_name!r} was trained on the {saved_backend!r} backend and continues on its noise "
-                 f"levels (from its checkpoint; this model's own schedule differs by up to "
-                 f"{float((own - self.kept_sigmas).abs().max()):.4g})")
-
-    def begin(self, resume: bool) -> None:
-        """Claim the output folder; resume the run's latest checkpoint (``resume``) or move an earlier run's files
-        aside (``checkpoint.archive_run``)."""
-        if self.rank != 0:
-            return
-        ckpt.claim_output_dir(self.out, self.cfg.run_name, self.base_model_name)
-        if resume:
-            found = ckpt.checkpoint_paths(self.out, self.cfg.run_name)
-            if found:   # the newest readable one: a damaged latest falls back to the one before
-                self.load_checkpoint(*ckpt.read_latest_checkpoint(found, self.cfg.run_name))
-        else:
-            moved = ckpt.archive_run(self.out, self.cfg.run_name)
-            if moved:
-                self.log(f"an earlier run {self.cfg.run_name!r} was moved to {moved}")
-
-    def write_logs(self) -> None:
-        """``log.csv`` (one row per iteration) and ``log.json`` (training and evaluation records)."""
-        if self.rank != 0 or not self.history:
-            return
-        os.makedirs(self.out, exist_ok=True)
-        keys = sorted({k for h in self.history for k in h})
-
-        def w(tmp):
-            with open(tmp, "w", newline="", encoding="utf-8") as fh:
-                wr = csv.DictWriter(fh, fieldnames=keys)
-                wr.writeheader()
-                wr.writerows(self.history)
-        atomic_write(os.path.join(self.out, "log.csv"), w)
-        atomic_write_json(os.path.join(self.out, "log.json"), {"train": self.history, "eval": self.evals})
-
     # ------------------------------------------------------------------ the loop
-    @property
-    def evaluating(self) -> bool:
-        return bool(self.cfg.eval_every or self.cfg.eval_every_s) and self.rank == 0
-
-    def start_evaluations(self) -> None:
-        """The base model's evaluation (iteration 0) and the clock of the time-based evaluations."""
-        if self.evaluating and self.iteration == 0 and not self.evals:
-            self.record_evaluation()
-        self._next_eval_t = _next_multiple(self.train_time, self.cfg.eval_every_s)
-
     def after_iteration(self, stats: dict) -> None:
         """The callbacks, then the evaluation and the checkpoint when they are due."""
         cfg = self.cfg
@@ -563,78 +315,12 @@ class Trainer:
             self.iteration_callback(stats)
         due_t = self.train_time >= self._next_eval_t
         if due_t:
-            self._next_eval_t = _next_multiple(self.train_time, cfg.eval_every_s)
+            self._next_eval_t = next_multiple(self.train_time, cfg.eval_every_s)
         if self.evaluating and (due_t or (cfg.eval_every and self.iteration % cfg.eval_every == 0)):
             self.record_evaluation()
         if cfg.checkpoint_every and self.iteration % cfg.checkpoint_every == 0:
             self.save_checkpoint()
             self.write_logs()
-
-    # ------------------------------------------------------------------ memory
-    def _offload_rewards(self) -> None:
-        for name in self.weights:
-            off = getattr(self.rewards[name], "offload", None)
-            if off is not None:
-                off()
-
-    def workload(self) -> memory.Workload:
-        """This rank's share of one iteration, as the memory model sees it."""
-        cfg = self.cfg
-        trees = cfg.prompts_per_iter * cfg.trees_per_prompt
-        trees = -(-trees // self.world)
-        batches = [getattr(self.rewards[n], "batch_size", 0) for n in self.weights] if self.rewards else [0]
-        return memory.Workload(trees=trees, branching=tuple(cfg.tree.branching), sample_batch=cfg.memory.sample_batch,
-                               microbatch=cfg.optim.microbatch, decode_batch=self.policy.decode_batch,
-                               reward_batch=0 if 0 in batches else max(batches))
-
-    def plan_memory(self, budget: Optional[float] = None, *, fake: bool = True) -> Optional[memory.Plan]:
-        """Measure the model, predict every phase's peak and apply the fastest settings that fit ``budget`` bytes
-        (default: ``memory.budget_gb``, else the GPU's memory); logs one line. Raises
-        :class:`treegrpo.memory.MemoryPlanError` before any work when nothing fits; None when there is no budget
-        (the CPU) or the plan is off."""
-        mc = self.cfg.memory
-        if mc.checkpointing != "auto":   # the user's choice holds with or without a plan
-            self.policy.set_gradient_checkpointing(mc.checkpointing == "on")
-        if mc.plan == "off":
-            return None
-        source = memory.BUDGET_SETTING if not (budget or self.memory_budget) and mc.budget_gb else ""
-        budget = budget or self.memory_budget or mc.budget_gb * memory.GB or memory.accelerator_budget(self.policy.device)
-        if not budget:   # the CPU: no measured plan, but a batch that cannot fit is refused before allocation
-            latent = 4 * math.prod(self.policy.latent_shape())
-            memory.size_guard(self.workload(), latent, memory.available_ram(),
-                              trees_per_prompt=self.cfg.trees_per_prompt)
-            return None
-        fixed = mc.fixed()
-        rewards = [self.rewards[n] for n in self.weights] if self.rewards else []
-        wl = self.workload()
-        self.log(f"TreeGRPO memory: measuring the models at this size to plan for {memory.size_text(budget)} "
-                 "(shapes only: no memory used; up to a few minutes of CPU on the largest models)")
-        fp = memory.probe_policy(self.policy, self.prompts[0], self.cfg.cfg, self.params, rewards=rewards, fake=fake,
-                                 kl=self.cfg.optim.kl_beta > 0, **memory.probe_rows(wl))
-        p = memory.plan(fp, wl, budget, suggest=lambda short: memory.smallest_change(fp, wl, budget, fixed),
-                        budget_source=source, **fixed)
-        self.apply_plan(p)
-        self.log("TreeGRPO memory: " + p.line())
-        if getattr(self.policy, "checkpointing_refusal", ""):
-            self.log("TreeGRPO memory: " + self.policy.checkpointing_refusal)
-        return p
-
-    def apply_plan(self, p: memory.Plan) -> None:
-        """Put the plan's choices into effect: the policy's checkpointing and decode, the config's microbatch and
-        sampling batch, the reward models' batch size and place."""
-        wl, cfg = p.workload, self.cfg
-        self.policy.set_gradient_checkpointing(wl.checkpointing)
-        self.policy.set_tiled_decode(wl.tiled_decode)
-        self.cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, microbatch=wl.microbatch),
-                                       memory=dataclasses.replace(cfg.memory, sample_batch=wl.sample_batch))
-        self.memory_plan = p
-        if wl.decode_batch > 1:
-            self.policy.decode_batch = wl.decode_batch
-        for name in self.weights if self.rewards else ():
-            if wl.reward_batch and hasattr(self.rewards[name], "batch_size"):
-                self.rewards[name].batch_size = wl.reward_batch
-        if wl.offload_rewards:
-            self._offload_rewards()
 
     def train(self, iterations: Optional[int] = None, resume: bool = False) -> dict:
         """Run until ``iterations`` (default ``cfg.iterations``) or the time budget; returns a summary.

@@ -296,7 +296,7 @@ def test_video_leaves_decode_a_few_frames_and_rewards_average_them(comfyui_pack)
         scored.append((images.detach().clone(), list(prompts)))
         return images.mean(dim=(1, 2, 3))
 
-    cfg = TrainConfig(backend="comfy", prompts=["a fox"], cfg=2.0, rewards=[{"name": "r", "weight": 1.0}],
+    cfg = TrainConfig(backend="comfy", prompts=["a fox"], guidance_scale=2.0, rewards=[{"name": "r", "weight": 1.0}],
                       tree={"steps": 4, "window_start": 1, "window_width": 1, "branch": 2},
                       lora={"rank": 2, "alpha": 2.0, "targets": ["auto"]}, optim={"lr": 5e-2, "kl_beta": 0.0},
                       iterations=1, prompts_per_iter=1, eval_every=0, checkpoint_every=0, run_name="video_wan21",

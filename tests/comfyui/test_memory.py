@@ -85,7 +85,7 @@ def test_cli_demo_every_phase_is_predicted(tmp_path, microbatch):
     policy, _ = load_policy(cfg, torch.device("cpu"))
     tr = Trainer(cfg, policy, rewards, progress=False)
     wl = tr.workload()
-    fp = memory.probe_policy(policy, cfg.prompts[0], cfg.cfg, tr.params, rewards=list(rewards.values()),
+    fp = memory.probe_policy(policy, cfg.prompts[0], cfg.guidance_scale, tr.params, rewards=list(rewards.values()),
                              kl=cfg.optim.kl_beta > 0, **memory.probe_rows(wl))
     _check(memory.phases(fp, wl), _measure(tr), memory.PHASES)
 
@@ -100,7 +100,7 @@ def test_comfy_families_sampling_and_update_are_predicted(comfyui_pack, tmp_path
     policy, _ = _policy(arch, checkpointing)
     d = cli.demo_config_dict()
     d.update(backend="comfy", output_dir=str(tmp_path), eval_every=0, prompts=["p"], prompts_per_iter=1,
-             trees_per_prompt=2, cfg=2.5, optim=dict(microbatch=3),
+             trees_per_prompt=2, guidance_scale=2.5, optim=dict(microbatch=3),
              tree=dict(steps=6, window_start=1, window_width=3, branch=2))
     cfg = TrainConfig.from_dict(d)
     rewards = {"demo_adherence": lambda images, prompts: images.mean((1, 2, 3))}
@@ -108,7 +108,7 @@ def test_comfy_families_sampling_and_update_are_predicted(comfyui_pack, tmp_path
     with torch.inference_mode(False):
         tr = Trainer(cfg, policy, rewards, progress=False)
         wl = dataclasses.replace(tr.workload(), checkpointing=checkpointing)
-        fp = memory.probe_policy(policy, "p", cfg.cfg, tr.params, kl=cfg.optim.kl_beta > 0, **memory.probe_rows(wl))
+        fp = memory.probe_policy(policy, "p", cfg.guidance_scale, tr.params, kl=cfg.optim.kl_beta > 0, **memory.probe_rows(wl))
         assert fp.update_ckpt is not None and fp.update_ckpt(3) < fp.update(3)
         _check(memory.phases(fp, wl), _measure(tr), ("sample", "update"))
 
@@ -183,7 +183,7 @@ def test_a_small_budget_turns_checkpointing_on_and_a_tiny_one_stops_before_sampl
     rewards = build_rewards(cfg, "cpu")
     tr = Trainer(cfg, policy, rewards, progress=False)
     wl = tr.workload()
-    fp = memory.probe_policy(policy, cfg.prompts[0], cfg.cfg, tr.params, rewards=list(rewards.values()),
+    fp = memory.probe_policy(policy, cfg.prompts[0], cfg.guidance_scale, tr.params, rewards=list(rewards.values()),
                              kl=cfg.optim.kl_beta > 0, **memory.probe_rows(wl))
     assert fp.update_ckpt is not None and fp.update_ckpt(8) < fp.update(8) / 2
 

@@ -117,10 +117,10 @@ def test_one_iteration_nfe_and_lora_exports(saved, tmp_path, family):
     finally:
         backends.load_policy = real
     h = trainer.history[0]
-    per_tree = expected_nfe(cfg.tree, guidance=cfg.cfg)
+    per_tree = expected_nfe(cfg.tree, guidance=cfg.guidance_scale)
     assert h["nfe"] == 2 * per_tree
     # the rest were update forwards: the policy's and, for the KL term, the reference's (LoRA off)
-    sample_rows = sum(rows) - (h["forwards"] + h["ref_forwards"]) * (2 if cfg.cfg > 1 else 1)
+    sample_rows = sum(rows) - (h["forwards"] + h["ref_forwards"]) * (2 if cfg.guidance_scale > 1 else 1)
     assert sample_rows == 2 * per_tree, (sum(rows), h)
     assert h["edges"] > 0 and h["grad_norm"] > 0
 
@@ -139,15 +139,15 @@ def test_one_iteration_nfe_and_lora_exports(saved, tmp_path, family):
     noise = torch.randn((2, *policy.latent_shape()), generator=torch.Generator().manual_seed(3))
     sig = policy.sigmas(4)
     with torch.no_grad():
-        den = Denoiser(policy, policy.encode_prompts(PROMPTS), cfg.cfg, NFECounter())
+        den = Denoiser(policy, policy.encode_prompts(PROMPTS), cfg.guidance_scale, NFECounter())
         ours = euler_solve(den, noise * sig[0], sig, torch.arange(2), prediction=policy.prediction)
         with policy.lora_disabled():
             base = euler_solve(den, noise * sig[0], sig, torch.arange(2), prediction=policy.prediction)
     assert (ours - base).abs().max() > 1e-6
-    fresh = DiffusersPolicy.load(saved[family], PC, guidance_hint=cfg.cfg)
+    fresh = DiffusersPolicy.load(saved[family], PC, guidance_hint=cfg.guidance_scale)
     fresh.pipe.load_lora_weights(summary["lora_diffusers"])
     with torch.no_grad():
-        den2 = Denoiser(fresh, fresh.encode_prompts(PROMPTS), cfg.cfg, NFECounter())
+        den2 = Denoiser(fresh, fresh.encode_prompts(PROMPTS), cfg.guidance_scale, NFECounter())
         theirs = euler_solve(den2, noise * sig[0], sig, torch.arange(2), prediction=fresh.prediction)
     assert torch.allclose(theirs, ours, atol=1e-5, rtol=1e-4), float((theirs - ours).abs().max())
 

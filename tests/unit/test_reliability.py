@@ -56,7 +56,7 @@ CATALOGUE = [
     (lambda: TrainConfig(prompts=["p"], rewards=[{"name": "a"}, {"name": "a"}]), ConfigError, r"duplicate reward names"),
     (lambda: TrainConfig(prompts=["p"], backend="sdxl"), ConfigError, r"TrainConfig\.backend: must be one of"),
     (lambda: TrainConfig(prompts=["p"], run_name="../x"), ConfigError, r"TrainConfig\.run_name"),
-    (lambda: TrainConfig(prompts=["p"], cfg=0.5), ConfigError, r"TrainConfig\.cfg: must be >= 1"),
+    (lambda: TrainConfig(prompts=["p"], guidance_scale=0.5), ConfigError, r"TrainConfig\.guidance_scale: must be >= 1"),
     (lambda: TrainConfig.from_dict({"prompts": ["p"], "learning_rate": 1}), ConfigError, r"unknown field\(s\) \['learning_rate'\]"),
     (lambda: TrainConfig.from_dict({"prompts": ["p"], "tree": {"brnach": 2}}), ConfigError, r"TreeConfig: unknown field\(s\) \['brnach'\]"),
     (lambda: TrainConfig(prompts_file="/nonexistent/prompts.txt").load_prompts(), ConfigError, r"cannot read '/nonexistent/prompts.txt'"),

@@ -72,6 +72,31 @@ def test_gradient_checkpointing_is_one_switch_and_the_earlier_one_still_reads(tm
     assert tr.policy.model.gradient_checkpointing is True   # ... and the user's choice is in effect
 
 
+def test_guidance_scale_is_read_under_its_earlier_name_cfg(tmp_path):
+    """``guidance_scale`` was ``cfg`` until 2026-12: config files, checkpoints' configs and the ``--cfg`` flag that
+    name it still mean it; both names with different values are refused naming both; a run resumed from a checkpoint
+    whose config says ``cfg`` sees no change of settings."""
+    import argparse
+
+    from treegrpo.checkpoint import config_changes
+
+    base = {k: v for k, v in cli.demo_config_dict().items() if k != "guidance_scale"}
+    assert TrainConfig.from_dict({**base, "cfg": 3.0}).guidance_scale == 3.0
+    assert TrainConfig.from_dict({**base, "cfg": 3.0, "guidance_scale": 3.0}).guidance_scale == 3.0
+    assert TrainConfig.from_dict_known({**base, "cfg": 2.5})[0].guidance_scale == 2.5
+    with pytest.raises(ConfigError, match=r"both cfg \(3\.0\) and guidance_scale \(2\.0\)"):
+        TrainConfig.from_dict({**base, "cfg": 3.0, "guidance_scale": 2.0})
+    p = argparse.ArgumentParser()
+    cli.add_config_flags(p)
+    for flag in ("--cfg", "--guidance-scale"):
+        ns = p.parse_args([flag, "4.5"])
+        assert TrainConfig.from_dict(cli.apply_flags(dict(base), ns)).guidance_scale == 4.5
+    now = TrainConfig.from_dict({**base, "guidance_scale": 2.0})
+    old = {("cfg" if k == "guidance_scale" else k): v for k, v in now.to_dict().items()}
+    assert "cfg" in old and config_changes(old, now) == []
+    assert config_changes({**old, "cfg": 3.0}, now) == ["guidance_scale: 3.0 -> 2.0"]
+
+
 def test_cli_rejects_bad_input_before_loading_any_model(tmp_path, monkeypatch, capsys):
     import treegrpo.backends as backends
 

@@ -59,7 +59,7 @@ def load_policy(cfg, device=None) -> tuple[Policy, str]:
         return DemoPolicy.load(cfg.model, device=device), BASE_MODEL_NAME
     if cfg.backend == "diffusers":
         from .diffusers import DiffusersPolicy
-        policy = DiffusersPolicy.load(cfg.model, cfg.pipeline, device=device, guidance_hint=cfg.cfg)
+        policy = DiffusersPolicy.load(cfg.model, cfg.pipeline, device=device, guidance_hint=cfg.guidance_scale)
         return policy, f"diffusers:{policy.family}:{os.path.basename(os.path.normpath(cfg.model))}"
     raise ValueError(f"backend {cfg.backend!r} cannot be loaded from the CLI (the 'comfy' backend is driven by the "
                      "ComfyUI nodes); use backend 'demo' or 'diffusers'")

@@ -57,7 +57,7 @@ def train_node_config(*, prompts: list[str], negative: str, reward_specs: list[d
     saved before the widget) keeps the default; evaluation uses 2 fixed noises per prompt; a checkpoint is written
     every 25 iterations (every iteration for a shorter run)."""
     return TrainConfig(
-        backend="comfy", prompts=prompts, negative_prompt=negative, cfg=cfg, rewards=reward_specs, tree=tree,
+        backend="comfy", prompts=prompts, negative_prompt=negative, guidance_scale=cfg, rewards=reward_specs, tree=tree,
         eval_rewards=[{"name": n, "weight": 1.0} for n in judges],
         advantage=AdvantageConfig(),
         lora=LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=targets),

@@ -8,7 +8,7 @@ def demo_config_dict() -> dict:
     from .shapes import all_prompts
 
     return {
-        "backend": "demo", "prompts": all_prompts(), "cfg": 1.0,
+        "backend": "demo", "prompts": all_prompts(), "guidance_scale": 1.0,
         "rewards": [{"name": "demo_adherence", "weight": 1.0}],
         "eval_rewards": [{"name": "demo_judge", "weight": 1.0}],   # held out: never trained on
         "tree": {"steps": 10, "window_start": 1, "window_width": 3, "branch": 2, "noise_level": 0.7,

@@ -1,0 +1,169 @@
+"""A run's files: the LoRA (ComfyUI's or PEFT's keys) with its metadata, the best LoRA, checkpoints (written and
+resumed, with every random state), ``log.csv`` / ``log.json``, and claiming the output folder. A mixin of
+:class:`treegrpo.trainer.Trainer`; the file formats are :mod:`treegrpo.checkpoint`'s and :mod:`treegrpo.lora`'s."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+from typing import Optional
+
+import torch
+
+from . import checkpoint as ckpt
+from .io import atomic_write, atomic_write_json
+from .lora import save_lora_file, to_peft
+
+
+def _numpy_state() -> list:
+    import numpy as np
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]
+
+
+def _set_numpy_state(st: list) -> None:
+    import numpy as np
+    np.random.set_state((st[0], np.array(st[1], dtype=np.uint32), st[2], st[3], st[4]))
+
+
+class RunFiles:
+    """The Trainer's LoRA files, checkpoints and logs (rank 0 writes; other ranks return without writing)."""
+
+    @property
+    def best_lora_path(self) -> str:
+        return os.path.join(self.out, f"{self.cfg.run_name}_best.safetensors")
+
+    def save_best(self) -> Optional[str]:
+        """Write the current LoRA as the run's best (atomically), with the evaluation that chose it."""
+        if self.rank != 0:
+            return None
+        rec = self.evals[-1]
+        key = "eval_judge" if rec.get("eval_judge") is not None else "eval_reward"
+        meta = dict(self.metadata(), **{"treegrpo.best_iteration": str(self.iteration), "treegrpo.best_metric": key,
+                                        "treegrpo.best_score": f"{rec[key]:.6f}"})
+        return save_lora_file(self.best_lora_path, self.lora_tensors("comfy"), meta)
+
+    # ------------------------------------------------------------------ files
+    def lora_weights(self):
+        return self.lora.weights()
+
+    def lora_tensors(self, fmt: str = "comfy") -> dict:
+        w = self.lora_weights()
+        return self.policy.comfy_lora_state_dict(w) if fmt == "comfy" else to_peft(w)
+
+    def metadata(self) -> dict:
+        tree = dict(self.cfg.tree.__dict__)
+        for key in ("branch_schedule", "tail_steps_schedule"):   # a tree without them is described as before the
+            if not tree[key]:                                      # fields existed
+                del tree[key]
+        return {"treegrpo.method": self.cfg.tree.method, "treegrpo.tree_config": tree,
+                "treegrpo.step": str(self.iteration), "treegrpo.base_model": self.base_model_name,
+                "treegrpo.run_name": self.cfg.run_name, "treegrpo.lora_alpha": str(self.cfg.lora.alpha),
+                "treegrpo.lora_rank": str(self.cfg.lora.rank), "treegrpo.backend": self.cfg.backend}
+
+    @property
+    def lora_path(self) -> str:
+        return os.path.join(self.out, f"{self.cfg.run_name}.safetensors")
+
+    def save_lora(self, path: Optional[str] = None, fmt: str = "comfy") -> str:
+        path = path or self.lora_path
+        if self.rank != 0:
+            return path
+        return save_lora_file(path, self.lora_tensors(fmt), self.metadata())
+
+    def checkpoint_state(self) -> dict:
+        named = self.lora.named_lora_parameters()
+        return {"base_model": self.base_model_name,
+                "lora": {n: p.detach().cpu().clone() for n, p in named}, "param_names": [n for n, _ in named],
+                "optimizer": self.optimizer.state_dict(), "history": json.dumps(self.history),
+                "evals": json.dumps(self.evals), "train_time": self.train_time, "total_nfe": self.total_nfe,
+                "config": json.dumps(self.cfg.to_dict(), default=str), "sigmas": self.sigmas(),
+                "torch_rng": torch.get_rng_state(), "python_rng": json.dumps(random.getstate()),
+                "numpy_rng": json.dumps(_numpy_state())}
+
+    def save_checkpoint(self) -> Optional[str]:
+        """Write ``checkpoints/<run>-<iteration>.pt`` (see :mod:`treegrpo.checkpoint`)."""
+        if self.rank != 0:
+            return None
+        path = ckpt.write_checkpoint(self.out, self.cfg.run_name, self.iteration, self.checkpoint_state(),
+                                     self.cfg.keep_checkpoints)
+        for cb in self.callbacks:
+            cb.on_checkpoint(self, path)
+        return path
+
+    def latest_checkpoint(self) -> Optional[str]:
+        found = ckpt.checkpoint_paths(self.out, self.cfg.run_name)
+        return found[-1] if found else None
+
+    def load_checkpoint(self, path: str, state: Optional[dict] = None) -> None:
+        state = state if state is not None else ckpt.read_checkpoint(path, self.cfg.run_name)
+        named = self.lora.named_lora_parameters()
+        names = [n for n, _ in named]
+        opt = ckpt.optimizer_state_in_order(state["optimizer"], state["param_names"], names)
+        with torch.no_grad():
+            for n, p in named:
+                if state["lora"][n].shape != p.shape:
+                    raise ckpt.CheckpointError(f"checkpoint {path} does not fit the model: LoRA parameter {n} is "
+                                               f"{tuple(state['lora'][n].shape)}, the model's {tuple(p.shape)} "
+                                               "(another LoRA rank?)")
+                p.copy_(state["lora"][n])
+        with torch.inference_mode(False):
+            self.optimizer.load_state_dict(opt)  # the lr is re-set from (iteration, train_time)
+        self.iteration = int(state["iteration"])
+        self.history = json.loads(state["history"])
+        self.evals = json.loads(state["evals"])
+        self.train_time = float(state["train_time"])
+        self.total_nfe = int(state["total_nfe"])
+        self._keep_schedule(state.get("sigmas"), json.loads(state.get("config", "{}")).get("backend", self.cfg.backend))
+        torch.set_rng_state(state["torch_rng"])
+        st = json.loads(state["python_rng"])
+        random.setstate((st[0], tuple(st[1]), st[2]))
+        _set_numpy_state(json.loads(state["numpy_rng"]))
+
+    def _keep_schedule(self, saved: Optional[torch.Tensor], saved_backend: str) -> None:
+        """A run moved to another front-end (the checkpoint's backend is not this one's) continues on the noise levels
+        it was trained with, when this policy's own differ at the same step count: ComfyUI's schedulers and the CLI's
+        backends space them differently, and the moved run must compute what it would have computed where it
+        started. On the same front-end the policy's own apply (a new scheduler or shift is the user's choice), as
+        they do for another step count or a checkpoint without a schedule (older versions)."""
+        self.kept_sigmas = None
+        if saved is None or saved_backend == self.cfg.backend:
+            return
+        own = self.policy.sigmas(self.cfg.tree.steps).float().cpu()
+        if saved.numel() != own.numel() or torch.equal(saved.float(), own):
+            return
+        self.kept_sigmas = saved.float().cpu()
+        self.log(f"run {self.cfg.run_name!r} was trained on the {saved_backend!r} backend and continues on its noise "
+                 f"levels (from its checkpoint; this model's own schedule differs by up to "
+                 f"{float((own - self.kept_sigmas).abs().max()):.4g})")
+
+    def begin(self, resume: bool) -> None:
+        """Claim the output folder; resume the run's latest checkpoint (``resume``) or move an earlier run's files
+        aside (``checkpoint.archive_run``)."""
+        if self.rank != 0:
+            return
+        ckpt.claim_output_dir(self.out, self.cfg.run_name, self.base_model_name)
+        if resume:
+            found = ckpt.checkpoint_paths(self.out, self.cfg.run_name)
+            if found:   # the newest readable one: a damaged latest falls back to the one before
+                self.load_checkpoint(*ckpt.read_latest_checkpoint(found, self.cfg.run_name))
+        else:
+            moved = ckpt.archive_run(self.out, self.cfg.run_name)
+            if moved:
+                self.log(f"an earlier run {self.cfg.run_name!r} was moved to {moved}")
+
+    def write_logs(self) -> None:
+        """``log.csv`` (one row per iteration) and ``log.json`` (training and evaluation records)."""
+        if self.rank != 0 or not self.history:
+            return
+        os.makedirs(self.out, exist_ok=True)
+        keys = sorted({k for h in self.history for k in h})
+
+        def w(tmp):
+            with open(tmp, "w", newline="", encoding="utf-8") as fh:
+                wr = csv.DictWriter(fh, fieldnames=keys)
+                wr.writeheader()
+                wr.writerows(self.history)
+        atomic_write(os.path.join(self.out, "log.csv"), w)
+        atomic_write_json(os.path.join(self.out, "log.json"), {"train": self.history, "eval": self.evals})
