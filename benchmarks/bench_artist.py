@@ -11,7 +11,7 @@ Strategies, each for ``--iterations`` iterations, paired per seed (same seeds, s
 
 * ``oracle``: trained on the hidden taste itself (every leaf's value as its reward; no answers);
 * ``every``: the artist asked about every tree (issue 33);
-* ``unsure``: the taste model (treegrpo/taste.py on the demo's built-in features), the artist asked where it may be
+* ``unsure``: the taste model (treegrpo/artist/taste.py on the demo's built-in features), the artist asked where it may be
   wrong (``ask_reason``; ``--old-rule``: the heads' disagreement alone, as before issue 50); the other trees are
   scored by the model, or not trained on when they lie beyond the answers and no question is left;
 * ``random``: the same model, the artist asked about trees drawn at random at the rate ``unsure`` ended with;
@@ -33,25 +33,23 @@ import argparse
 import math
 import os
 import statistics
-import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, ".."))
 
 import torch  # noqa: E402
 
 from treegrpo import cli  # noqa: E402
-from treegrpo.artist import Answer, pairwise_wins, win_rates  # noqa: E402
+from treegrpo.artist.answers import Answer, pairwise_wins, win_rates  # noqa: E402
 from treegrpo.backends import load_policy  # noqa: E402
 from treegrpo.config import TrainConfig  # noqa: E402
 from treegrpo.demo.tastes import TASTES, taste as taste_fn  # noqa: E402
 from treegrpo.io import atomic_write_json  # noqa: E402
 from treegrpo.scores import LeafScores  # noqa: E402
-from treegrpo.start_check import CheckConfig, StartCheck  # noqa: E402
-from treegrpo.taste import OnlineTaste, TasteConfig, TasteModel  # noqa: E402
-from treegrpo.taste_features import DemoEncoder  # noqa: E402
+from treegrpo.artist.start_check import CheckConfig, StartCheck  # noqa: E402
+from treegrpo.artist.taste import OnlineTaste, TasteConfig, TasteModel  # noqa: E402
+from treegrpo.artist.features import DemoEncoder  # noqa: E402
 from treegrpo.trainer import Trainer  # noqa: E402
 from treegrpo.tree import sample_ode  # noqa: E402
 
@@ -96,7 +94,7 @@ class SimulatedArtist:
         return pairwise_wins(Answer("favourites", good=(pick,)), len(area))
 
     def check(self, first: torch.Tensor, second: torch.Tensor, prompts, iteration) -> int | None:
-        """A check against the start (treegrpo/start_check.py): the side whose pictures the hidden taste values
+        """A check against the start (treegrpo/artist/start_check.py): the side whose pictures the hidden taste values
         more on average by at least ``margin``, else no preference (None); with probability ``error`` one of the
         other two answers instead, at random."""
         diff = float(self.value(second).mean()) - float(self.value(first).mean())
@@ -295,7 +293,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--diversity-floor", type=float, default=TasteConfig.diversity_floor)
     ap.add_argument("--old-rule", action="store_true", help="the rule before issue 50: the heads' disagreement only "
                     "(novelty, floor rate, agreement and diversity off)")
-    ap.add_argument("--check-every", type=int, default=0, help="a check against the start (treegrpo/start_check.py) "
+    ap.add_argument("--check-every", type=int, default=0, help="a check against the start (treegrpo/artist/start_check.py) "
                     "every that many iterations, each one answer (0: none)")
     ap.add_argument("--no-learn-checks", action="store_true", help="the taste model does not learn from the checks")
     ap.add_argument("--check-pictures", type=int, default=CheckConfig.pictures, help="pictures per side of a check")

@@ -39,14 +39,13 @@ import argparse
 import json
 import math
 import os
-import sys
 import threading
 import time
 from typing import Callable
 
+import harness as h
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import bench_methods as bm  # noqa: E402
 
 BASELINE = "traj_window"
 METHODS = ("tree", "awm", "nft")
@@ -81,12 +80,12 @@ def first_passage_ratio(run: list[dict], ref: list[dict], smooth: int, key: str 
     curves (already cut at their budgets) averaged over ``smooth`` evaluations first; ``key`` is the clock
     (``train_time``, or ``iteration`` for what an iteration teaches). NaN where the run never gets there within its
     budget, or where the reference never rose above its start (first passage 0)."""
-    r, b = bm.smooth_evals(run, smooth), bm.smooth_evals(ref, smooth)
+    r, b = h.smooth_evals(run, smooth), h.smooth_evals(ref, smooth)
     target = b[-1]["eval_reward"]
-    t_ref = bm.time_to_reach(b, target, key)
+    t_ref = h.time_to_reach(b, target, key)
     if not t_ref > 0:
         return math.nan
-    return bm.time_to_reach(r, target, key) / t_ref
+    return h.time_to_reach(r, target, key) / t_ref
 
 
 def is_tree(method: str) -> bool:
@@ -97,7 +96,7 @@ def is_tree(method: str) -> bool:
 def summary(by_seed: dict[int, float], goal: float | None = None) -> dict:
     """Mean ± std over the seeds that reached the target, how many did, the worst seed, and how many met ``goal``
     (a seed that never reached the target does not meet it)."""
-    m, s, n = bm.mean_std(list(by_seed.values()))
+    m, s, n = h.mean_std(list(by_seed.values()))
     vals = [v for v in by_seed.values() if not math.isnan(v)]
     out = {"mean": m, "std": s, "reached": f"{n}/{len(by_seed)}", "max": max(vals) if vals else math.nan,
            "by_seed": by_seed}
@@ -114,7 +113,7 @@ def runs_by_method(records: list[dict]) -> dict[str, dict[int, list[dict]]]:
     the run would have taken at its steady speed throughout)."""
     runs: dict[str, dict[int, list[dict]]] = {}
     for r in records:
-        per = r.get("leaves_per_iter", bm.LEAVES_PER_ITER)
+        per = r.get("leaves_per_iter", h.LEAVES_PER_ITER)
         spi = steady_seconds_per_iteration(r["evals"])
         runs.setdefault(r["method"], {})[r["seed"]] = [dict(e, samples=e["iteration"] * per,
                                                             steady_time=e["iteration"] * spi) for e in r["evals"]]
@@ -144,11 +143,11 @@ def tables(records: list[dict], budgets: tuple[int, ...] = BUDGETS, smooth: int 
                 row[m] = {clock: summary({s: first_passage_ratio(by[s], cut_runs[ref][s], smooth, key)
                                           for s in seeds}, GOALS.get(ref) if is_tree(m) and clock == "time" else None)
                           for clock, key in (("time", "train_time"), ("iterations", "iteration"), ("samples", "samples"))}
-                row[m]["final_reward"] = bm.mean_std([bm.smooth_evals(by[s], smooth)[-1]["eval_reward"] for s in seeds])
+                row[m]["final_reward"] = h.mean_std([h.smooth_evals(by[s], smooth)[-1]["eval_reward"] for s in seeds])
             per_ref[ref] = row
         steady_ratios(runs, n, smooth, per_ref)
         out[str(n)] = {"T_N_s": t_n, "references": per_ref,
-                       "final_reward": {m: bm.mean_std([bm.smooth_evals(ev, smooth)[-1]["eval_reward"]
+                       "final_reward": {m: h.mean_std([h.smooth_evals(ev, smooth)[-1]["eval_reward"]
                                                        for ev in by.values()]) for m, by in cut_runs.items()}}
     return out
 
@@ -188,7 +187,7 @@ def reward_levels(base_runs: dict[int, list[dict]], smooth: int, step: float = L
     that more than half of the baseline's seeds reach on their whole (smoothed) runs (its median passage is then
     finite)."""
     starts = [ev[0]["eval_reward"] for ev in base_runs.values()]
-    best = sorted((max(e["eval_reward"] for e in bm.smooth_evals(ev, smooth)) for ev in base_runs.values()),
+    best = sorted((max(e["eval_reward"] for e in h.smooth_evals(ev, smooth)) for ev in base_runs.values()),
                   reverse=True)
     top = best[len(best) // 2]                  # reached by more than half of the seeds
     k = math.floor(max(starts) / step + 1e-9) + 1
@@ -209,7 +208,7 @@ def level_table(records: list[dict], n_max: int, smooth: int = SMOOTH, step: flo
     base = runs[BASELINE]
     unit = {s: budget_time(ev, n_max) / n_max for s, ev in base.items()}
     levels = reward_levels(base, smooth, step)
-    passage = {m: {s: [bm.time_to_reach(bm.smooth_evals(ev, smooth), lv) / unit[s] for lv in levels]
+    passage = {m: {s: [h.time_to_reach(h.smooth_evals(ev, smooth), lv) / unit[s] for lv in levels]
                    for s, ev in by.items() if s in unit and unit[s] > 0}
                for m, by in runs.items()}
     out = {"levels": levels, "step": step, "baseline_iterations": [
@@ -337,16 +336,9 @@ def schedule(jobs: list[tuple[str, tuple[str, ...], Callable[[], dict]]], n_par:
     return done
 
 
-def overrides(name: str) -> dict:
-    """A method's config overrides: bench_methods' methods, its tree ablations and the tree shapes of
-    bench_gradient.py (each "tree" with these changes)."""
-    import bench_gradient
-
-    return bench_gradient.method_overrides(name)
-
-
-def run(seeds: list[int], methods: tuple[str, ...], n_max: int, out_dir: str, n_par: int) -> list[dict]:
-    """Every seed's baseline for ``n_max`` iterations, then each other method for the training time it took."""
+def run(seeds: list[int], methods: dict[str, dict], n_max: int, out_dir: str, n_par: int) -> list[dict]:
+    """Every seed's baseline for ``n_max`` iterations, then each other method ({name: its changes}) for the training
+    time it took."""
     t0 = time.time()
     base: dict[int, dict] = {}
 
@@ -357,8 +349,8 @@ def run(seeds: list[int], methods: tuple[str, ...], n_max: int, out_dir: str, n_
 
     def baseline_job(seed):
         def fn():
-            rec = bm.run_one(BASELINE, bm.METHODS[BASELINE], seed, None, os.path.join(out_dir, "runs", f"{BASELINE}_{seed}"),
-                             iterations=n_max, eval_every=1)
+            rec = h.run_one(h.DEMO, BASELINE, h.DEMO.overrides(BASELINE), seed, None,
+                            os.path.join(out_dir, "runs", f"{BASELINE}_{seed}"), iterations=n_max, eval_every=1)
             base[seed] = rec
             return log(rec)
         return fn
@@ -366,19 +358,20 @@ def run(seeds: list[int], methods: tuple[str, ...], n_max: int, out_dir: str, n_
     def method_job(name, seed):
         def fn():
             t = base[seed]["train_time"]
-            return log(bm.run_one(name, overrides(name), seed, t, os.path.join(out_dir, "runs", f"{name}_{seed}"),
-                                  eval_every_s=t / n_max))
+            return log(h.run_one(h.DEMO, name, methods[name], seed, t, os.path.join(out_dir, "runs", f"{name}_{seed}"),
+                                 eval_every_s=t / n_max))
         return fn
 
+    names = tuple(methods)
     jobs = []
     for i, seed in enumerate(seeds):
         jobs.append((f"{BASELINE}/{seed}", (), baseline_job(seed)))
         if i:   # the previous seed's methods beside this seed's baseline
             prev = seeds[i - 1]
-            rot = methods[prev % len(methods):] + methods[:prev % len(methods)]
+            rot = names[prev % len(names):] + names[:prev % len(names)]
             jobs += [(f"{m}/{prev}", (f"{BASELINE}/{prev}",), method_job(m, prev)) for m in rot]
     last = seeds[-1]
-    rot = methods[last % len(methods):] + methods[:last % len(methods)]
+    rot = names[last % len(names):] + names[:last % len(names)]
     jobs += [(f"{m}/{last}", (f"{BASELINE}/{last}",), method_job(m, last)) for m in rot]
     done = schedule(jobs, n_par)
     return [done[k] for k, _, _ in jobs]
@@ -390,8 +383,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)), help="baseline iterations to read the ratios "
                     "at; the baseline trains the largest")
-    ap.add_argument("--methods", default=",".join(METHODS), help="what trains beside the baseline (bench_methods.py's "
-                    "names)")
+    ap.add_argument("--methods", default=",".join(METHODS), help="what trains beside the baseline: harness.py's "
+                    "registered names, or NAME=JSON (a new configuration's changes over the demo protocol)")
     ap.add_argument("--smooth", type=int, default=SMOOTH, help="average each curve over this many consecutive "
                     "evaluations after cutting it at the budget (1: the raw curve)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="runs at a time, one thread each")
@@ -405,16 +398,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"--budgets {ns.budgets!r}: whole numbers of baseline iterations, e.g. 20,40,80") from None
     if not budgets or budgets[0] < 2:
         raise SystemExit(f"--budgets {ns.budgets!r}: at least 2 baseline iterations each")
-    methods = tuple(m for m in ns.methods.split(",") if m)
-    import bench_gradient
-
-    known = set(bm.METHODS) | set(bm.ABLATIONS) | set(bench_gradient.SHAPES)
-    unknown = [m for m in methods if bench_gradient.split_variant(m)[0] not in known or m == BASELINE]
-    if unknown:
-        raise SystemExit(f"--methods: {unknown} are not methods beside the baseline; choose from "
-                         f"{sorted(known - {BASELINE})}, each optionally ending in _p<N> (N prompts per iteration; "
-                         f"{BASELINE}_p12 is the baseline's own run at 12) and then _lr<X> (learning rate X: "
-                         "tree_p12_lr3e-3)")
+    methods = dict(h.DEMO.resolve(m) for m in h.split_items(ns.methods))
+    if BASELINE in methods:
+        raise SystemExit(f"--methods: {BASELINE} is the baseline every run is read against; name what trains beside "
+                         f"it ({BASELINE}_p12 is the baseline's own run at 12 prompts)")
     from treegrpo.io import atomic_write_json
 
     if ns.report or ns.merge:
@@ -424,7 +411,6 @@ def main(argv: list[str] | None = None) -> None:
         budgets = tuple(b for b in budgets if b <= min(p["n_max"] for p in parts))
         n_max = min(p["n_max"] for p in parts)
     else:
-        bm.THREADS = 1
         n_max = budgets[-1]
         records = run(list(range(ns.first_seed, ns.first_seed + ns.seeds)), methods, n_max, ns.out, ns.jobs)
     res = {"budgets": tables(records, budgets, ns.smooth), "cost": cost_split(records),

@@ -25,7 +25,6 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
-sys.path.insert(0, ROOT)
 
 from treegrpo.io import atomic_write_json  # noqa: E402
 from treegrpo.run import run_training  # noqa: E402

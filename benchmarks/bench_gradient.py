@@ -12,8 +12,8 @@ with respect to the LoRA's parameters is taken *without* an optimiser step. Over
   cos      the mean cosine between one draw and the mean of the others (leave-one-out, no self-similarity)
   time     seconds per iteration on this machine (sampling + the backward pass, one thread), and the SNR per second
 
-plus the spread of the edge advantages the update weighs. Methods are bench_methods.py's names (the same configs,
-192 leaves per iteration), and tree shapes at the same leaves per iteration can be given as NAME=JSON overrides.
+plus the spread of the edge advantages the update weighs. Methods are harness.py's registered names (the same configs,
+192 leaves per iteration; the tree shapes among them), or NAME=JSON changes over the demo protocol.
 
     python benchmarks/bench_gradient.py [--draws 24] [--methods tree,traj_window,traj_window_mirrored,tree_k8_w1]
     python benchmarks/bench_gradient.py --per-step --methods tree,traj_window     # each window step's share
@@ -21,74 +21,16 @@ plus the spread of the edge advantages the update weighs. Methods are bench_meth
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import re
-import sys
 import tempfile
 import time
 
+import harness as h
+from treegrpo.run import build_rewards
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, ".."))
-
-import bench_methods as bm  # noqa: E402
-from treegrpo.run import build_rewards  # noqa: E402
-
 DEFAULT_METHODS = "tree,traj_window,traj_window_mirrored,tree_k8_w1"
-#: where and how to branch, at the same 192 leaves per iteration (8 per prompt unless stated): the window's first step
-#: (the default starts at step 1 of 10), and the children per node at each window step (a binary tree has 7 mirrored
-#: pairs, [4, 2] 6, [8] 4)
-SHAPES = {"tree_start0": {"tree": {"window_start": 0}}, "tree_start3": {"tree": {"window_start": 3}},
-          "tree_42_start0": {"tree": {"window_start": 0, "window_width": 2, "branch_schedule": [4, 2]}},
-          "tree_k8_w1_start0": {"tree": {"window_start": 0, "window_width": 1, "branch": 8}},
-          # the lowest cost per clean probe of the small shapes (10 probes and 5 parents per 16 leaves): 16 leaves
-          # per prompt, so 12 prompts keep the 192 leaves per iteration
-          "tree_44_start0": {"tree": {"window_start": 0, "window_width": 2, "branch_schedule": [4, 4]},
-                             "prompts_per_iter": 12}}
-
-
-#: a method name's optional suffixes, in this order: ``_p<N>`` (N prompts per iteration) and ``_lr<X>`` (AdamW lr X)
-VARIANT = re.compile(r"(?P<base>.+?)(?:_p(?P<prompts>[1-9][0-9]*))?(?:_lr(?P<lr>[0-9]+(?:\.[0-9]+)?(?:e-?[0-9]+)?))?")
-
-
-def split_variant(name: str) -> tuple[str, dict]:
-    """``"tree_p12_lr3e-3"`` -> ``("tree", {"prompts_per_iter": 12, "optim": {"lr": 0.003}})``: a name may end in
-    ``_p<N>`` (that method with N prompts per iteration, the batch) and then ``_lr<X>`` (learning rate X); any
-    other name -> ``(name, {})``. The base name is not checked here (:func:`method_overrides` does)."""
-    m = VARIANT.fullmatch(name)
-    if m is None:
-        return name, {}
-    change: dict = {}
-    if m.group("prompts"):
-        change["prompts_per_iter"] = int(m.group("prompts"))
-    if m.group("lr"):
-        lr = float(m.group("lr"))
-        if not lr > 0:
-            return name, {}
-        change["optim"] = {"lr": lr}
-    return m.group("base"), change
-
-
-def method_overrides(name: str) -> dict:
-    """bench_methods.py's configuration of ``name`` (a method, an ablation, or a tree shape of SHAPES), with
-    ``prompts_per_iter`` and the lr set where the name ends in ``_p<N>`` / ``_lr<X>`` (:func:`split_variant`:
-    ``tree_p12`` trains 12 prompts' trees per iteration instead of the demo's 24, ``tree_p12_lr3e-3`` does so at
-    lr 3e-3)."""
-    base, change = split_variant(name)
-    return bm.merge(_plain_overrides(base), change) if change else _plain_overrides(base)
-
-
-def _plain_overrides(name: str) -> dict:
-    if name in bm.METHODS:
-        return bm.METHODS[name]
-    if name in bm.ABLATIONS:
-        return bm.merge(bm.METHODS["tree"], bm.ABLATIONS[name])
-    if name in SHAPES:
-        return bm.merge(bm.METHODS["tree"], SHAPES[name])
-    raise SystemExit(f"unknown method {name!r}: one of {sorted({*bm.METHODS, *bm.ABLATIONS, *SHAPES})} (each may end "
-                     "in _p<N>: N prompts per iteration, then _lr<X>: learning rate X) or NAME=JSON")
 
 
 def edge_levels(batch, skip_zero_adv: bool):
@@ -111,13 +53,12 @@ def gradient_draws(overrides: dict, draws: int, seed: int = 0, per_step: bool = 
     (the gradient is linear in the edge weights, so the shares add up to the gradient)."""
     import torch
 
-    from treegrpo import cli
     from treegrpo.backends import load_policy
     from treegrpo.config import TrainConfig
     from treegrpo.trainer import Trainer
     from treegrpo.update import backward_edges, collect_edges
 
-    d = bm.merge(cli.demo_config_dict(), bm.merge(bm.BASE, overrides))
+    d = h.DEMO.config_dict(overrides)
     d.update(seed=seed, iterations=draws, eval_every=0, checkpoint_every=0, output_dir=tempfile.mkdtemp(),
              run_name="bench_gradient")
     cfg = TrainConfig.from_dict(d)
@@ -187,19 +128,6 @@ def step_mix(shares) -> dict:
             "noise_corr": (cov / torch.sqrt(torch.outer(cov.diag(), cov.diag()))).tolist()}
 
 
-def split_methods(spec: str) -> list[str]:
-    """``--methods`` items: commas separate them except inside a NAME=JSON override's braces."""
-    items, depth, cur = [], 0, ""
-    for ch in spec:
-        depth += (ch in "{[") - (ch in "}]")
-        if ch == "," and depth == 0:
-            items.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    return [m for m in items + [cur] if m]
-
-
 def noise_stats(g) -> dict:
     """SNR ||E g||² / E||g − E g||² and the leave-one-out cosine of ``g`` (R, P) draws; the unbiased estimate of
     ||E g||² subtracts the mean's own noise (tr Σ̂ / R)."""
@@ -232,9 +160,8 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(1)   # one core per draw, as bench_methods' runs; restored: tests call main in-process
     try:
         rows = {}
-        for item in split_methods(ns.methods):
-            name, _, js = item.partition("=")
-            ov = json.loads(js) if js else method_overrides(name)
+        for item in h.split_items(ns.methods):
+            name, ov = h.DEMO.resolve(item)
             d = gradient_draws(ov, ns.draws, ns.seed, per_step=ns.per_step)
             st = noise_stats(d["grads"])
             s_it = sum(d["seconds"]) / len(d["seconds"])

@@ -41,8 +41,6 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, HERE)
 
 #: the workflows' Train node settings (workflows/treegrpo_*_lora.json)
 WORKFLOW = {"sd15": dict(steps=20, cfg=4.5), "sdxl": dict(steps=20, cfg=4.5), "sd35m": dict(steps=20, cfg=4.5),
@@ -62,11 +60,11 @@ def method_trees(steps: int) -> dict:
 def architectures() -> dict:
     """name -> (ComfyUI supported_models class, published unet_config, context (tokens, dim), pooled dim, VAE kind):
     bench_memory's published configs (tests swap in tiny ones)."""
-    import bench_memory as bm
+    import bench_memory
 
     out = {}
     for name, key in (("sd15", "sd15"), ("sdxl", "sdxl"), ("sd35m", "sd35m"), ("flux_dev", "flux_bf16")):
-        cls_name, unet, _, _, _, ctx, pooled, _, vae_kind, _ = bm.MODELS[key]
+        cls_name, unet, _, _, _, ctx, pooled, _, vae_kind, _ = bench_memory.MODELS[key]
         out[name] = (cls_name, unet, ctx, pooled, vae_kind)
     return out
 
@@ -123,11 +121,11 @@ def build_vae(kind: str, ch: int = 128):
     (``ch``: the published 128; tests take less)."""
     import torch
 
-    import bench_memory as bm
+    import bench_memory
     import comfy.sd
     from comfy.ldm.models.autoencoder import AutoencoderKL
 
-    conf = bm.SD_VAE if kind == "sd" else bm.SD3_VAE
+    conf = bench_memory.SD_VAE if kind == "sd" else bench_memory.SD3_VAE
     m = AutoencoderKL(ddconfig={**conf["ddconfig"], "ch": ch}, embed_dim=conf["embed_dim"])
     sd = random_init(m.state_dict(), torch.Generator().manual_seed(1))
     if ch == 128:

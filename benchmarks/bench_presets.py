@@ -17,11 +17,8 @@ import dataclasses
 import json
 import math
 import os
-import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
 
 from bench_iteration import LABELS, PROMPTS_PER_ITER, WORKFLOW, composed, method_trees  # noqa: E402
 
@@ -34,8 +31,8 @@ def preset_iteration(model: dict, preset: str, reward_s: float) -> dict:
     """One tree iteration's phases (s) with ``preset``'s tail, from ``model``'s unit costs."""
     name, w = model["model"], WORKFLOW[model["model"]]
     tree = apply_preset(TreeConfig(**method_trees(w["steps"])["tree"]), preset)
-    cfg = TrainConfig.from_dict(dict(backend="comfy", prompts=["p"], guidance_scale=w["cfg"], prompts_per_iter=PROMPTS_PER_ITER,
-                                     tree=dataclasses.asdict(tree)))
+    cfg = TrainConfig.from_dict(dict(backend="comfy", prompts=["p"], guidance_scale=w["cfg"],
+                                     prompts_per_iter=PROMPTS_PER_ITER, tree=dataclasses.asdict(tree)))
     per_tree_nfe, parents_per_tree = preset_cost(cfg.tree)
     cfg_rows = 2 if w["cfg"] > 1 else 1
     rows = PROMPTS_PER_ITER * per_tree_nfe            # x rows (both CFG conds ride in one row)

@@ -16,37 +16,32 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, ".."))
+import harness as h
+from treegrpo.run import run_training
 
-import bench_gradient as bg  # noqa: E402
-import bench_methods as bm  # noqa: E402
-from treegrpo.run import run_training  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 WARMUP = 2   # first iterations dropped (allocation, first-call overheads)
 
 
 def measure(name: str, iterations: int, out_dir: str) -> dict:
-    """Median per-row costs (s) and rows per iteration of ``name`` (a bench_methods name) over ``iterations``."""
-    from treegrpo import cli
+    """Median per-row costs (s) and rows per iteration of ``name`` (a harness.py name) over ``iterations``."""
     from treegrpo.config import TrainConfig
 
-    d = bm.merge(cli.demo_config_dict(), bm.merge(bm.BASE, bg.method_overrides(name)))
+    d = h.DEMO.config_dict(h.DEMO.overrides(name))
     d.update(seed=0, iterations=iterations, eval_every=0, checkpoint_every=0, output_dir=out_dir, run_name=name,
              time_budget_s=0.0)
     d["signals"] = {**d.get("signals", {}), "kl_estimate": False}
     tr, _ = run_training(TrainConfig.from_dict(d), progress=False, write_lora=False)
-    h = tr.history[WARMUP:]
+    hist = tr.history[WARMUP:]
     med = statistics.median
-    return {"s_per_sample_row": med(x["t_sample"] / x["nfe"] for x in h),
-            "s_per_update_row": med(x["t_update"] / max(1, x["forwards"]) for x in h),
-            "sample_rows": med(x["nfe"] for x in h), "update_rows": med(x["forwards"] for x in h),
-            "t_sample": med(x["t_sample"] for x in h), "t_update": med(x["t_update"] for x in h),
-            "t_iter": med(x["t_iter"] for x in h), "prompts": tr.cfg.prompts_per_iter}
+    return {"s_per_sample_row": med(x["t_sample"] / x["nfe"] for x in hist),
+            "s_per_update_row": med(x["t_update"] / max(1, x["forwards"]) for x in hist),
+            "sample_rows": med(x["nfe"] for x in hist), "update_rows": med(x["forwards"] for x in hist),
+            "t_sample": med(x["t_sample"] for x in hist), "t_update": med(x["t_update"] for x in hist),
+            "t_iter": med(x["t_iter"] for x in hist), "prompts": tr.cfg.prompts_per_iter}
 
 
 def main(argv: list[str] | None = None) -> dict:

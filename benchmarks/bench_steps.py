@@ -2,7 +2,7 @@
 
 Two measurements, both on the demo model (one thread, 24 prompts per iteration, the protocol of bench_methods.py):
 
-* ``--cost``: the time per iteration of each method at T = 10, 20, 40 and for both tails (``bench_methods.TAILS``),
+* ``--cost``: the time per iteration of each method at T = 10, 20, 40 and for both tails (``harness.TAILS``),
   next to the NFE the closed form predicts (``treegrpo.tree.expected_nfe``) and the NFE the run counted. The runs
   are short (``--iterations``, the first one not timed) and go one at a time.
 * ``--collect DIR ...``: the time-to-reward runs that ``bench_methods.py --steps T --only ...`` wrote (one folder
@@ -18,29 +18,24 @@ Writes ``cost.json`` / ``steps.json`` in ``--out`` and prints the tables.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import os
-import sys
 import time
+import harness as h
 from treegrpo.run import run_training
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 
 COST_METHODS = ("tree", "traj_window", "traj_all", "awm")
 
 
 def method_config(name: str, steps: int, tail: str, prompts: int):
     """The TrainConfig ``bench_methods.py --steps steps --tail tail`` trains ``name`` with."""
-    import bench_methods as bm
-    bm = importlib.reload(bm)   # fresh module state: set_steps edits its tables
-    bm.set_steps(steps, tail)
-    from treegrpo import cli
     from treegrpo.config import TrainConfig
 
-    d = bm.merge(cli.demo_config_dict(), bm.merge(bm.BASE, bm.METHODS[name]))
+    proto = h.protocol(steps=steps, tail=tail)
+    d = proto.config_dict(proto.overrides(name))
     d.update(prompts_per_iter=prompts, eval_every=0, checkpoint_every=0)
     return TrainConfig.from_dict(d)
 
@@ -101,14 +96,14 @@ def collect(dirs: list[str], cost: dict | None, methods: tuple = ()) -> dict:
     """One row per (T, method) from each folder's explore.json (a ``--only`` run) or methods.json (a full run):
     final reward, s/iteration and its ratio to the window baseline, the time to the baseline's final reward paired
     per seed, and the closed-form NFE ratio. ``methods``: only these (default: all)."""
-    import bench_methods as bm
+    from bench_methods import report
 
     rows = []
     for d in dirs:
         path = os.path.join(d, "explore.json")
         data = json.load(open(path if os.path.exists(path) else os.path.join(d, "methods.json"), encoding="utf-8"))
         recs = [r for r in data["records"] if not methods or r["method"] in methods]
-        res = bm.report(recs, baseline="traj_window", smooth=data.get("smooth", 1))["methods"]
+        res = report(recs, baseline="traj_window", smooth=data.get("smooth", 1))["methods"]
         steps, tail = data.get("steps", 10), data.get("tail", "fixed")
         for name, m in res.items():
             c = next((r for r in (cost or {}).get("records", []) if (r["steps"], r["tail"], r["method"])

@@ -19,14 +19,14 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_memory as bm  # noqa: E402
+import bench_memory  # noqa: E402
 
 GB = 1e9
 
 
 def reduced(name: str, layers: int) -> dict:
     """The model's unet_config, cut to ``layers`` blocks per stack when > 0 (a smoke test)."""
-    cfg = dict(bm.MODELS[name][1])
+    cfg = dict(bench_memory.MODELS[name][1])
     if layers > 0:
         for key in ("depth", "depth_single_blocks", "num_layers"):
             if key in cfg:
@@ -56,7 +56,7 @@ def build(name: str, device, layers: int, px: int, hps_arch: str = "ViT-H-14"):
     import comfy.model_patcher
     import comfy.supported_models as sm
 
-    cls_name, _, dtype, compute, _, ctx, pooled, cfg_scale, vae_kind, _ = bm.MODELS[name]
+    cls_name, _, dtype, compute, _, ctx, pooled, cfg_scale, vae_kind, _ = bench_memory.MODELS[name]
     if device.type == "cpu":
         dtype, compute = (torch.float32, None) if dtype != torch.float8_e4m3fn else (dtype, torch.float32)
     from comfy_test_pack.compat import newer_fields
@@ -72,12 +72,12 @@ def build(name: str, device, layers: int, px: int, hps_arch: str = "ViT-H-14"):
         extra.update(width=px, height=px, target_width=px, target_height=px)
     conds = [([[torch.randn(1, *ctx), dict(extra)]], [[torch.randn(1, *ctx), dict(extra)]]) for _ in range(2)]
     vae_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    vae_model = bm.build_vae(vae_kind, vae_dtype).to(device)
+    vae_model = bench_memory.build_vae(vae_kind, vae_dtype).to(device)
     normal_(vae_model.parameters(), device)
-    vae = bm.FakeVAE(vae_model, vae_dtype, device)
+    vae = bench_memory.FakeVAE(vae_model, vae_dtype, device)
     vae.decode = lambda raw: vae.first_stage_model.decode(raw.to(device, vae_dtype)).float().clamp(-1, 1).add(1) \
         .div(2).movedim(1, -1)
-    reward = bm.HPSScorer(hps_arch)
+    reward = bench_memory.HPSScorer(hps_arch)
     reward.model.to(device, torch.float16 if device.type == "cuda" else torch.float32)
     normal_(reward.model.parameters(), device)
     return patcher, conds, vae, reward, cfg_scale
@@ -105,7 +105,7 @@ def run(name: str, device, budget: float, layers: int, px: int, steps: int, hps_
     from treegrpo.config import TrainConfig
     from treegrpo.trainer import Trainer
 
-    px = px or bm.MODELS[name][4]
+    px = px or bench_memory.MODELS[name][4]
     patcher, conds, vae, reward, cfg_scale = build(name, device, layers, px, hps_arch)
     c = patcher.model.latent_format.latent_channels
     shape = (c, 1, px // 8, px // 8) if getattr(patcher.model.latent_format, "latent_dimensions", 2) == 3 \
@@ -176,10 +176,10 @@ def main(argv=None) -> int:
     ap.add_argument("--hps-arch", default="ViT-H-14", help="open_clip architecture of the reward network (HPS v2.1: "
                     "ViT-H-14; a smaller one for a smoke test)")
     ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--footprints", default=os.path.join(bm.ROOT, "benchmarks", "results", "memory_newest.json"),
+    ap.add_argument("--footprints", default=os.path.join(bench_memory.ROOT, "benchmarks", "results", "memory_newest.json"),
                     help="bench_memory.py's results on the same ComfyUI: plan from their footprints instead of probing "
                          "(an empty value: probe as the Train node does)")
-    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", os.path.join(bm.ROOT, "benchmarks", "results")),
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", os.path.join(bench_memory.ROOT, "benchmarks", "results")),
                                                   "gpu_memory.json"))
     ns = ap.parse_args(argv)
     import comfy_harness as ch
@@ -190,7 +190,7 @@ def main(argv=None) -> int:
                 stored.get(name))
         rows.append(r)
         print(json.dumps(r), flush=True)
-        bm.write_json(ns.out, rows)          # after every model: a run cut off by its time limit keeps what it did
+        bench_memory.write_json(ns.out, rows)          # after every model: a run cut off by its time limit keeps what it did
         if ns.device == "cuda":
             torch.cuda.empty_cache()
     return 0

@@ -15,7 +15,7 @@ class TreeGRPOExtension(ComfyExtension):
         """Called once when ComfyUI loads the pack (0.3.75 does not call ``on_load``)."""
         rewards.register_model_folder()
         from treegrpo.comfyui import reward_files
-        from treegrpo.comfyui.artist import register_routes
+        from treegrpo.comfyui.artist.questions import register_routes
         register_routes()
         reward_files.register_routes()
         from treegrpo.comfyui.versions import outside_tested, running_version

@@ -1,11 +1,11 @@
 """The Artist Picks node: the person at the page that queued the prompt picks among each tree's leaves; the picks
-become the leaf rewards Advantage Backup takes (treegrpo/artist.py states the rule)."""
+become the leaf rewards Advantage Backup takes (treegrpo/artist/answers.py states the rule)."""
 from __future__ import annotations
 
 from comfy_api.latest import io
 
 from treegrpo.config import ArtistConfig
-from treegrpo.comfyui.artist import ask_artist
+from treegrpo.comfyui.artist.questions import ask_artist
 from treegrpo.comfyui.runtime import asking_context
 
 from .sockets import CATEGORY, PackNode, RewardModel, Rewards, Tree

@@ -82,7 +82,7 @@ class RewardModelLoader(PackNode):
             opts["question"] = question.strip()
         path = None if file == NO_FILE else folder_paths.get_full_path_or_raise(FOLDER, file)
         if reward == "taste":
-            from treegrpo.comfyui.taste import taste_reward
+            from treegrpo.comfyui.artist.taste import taste_reward
             return io.NodeOutput({"name": reward, "model": ManagedReward(taste_reward(path, clip_vision, **opts))})
         return io.NodeOutput({"name": reward, "model": ManagedReward(load_reward(reward, path=path, **opts))})
 

@@ -9,7 +9,7 @@ import json
 from comfy_api.latest import io
 
 from treegrpo.config import (AdvantageConfig, ArtistConfig, LoraConfig, MemoryConfig, OptimConfig, TrainConfig,
-                             TreeConfig, VideoConfig, field_choices)
+                             TreeConfig, VideoConfig, field_choices, field_labels)
 
 #: widget name → (config dataclass, field)
 CONFIG_WIDGETS = {
@@ -46,7 +46,9 @@ def config_default(widget: str):
         return TreeConfig().mirrored
     f = klass.__dataclass_fields__[name]
     value = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-    return json.dumps(value) if isinstance(value, list) else value   # a list field: its JSON text in a String widget
+    if isinstance(value, list):
+        return json.dumps(value)   # a list field: its JSON text in a String widget
+    return field_labels(klass, name).get(value, value)   # a labelled choice: the label the combo shows
 
 
 def schedule_value(name: str, text) -> list:
@@ -69,9 +71,12 @@ def config_help(widget: str) -> str:
 
 def widget(kind, name: str, tooltip: str = "", **kw):
     """``kind.Input(name, default=<config default>, tooltip=<tooltip or the field's help>, **kw)``; a combo offers
-    the field's ``Literal`` choices (``treegrpo.config.field_choices``) unless ``options`` are given."""
+    the field's ``Literal`` choices (``treegrpo.config.field_choices``), by their labels where the field has them
+    (``field_labels``: the text saved workflows keep; the config reads a label as its value), unless ``options``
+    are given."""
     if kind is io.Combo and "options" not in kw:
-        kw["options"] = list(field_choices(*CONFIG_WIDGETS[name]))
+        labels = field_labels(*CONFIG_WIDGETS[name])
+        kw["options"] = [labels.get(c, c) for c in field_choices(*CONFIG_WIDGETS[name])]
         if not kw["options"]:
             raise TypeError(f"widget {name!r}: its config field has no Literal choices; pass options")
     return kind.Input(name, default=config_default(name), tooltip=tooltip or config_help(name), **kw)

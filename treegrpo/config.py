@@ -120,6 +120,18 @@ def field_choices(cls, name: str) -> tuple:
     return typing.get_args(t) if typing.get_origin(t) is Literal else ()
 
 
+def field_labels(cls, name: str) -> dict:
+    """``{value: label}`` of a ``Literal`` field whose values a node shows by a label (a combo's text, which saved
+    workflows keep); ``{}`` for a field shown by its values."""
+    return dict(cls.__dataclass_fields__[name].metadata.get("labels", {}))
+
+
+def from_label(cls, name: str, value):
+    """The value of field ``name`` that a node's label stands for (``value`` itself when it is not a label)."""
+    by_label = {label: v for v, label in field_labels(cls, name).items()}
+    return by_label.get(value, value) if isinstance(value, str) else value
+
+
 #: bounds on sizes that multiply into work or memory, checked before any model loads (each error states its reason)
 MAX_STEPS = 1000          # denoising steps: the finest schedule diffusion models are trained on (1000 timesteps)
 MAX_LR_FACTOR = 100.0     # an lr schedule factor: larger only multiplies the lr past anything that trains
@@ -454,25 +466,30 @@ class SignalsConfig:
 
 @dataclass
 class ArtistConfig:
-    """Asking the artist (treegrpo/artist.py): how a question is asked and what an unanswered one becomes."""
+    """Asking the artist (treegrpo/artist/answers.py): how a question is asked and what an unanswered one becomes."""
 
     mode: Literal["favourites", "ranking", "best_worst"] = _f("favourites", "how the artist answers: favourites (click the good ones, shift-click bad ones), "
                                  "ranking (best first), best_worst")
     timeout_s: int = _f(600, "seconds to wait for the answer about one tree before the fallback")
-    on_timeout: Literal["skip the tree", "use the reward model"] = _f("skip the tree", "an unanswered tree: not trained on, or scored by the reward model")
+    on_timeout: Literal["skip", "reward_model"] = _f("skip", "an unanswered tree: not trained on (skip), or scored by the "
+                                                    "reward model", labels={"skip": "skip the tree",
+                                                                            "reward_model": "use the reward model"})
     every: int = _f(0, "the Train node asks about every N-th tree of the run (0 = never); the others, and unanswered "
                        "ones, are scored by the reward model. With ask 'when unsure': at most one tree in N")
-    ask: Literal["every N-th tree", "when unsure"] = _f("every N-th tree", "every N-th tree, or when unsure: a taste model (treegrpo/taste.py) scores the "
-                                     "trees and the artist is asked only where it is unsure")
+    ask: Literal["every", "unsure"] = _f("every", "every N-th tree, or when unsure: a taste model (treegrpo/artist/taste.py) "
+                                         "scores the trees and the artist is asked only where it is unsure",
+                                         labels={"every": "every N-th tree", "unsure": "when unsure"})
     away_s: int = _f(30, "after a question went unanswered, the next ones wait only this long (seconds) until the "
                          "artist answers again: a run left alone does not stall timeout_s on every tree")
     check_every: int = _f(5, "every N iterations, and at the end, the artist sees the model's pictures now beside "
                              "the base model's (same noises) and picks the side closer to what they want, twice: "
                              "picking the start rolls the LoRA back to the last state they approved, and the run ends "
-                             "on a state they preferred to the start or on the base model (treegrpo/start_check.py); "
+                             "on a state they preferred to the start or on the base model (treegrpo/artist/start_check.py); "
                              "0 = never")
 
     def __post_init__(self) -> None:
+        self.on_timeout = from_label(ArtistConfig, "on_timeout", self.on_timeout)   # a node's label reads as its value
+        self.ask = from_label(ArtistConfig, "ask", self.ask)
         check_types(self)
         _require(1 <= self.away_s <= 86400, "ArtistConfig", "away_s",
                  f"{self.away_s} is outside 1..86400 seconds")

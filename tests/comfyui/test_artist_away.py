@@ -21,7 +21,7 @@ def _batch(n_trees=4):
 
 
 def test_after_a_timeout_the_next_questions_wait_the_grace_period_until_the_artist_answers(comfyui_pack, tmp_path):
-    from treegrpo.comfyui.artist import ON_TIMEOUT, ArtistBoard, ask_trees
+    from treegrpo.comfyui.artist.questions import ON_TIMEOUT, ArtistBoard, ask_trees
 
     board, client = ArtistBoard(), "tab-1"
     seen = []
@@ -51,13 +51,14 @@ def test_after_a_timeout_the_next_questions_wait_the_grace_period_until_the_arti
     assert board.away(client) == 1 and board.away_summary() == "artist away: 1 tree fell back"
     assert rewards[4:6].tolist() == [1.0, 0.0] and not exclude.any()
     # a new Train-node run queued from that tab: the person is at the page, full waits again
-    from treegrpo.comfyui.artist import train_node_artist
+    from treegrpo.comfyui.artist.questions import train_node_artist
     train_node_artist(2, "favourites", 600, board=board, client_id=client)
     assert board.away(client) == 0 and board.away_summary() is None
 
 
 def test_the_console_line_says_the_artist_is_away(comfyui_pack):
-    from treegrpo.comfyui import artist, watch
+    from treegrpo.comfyui import watch
+    from treegrpo.comfyui.artist import questions as artist
 
     board = artist.ArtistBoard()
     old, artist.BOARD = artist.BOARD, board

@@ -35,7 +35,7 @@ def _answering(board, client, answers):
 
 
 def test_a_check_question_returns_the_side_picked_and_keeps_every_answer(comfyui_pack, tmp_path):
-    from treegrpo.comfyui.artist import CHECK_AGAIN_TEXT, CHECK_TEXT, CHECKS_FILE, ArtistBoard, ask_check
+    from treegrpo.comfyui.artist.questions import CHECK_AGAIN_TEXT, CHECK_TEXT, CHECKS_FILE, ArtistBoard, ask_check
 
     board, client = ArtistBoard(), "tab-1"
     first, second = torch.rand(4, 3, 8, 8), torch.rand(4, 3, 8, 8)
@@ -81,13 +81,13 @@ def test_a_check_question_returns_the_side_picked_and_keeps_every_answer(comfyui
 
 
 def test_an_unanswered_check_changes_nothing_and_an_away_artist_waits_the_grace_period(comfyui_pack, tmp_path):
-    from treegrpo.comfyui.artist import CHECKS_FILE, ArtistBoard, ask_check
+    from treegrpo.comfyui.artist.questions import CHECKS_FILE, ArtistBoard, ask_check
 
     board, client = ArtistBoard(), "tab-1"
     board.fell_back(client)                         # a tree fell back: the artist is away
     pick = ask_check(torch.rand(2, 3, 8, 8), torch.rand(2, 3, 8, 8), ["p", "p"], 5, folder=str(tmp_path),
                      run_name="r", timeout_s=600, away_grace_s=1.0, board=board, client_id=client)
-    from treegrpo.start_check import NO_ANSWER
+    from treegrpo.artist.start_check import NO_ANSWER
 
     assert pick == NO_ANSWER                        # not "no preference": nobody answered
     rec = json.loads((tmp_path / CHECKS_FILE).read_text())

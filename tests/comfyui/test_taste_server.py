@@ -84,11 +84,11 @@ def test_the_reward_model_loader_scores_a_taste_file_as_the_cli_does(comfyui_pac
     import folder_paths
     import pytest
 
-    from treegrpo.artist import Answer, pairwise_wins
+    from treegrpo.artist.answers import Answer, pairwise_wins
     from treegrpo.demo.shapes import render, shape_area
     from treegrpo.rewards.base import load_reward
-    from treegrpo.taste import TasteConfig, TasteModel
-    from treegrpo.taste_features import DemoEncoder
+    from treegrpo.artist.taste import TasteConfig, TasteModel
+    from treegrpo.artist.features import DemoEncoder
 
     enc = DemoEncoder()
     imgs = render([0] * 40, [0] * 40, torch.Generator().manual_seed(0))
@@ -134,8 +134,8 @@ def test_a_taste_on_comfyuis_clip_vision_features(comfyui_pack, tmp_path):
     """ComfyUI's own ClipVisionModel (a tiny config, random weights) as the taste features: unit-norm image_embeds
     per image, and a taste saved on them scores through the loader path (taste_reward with that CLIP Vision) as the
     model it was saved from."""
-    from treegrpo.comfyui.taste import ClipVisionEncoder, taste_reward
-    from treegrpo.taste import TasteConfig, TasteModel
+    from treegrpo.comfyui.artist.taste import ClipVisionEncoder, taste_reward
+    from treegrpo.artist.taste import TasteConfig, TasteModel
 
     cv, g = tiny_clip_vision(tmp_path)
     enc = ClipVisionEncoder(cv)
@@ -155,7 +155,7 @@ def test_novelty_on_comfyuis_clip_vision_features(comfyui_pack, tmp_path):
     """Issue 50 on ComfyUI's CLIP Vision features (a tiny random-weight ClipVisionModel): pictures like the answered
     ones lie about one spacing from them, smooth ramps far away, and the taste model asks about them as 'moved'."""
     from test_taste_drift import novelty_near_and_far
-    from treegrpo.comfyui.taste import ClipVisionEncoder
+    from treegrpo.comfyui.artist.taste import ClipVisionEncoder
 
     cv, g = tiny_clip_vision(tmp_path)
     near, far, reasons = novelty_near_and_far(ClipVisionEncoder(cv))

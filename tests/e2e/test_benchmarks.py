@@ -1,4 +1,5 @@
-"""The method-comparison harness: its time-to-reach arithmetic, and one tiny run end to end."""
+"""The benchmarks' harness (benchmarks/harness.py: registry, child runs, paired statistics), its time-to-reach
+arithmetic, and each benchmark end to end on tiny runs."""
 import json
 import math
 import os
@@ -11,6 +12,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import bench_methods as bm  # noqa: E402
+import harness as h  # noqa: E402
 
 
 def _evals(pts):
@@ -20,12 +22,12 @@ def _evals(pts):
 
 def test_time_to_reach_interpolates_and_reports_nan_when_never_reached():
     ev = _evals([(0, 0.5), (10, 0.4), (20, 0.6), (30, 0.7)])
-    assert bm.time_to_reach(ev, 0.55) == pytest.approx(17.5)      # the first crossing, 0.4 → 0.6
-    assert bm.time_to_reach(ev, 0.55, "total_nfe") == pytest.approx(1750)
-    assert bm.time_to_reach(ev, 0.5) == 0                         # reached at the start
-    assert math.isnan(bm.time_to_reach(ev, 0.8))
-    assert bm.reward_at(ev, 25) == pytest.approx(0.65)
-    assert bm.mean_std([1.0, 3.0, math.nan]) == (2.0, pytest.approx(math.sqrt(2)), 2)
+    assert h.time_to_reach(ev, 0.55) == pytest.approx(17.5)      # the first crossing, 0.4 → 0.6
+    assert h.time_to_reach(ev, 0.55, "total_nfe") == pytest.approx(1750)
+    assert h.time_to_reach(ev, 0.5) == 0                         # reached at the start
+    assert math.isnan(h.time_to_reach(ev, 0.8))
+    assert h.reward_at(ev, 25) == pytest.approx(0.65)
+    assert h.mean_std([1.0, 3.0, math.nan]) == (2.0, pytest.approx(math.sqrt(2)), 2)
 
 
 def _rec(method, seed, pts, t_iter):
@@ -72,10 +74,10 @@ def test_a_run_whose_record_outgrows_the_pipe_does_not_block():
     """run_child reads a child's whole output before it waits: a 300 kB record (a long run's, past the 64 KiB pipe
     buffer) comes back whole with the child's status and its own peak RSS; a failing child's status is kept."""
     code = "import json, sys; sys.stdout.write('x' * 300000 + chr(10) + json.dumps({'ok': 1}) + chr(10))"
-    out, status, usage = bm.run_child([sys.executable, "-c", code])
+    out, status, usage = h.run_child([sys.executable, "-c", code])
     assert status == 0 and len(out) == 300000 + 11 and json.loads(out.strip().splitlines()[-1]) == {"ok": 1}
     assert usage.ru_maxrss > 0
-    _, status, _ = bm.run_child([sys.executable, "-c", "raise SystemExit(3)"])
+    _, status, _ = h.run_child([sys.executable, "-c", "raise SystemExit(3)"])
     assert os.waitstatus_to_exitcode(status) == 3
 
 
@@ -103,7 +105,7 @@ def test_the_flow_matching_peers_run_in_the_same_protocol(tmp_path):
                        capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     by = {x["method"]: x for x in json.load(open(tmp_path / "explore.json"))["records"]}
-    assert by["nft"]["nfe_per_iter"] == 24 * 8 * bm.PEER_ODE_STEPS
+    assert by["nft"]["nfe_per_iter"] == 24 * 8 * h.PEER_ODE_STEPS
     assert by["tree_awm"]["nfe_per_iter"] == 24 * (1 + 7 + 8 * 2)
     r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_methods.py"), "--seeds", "1",
                         "--budget", "1", "--lr-sweep", "1e-3,4e-3", "--lr-sweep-method", "awm", "--out",
@@ -138,20 +140,26 @@ def test_base_config_runs_the_baselines_on_a_diffusers_model(tmp_path):
     assert by["traj_all"]["nfe_per_iter"] == 2 * 2 * (1 + 4 * 2 + 4 * 1)   # SDE on steps 0..2, the last step ODE
 
 
-def test_window_width_keeps_the_leaves_per_iteration(monkeypatch):
-    """--window-width 4: 16 leaves (and trajectories) per prompt, 12 prompts per iteration (192 leaves, as at
-    w = 3), and the branch-vs-width ablation puts all 16 leaves at the first step."""
-    import copy
-
-    for name in ("BASE", "METHODS", "ABLATIONS"):
-        monkeypatch.setattr(bm, name, copy.deepcopy(getattr(bm, name)))
-    bm.set_window_width(4)
-    assert bm.BASE["tree"]["window_width"] == 4 and bm.BASE["prompts_per_iter"] == 12
-    assert bm.METHODS["traj_window"]["tree"]["group_size"] == bm.METHODS["traj_all"]["tree"]["group_size"] == 16
-    assert bm.METHODS["traj_window_mirrored"]["tree"]["group_size"] == 16
-    assert "tree_k8_w1" not in bm.ABLATIONS and bm.ABLATIONS["tree_k16_w1"]["tree"]["branch"] == 16
-    with pytest.raises(SystemExit, match="do not fit"):
-        bm.set_window_width(8)
+def test_the_registry_is_read_only_and_another_protocol_builds_its_own():
+    """harness.py's registry: a lookup is a fresh copy (changing it changes nothing registered), a protocol with
+    more steps is built beside the demo's without editing it (the window at the same noise level, the all-step
+    baseline and the peers' samples as long as the schedule), an unknown name is refused naming the known ones, and
+    NAME=JSON is a new configuration's changes."""
+    tree = h.DEMO.overrides("tree")
+    tree["tree"]["antithetic"] = False
+    assert h.DEMO.overrides("tree")["tree"]["antithetic"] is True and h.METHODS["tree"]["tree"]["antithetic"] is True
+    with pytest.raises(TypeError):
+        h.METHODS["mine"] = {}
+    t40 = h.protocol(steps=40, tail="schedule")
+    assert t40.base["tree"]["steps"] == 40 and t40.base["tree"]["window_start"] == 4
+    assert t40.overrides("traj_all")["tree"]["window_width"] == 40 and t40.overrides("awm")["tree"]["tail_steps"] == 40
+    assert h.DEMO.base["tree"]["steps"] == 10 and h.DEMO.overrides("traj_all")["tree"]["window_width"] == 10
+    with pytest.raises(SystemExit, match="unknown configuration 'trees'.*tree_p12"):
+        h.DEMO.overrides("trees")
+    assert h.DEMO.resolve('mine={"tree": {"branch": 3}}') == ("mine", {"tree": {"branch": 3}})
+    assert h.split_items('tree,mine={"tree": {"a": 1, "b": 2}},awm') == ["tree", 'mine={"tree": {"a": 1, "b": 2}}', "awm"]
+    with pytest.raises(SystemExit, match="does not fit"):
+        h.protocol(steps=3)
 
 
 def test_bench_comfy_runs_the_demo_workflow_through_comfyui_and_the_cli(comfyui_pack, tmp_path):
@@ -262,12 +270,12 @@ def test_smoothed_curves_average_consecutive_evaluations_and_keep_the_start():
     """A moving average over 3 evaluations, time included (each point at the mean time of its evaluations); the base
     model's evaluation stays the start; width 1 is the raw curve."""
     ev = _evals([(0, 0.5), (2, 0.8), (4, 0.5), (6, 0.8), (8, 0.5)])
-    sm = bm.smooth_evals(ev, 3)
+    sm = h.smooth_evals(ev, 3)
     assert [e["train_time"] for e in sm] == [0, 2, 4, 6]
     assert [e["eval_reward"] for e in sm] == [0.5, pytest.approx(0.6), pytest.approx(0.7), pytest.approx(0.6)]
     assert sm[1]["total_nfe"] == pytest.approx(200) and sm[0] is ev[0]
     short = ev[:3]
-    assert bm.smooth_evals(ev, 1) is ev and bm.smooth_evals(short, 3) is short
+    assert h.smooth_evals(ev, 1) is ev and h.smooth_evals(short, 3) is short
 
 
 def test_one_noisy_evaluation_neither_sets_the_target_nor_crosses_it():
@@ -515,32 +523,36 @@ def test_the_ratio_at_equal_reward_pairs_first_passages_per_level_over_whole_run
     assert bb._median([30.0, 30.0, math.nan]) == 30.0 and bb._median([1.0, math.nan]) == math.inf
 
 
-def test_bench_budget_runs_tree_variants_as_the_tree_with_their_changes():
-    """--methods takes bench_methods' ablations and bench_gradient's window positions: each is the tree's config
-    with only its change."""
-    import bench_budget as bb
+def test_variants_are_their_method_with_only_their_changes():
+    """Every registered variant is its method's configuration with only its named change: the batch (12 prompts),
+    the window's position and branching, the tail and the lr schedule of the demo's default."""
+    tree = h.METHODS["tree"]
+    start0 = h.DEMO.overrides("tree_start0")
+    assert start0["tree"] == {**tree["tree"], "window_start": 0} and start0["advantage"] == tree["advantage"]
+    shaped = h.DEMO.overrides("tree_42_start0")["tree"]
+    assert shaped == {**tree["tree"], "window_start": 0, "window_width": 2, "branch_schedule": [4, 2]}
+    wide = h.DEMO.overrides("tree_44_start0")     # 16 leaves per prompt: half the prompts, the same 192 leaves
+    assert wide["tree"]["branch_schedule"] == [4, 4] and wide["prompts_per_iter"] * 16 == h.LEAVES_PER_ITER
+    assert h.DEMO.overrides("awm") == h.METHODS["awm"]
+    assert h.DEMO.overrides("tree_p12") == {**tree, "prompts_per_iter": 12}
+    assert h.DEMO.overrides("traj_window_p12") == {**h.METHODS["traj_window"], "prompts_per_iter": 12}
+    assert h.DEMO.overrides("tree_44_start0_p6") == {**wide, "prompts_per_iter": 6}
+    assert h.DEMO.overrides("tree_p12_lr4e-3") == h.merge(tree, {"prompts_per_iter": 12, "optim": {"lr": 4e-3}})
+    default = h.DEMO.overrides("tree_tail1to2_lrhalf100_p12")
+    assert default == h.merge(tree, {"prompts_per_iter": 12,
+                                     "tree": {"tail_steps": 1, "tail_steps_schedule": [[0, 1], [60, 2]]},
+                                     "optim": {"lr_factor_schedule": [[0, 1], [100, 0.5]]}})
+    # the demo's own default trains the same tree, tail and schedule (treegrpo demo, the demo workflow)
+    from treegrpo.config import TrainConfig
 
-    start0 = bb.overrides("tree_start0")
-    assert start0["tree"] == {**bm.METHODS["tree"]["tree"], "window_start": 0}
-    assert start0["advantage"] == bm.METHODS["tree"]["advantage"]
-    assert bb.overrides("tree_independent")["tree"]["antithetic"] is False
-    shaped = bb.overrides("tree_42_start0")["tree"]
-    assert shaped == {**bm.METHODS["tree"]["tree"], "window_start": 0, "window_width": 2, "branch_schedule": [4, 2]}
-    wide = bb.overrides("tree_44_start0")     # 16 leaves per prompt: half the prompts, the same 192 leaves
-    assert wide["tree"]["branch_schedule"] == [4, 4] and wide["prompts_per_iter"] * 16 == bm.LEAVES_PER_ITER
-    assert bb.overrides("awm") is bm.METHODS["awm"]
-    # _p<N>: any of them with N prompts per iteration (the batch), nothing else changed
-    assert bb.overrides("tree_p12") == {**bm.METHODS["tree"], "prompts_per_iter": 12}
-    assert bb.overrides("traj_window_p12") == {**bm.METHODS["traj_window"], "prompts_per_iter": 12}
-    assert bb.overrides("tree_44_start0_p6") == {**wide, "prompts_per_iter": 6}
-    assert bb.overrides("tree_k8_w1_p12") == {**bb.overrides("tree_k8_w1"), "prompts_per_iter": 12}
-    # _lr<X>: the learning rate, after the batch if both
-    assert bb.overrides("tree_p12_lr3e-3") == bm.merge(bm.METHODS["tree"], {"prompts_per_iter": 12,
-                                                                           "optim": {"lr": 3e-3}})
-    assert bb.overrides("tree_lr1.2e-2") == bm.merge(bm.METHODS["tree"], {"optim": {"lr": 1.2e-2}})
-    for bad in ("tree_p0", "trees_p12", "tree_p", "tree_p12_p6", "tree_lr0", "tree_lr", "tree_lr3e-3_p12"):
-        with pytest.raises(SystemExit, match="unknown method"):   # one suffix of each, in order, on a known name
-            bb.overrides(bad)
+    from treegrpo.demo.config import demo_run_config_dict
+
+    mine = TrainConfig.from_dict(h.DEMO.config_dict(default))
+    shipped = TrainConfig.from_dict(demo_run_config_dict())
+    assert (mine.prompts_per_iter, mine.tree.tail_steps, mine.tree.tail_steps_schedule, mine.optim.lr,
+            mine.optim.lr_factor_schedule) == (shipped.prompts_per_iter, shipped.tree.tail_steps,
+                                               shipped.tree.tail_steps_schedule, shipped.optim.lr,
+                                               shipped.optim.lr_factor_schedule)
 
 
 def test_the_schedule_runs_each_job_after_its_dependencies_in_the_listed_order():
@@ -577,15 +589,16 @@ def test_one_tiny_work_budget_comparison_end_to_end(tmp_path):
     base, tree = by["traj_window"], by["tree"]
     assert base["iterations"] == 3 and [e["iteration"] for e in base["evals"]] == [0, 1, 2, 3]
     assert tree["train_time"] >= base["train_time"] and len(tree["evals"]) >= 3   # ran the baseline's training time
-    assert tree["leaves_per_iter"] == base["leaves_per_iter"] == bm.LEAVES_PER_ITER   # 24 prompts x 8 leaves
+    assert tree["leaves_per_iter"] == base["leaves_per_iter"] == h.LEAVES_PER_ITER   # 24 prompts x 8 leaves
     assert set(res["budgets"]) == {"2", "3"} and res["budgets"]["3"]["T_N_s"]["0"] == pytest.approx(base["train_time"])
     assert "tree ÷ traj_window" in r.stdout and "at equal reward" in r.stdout
     assert set(res["levels"]) >= {"levels", "baseline_iterations", "methods"}
     assert res["cost"]["tree"]["t_iter"]["by_seed"]["0"] == pytest.approx(tree["split"]["t_iter"] / base["split"]["t_iter"])
-    for methods in ("trees", "trees_p12", "traj_window"):   # the baseline itself is no method beside it
+    for methods, says in (("trees", "unknown configuration"), ("tree_p13", "unknown configuration"),
+                          ("traj_window", "the baseline")):   # the baseline itself is no method beside it
         bad = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_budget.py"), "--methods", methods],
                              capture_output=True, text=True, timeout=120, cwd=ROOT)
-        assert bad.returncode != 0 and "--methods" in bad.stderr and "_p<N>" in bad.stderr
+        assert bad.returncode != 0 and says in bad.stderr, bad.stderr
 
 
 def test_gradient_noise_statistics_against_a_known_distribution():
@@ -663,7 +676,7 @@ def test_bench_gradient_splits_the_gradient_by_window_step(tmp_path):
     add up to the whole gradient to float32 rounding), for a tree with its own branching per step."""
     import bench_gradient as bg
 
-    d = bg.gradient_draws(bg.method_overrides("tree_42_start0"), 3, per_step=True)
+    d = bg.gradient_draws(h.DEMO.overrides("tree_42_start0"), 3, per_step=True)
     assert d["per_step"].shape[:2] == (3, 2)
     scale = float(d["grads"].abs().max())
     assert float((d["per_step"].sum(1) - d["grads"]).abs().max()) <= 1e-4 * scale

@@ -1,9 +1,9 @@
-"""Picks become rewards (treegrpo/artist.py): the pairwise wins each kind of answer implies and the within-tree win
+"""Picks become rewards (treegrpo/artist/answers.py): the pairwise wins each kind of answer implies and the within-tree win
 rates, on hand-worked trees; answers that carry no preference; bad answers refused with what is wrong."""
 import pytest
 import torch
 
-from treegrpo.artist import Answer, answer_rewards, pairwise_wins
+from treegrpo.artist.answers import Answer, answer_rewards, pairwise_wins
 
 
 def rates(answer, n):
@@ -73,3 +73,18 @@ def test_the_dialogs_json_round_trips_and_junk_is_refused():
         with pytest.raises(ValueError, match=match):
             Answer.from_dict(bad)
     assert torch.is_tensor(answer_rewards(Answer.from_dict({"mode": "favourites", "good": [0]}), 3))
+
+
+def test_the_artist_settings_are_identifiers_and_read_the_nodes_labels():
+    """ArtistConfig's choices are identifiers; the nodes show labels (the text saved workflows keep), which the config
+    reads as the values they stand for; anything else is refused naming the choices."""
+    import pytest
+
+    from treegrpo.config import ArtistConfig, ConfigError, field_labels
+
+    assert ArtistConfig().ask == "every" and ArtistConfig().on_timeout == "skip"
+    assert ArtistConfig(ask="when unsure").ask == ArtistConfig(ask="unsure").ask == "unsure"
+    assert ArtistConfig(on_timeout="use the reward model").on_timeout == "reward_model"
+    assert field_labels(ArtistConfig, "ask") == {"every": "every N-th tree", "unsure": "when unsure"}
+    with pytest.raises(ConfigError, match=r"ArtistConfig\.ask.*unsure"):
+        ArtistConfig(ask="sometimes")

@@ -450,7 +450,7 @@ def test_artist_labels_of_another_version_are_read_where_they_can_be(tmp_path, c
     the others are read; a damaged line in the middle is refused naming the line."""
     import logging
 
-    from treegrpo.taste import read_labels
+    from treegrpo.artist.taste import read_labels
 
     recs = [{"version": 1, "outcome": "answered", "answer": {"mode": "favourites", "good": [1]}, "leaves": []},
             {"version": 2, "outcome": "answered", "answer": {"mode": "favourites", "good": [0], "confidence": 0.9},

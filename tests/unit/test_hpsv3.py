@@ -89,7 +89,7 @@ def test_it_trains_and_judges_a_cli_run(folder, tmp_path):
 
 
 def test_its_vision_tower_gives_taste_features(folder):
-    from treegrpo.taste_features import feature_encoder
+    from treegrpo.artist.features import feature_encoder
 
     f = feature_encoder("reward:hpsv3", path=folder)(torch.rand(3, 3, 48, 48, generator=torch.Generator().manual_seed(4)))
     assert f.shape[0] == 3 and torch.allclose(f.norm(dim=-1), torch.ones(3), atol=1e-4) and not torch.allclose(f[0], f[1])

@@ -105,7 +105,7 @@ def test_every_widget_default_is_its_config_fields(comfyui_pack):
                    and Path(m.__file__).resolve().parent.parent == ROOT)
     CONFIG_WIDGETS = widgets.CONFIG_WIDGETS
 
-    from treegrpo.config import field_choices
+    from treegrpo.config import field_choices, field_labels, from_label
 
     checked = combos = 0
     for node_id, cls in comfyui_pack.node_classes().items():
@@ -121,11 +121,14 @@ def test_every_widget_default_is_its_config_fields(comfyui_pack):
             klass, field = CONFIG_WIDGETS[name]
             assert klass in (TreeConfig, AdvantageConfig, LoraConfig, OptimConfig, MemoryConfig, TrainConfig,
                              VideoConfig, ArtistConfig)
-            assert opts["default"] == field_default(klass, field), \
+            labels = field_labels(klass, field)   # a labelled choice: the combo shows the label, the config reads it
+            assert from_label(klass, field, opts["default"]) == field_default(klass, field), \
                 f"{node_id}.{name} = {opts['default']!r}, but {klass.__name__}.{field} = {field_default(klass, field)!r}"
             if field_choices(klass, field):     # a Literal field: the combo offers exactly its choices, in order
                 assert list(_typ if isinstance(_typ, (list, tuple)) else opts.get("options", [])) == \
-                    list(field_choices(klass, field)), (node_id, name, _typ, opts)
+                    [labels.get(c, c) for c in field_choices(klass, field)], (node_id, name, _typ, opts)
+                assert all(isinstance(c, str) and c.isidentifier() for c in field_choices(klass, field)), \
+                    f"{klass.__name__}.{field}: its values are identifiers (a node shows labels: field_labels)"
                 combos += 1
             checked += 1
     assert checked >= 25 and combos >= 10, (checked, combos)

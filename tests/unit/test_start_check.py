@@ -1,4 +1,4 @@
-"""Issue 50: checks against where the run started (treegrpo/start_check.py) — the guard's rule on hand-worked
+"""Issue 50: checks against where the run started (treegrpo/artist/start_check.py) — the guard's rule on hand-worked
 sequences, the pictures (the model now and the base model from the same noises), and a run rolled back to the exact
 LoRA and optimiser state the artist approved."""
 import copy
@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-from treegrpo.start_check import (NO_ANSWER, NOW, START, CheckConfig, Snapshot, StartCheck, StartGuard,
+from treegrpo.artist.start_check import (NO_ANSWER, NOW, START, CheckConfig, Snapshot, StartCheck, StartGuard,
                                   check_pictures)
 
 
@@ -217,7 +217,7 @@ def test_the_end_of_a_run_keeps_only_a_state_the_artist_preferred_to_the_start(t
 def test_the_base_models_pictures_are_sampled_once_per_look(tmp_path, monkeypatch):
     """The base model's side of a look never changes during a run: it is sampled at the first check and reused (the
     second look's noises: once too), the same pictures as sampling it again."""
-    import treegrpo.start_check as sc
+    import treegrpo.artist.start_check as sc
 
     box, asked, seen, sampled = [], [], [], []
     ask = _scripted(["now"] * 6, box, asked)
@@ -279,7 +279,7 @@ def test_a_check_answer_outside_its_choices_is_refused(tmp_path):
 
 
 def test_the_taste_model_learns_a_check_as_one_comparison_of_the_sides_mean_features():
-    from treegrpo.taste import OnlineTaste, TasteConfig, TasteModel
+    from treegrpo.artist.taste import OnlineTaste, TasteConfig, TasteModel
 
     enc = lambda x: x.flatten(1)[:, :3]                       # noqa: E731 -- features: the first 3 values
     online = OnlineTaste(TasteModel(config=TasteConfig(heads=1)), encoder=enc)
@@ -297,7 +297,7 @@ def test_the_taste_model_learns_a_check_as_one_comparison_of_the_sides_mean_feat
 
 
 def test_a_side_picture_reads_back_into_its_pictures():
-    from treegrpo.start_check import side_picture, side_pictures
+    from treegrpo.artist.start_check import side_picture, side_pictures
 
     for n in (1, 3, 4, 6):
         pics = torch.rand(n, 3, 5, 7)
@@ -316,8 +316,8 @@ def test_a_resumed_runs_taste_model_learns_its_checks_again(tmp_path):
 
     from PIL import Image
 
-    from treegrpo.start_check import side_picture
-    from treegrpo.taste import TasteConfig, check_features, from_labels
+    from treegrpo.artist.start_check import side_picture
+    from treegrpo.artist.taste import TasteConfig, check_features, from_labels
 
     enc = lambda x: x.flatten(1)[:, :3]                       # noqa: E731
     g = torch.Generator().manual_seed(0)

@@ -1,4 +1,4 @@
-"""The taste model (treegrpo/taste.py): the Bradley–Terry fit against closed forms and known weights, the bootstrap
+"""The taste model (treegrpo/artist/taste.py): the Bradley–Terry fit against closed forms and known weights, the bootstrap
 ensemble's spread, the ask-when-unsure rule on constructed cases, the online loop, the file, and the taste as a
 reward (the CLI's load_reward and rewards spec)."""
 import json
@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from treegrpo.artist import Answer, pairwise_wins
-from treegrpo.taste import (OnlineTaste, TasteConfig, TasteModel, fit_bradley_terry, from_labels, should_ask,
+from treegrpo.artist.answers import Answer, pairwise_wins
+from treegrpo.artist.taste import (OnlineTaste, TasteConfig, TasteModel, fit_bradley_terry, from_labels, should_ask,
                             win_probability)
 from treegrpo.run import build_rewards
 
@@ -192,7 +192,7 @@ def test_the_taste_is_a_reward_for_load_reward_and_the_cli(tmp_path):
     from treegrpo.config import TrainConfig
     from treegrpo.demo.shapes import shape_area
     from treegrpo.rewards.base import load_reward
-    from treegrpo.taste_features import DemoEncoder
+    from treegrpo.artist.features import DemoEncoder
 
     enc = DemoEncoder()
     imgs = _demo_leaves(30, 0)
@@ -226,7 +226,7 @@ def test_a_run_learns_its_taste_again_from_its_labels(tmp_path):
     from PIL import Image
 
     from treegrpo.demo.shapes import shape_area
-    from treegrpo.taste_features import DemoEncoder
+    from treegrpo.artist.features import DemoEncoder
 
     imgs = _demo_leaves(6, 4)
     recs = []
@@ -255,7 +255,7 @@ def test_a_taste_on_a_reward_models_image_tower(tmp_path):
     import reward_fixtures as rf
 
     from treegrpo.rewards.base import load_reward
-    from treegrpo.taste_features import feature_encoder
+    from treegrpo.artist.features import feature_encoder
 
     path, arch = rf.make_hps_file(str(tmp_path))
     hps = load_reward("hpsv2", path=path, arch=arch)
@@ -277,8 +277,8 @@ def test_a_taste_on_a_reward_models_image_tower(tmp_path):
 def test_the_train_node_picks_its_taste_features_or_says_what_to_connect():
     """CLIP Vision if connected, else a connected reward model's image tower, else the demo's encoder on the demo
     model; a real model with a reward model that has no tower (and no CLIP Vision) is refused naming what to connect."""
-    from treegrpo.comfyui.taste import ClipVisionEncoder, choose_encoder
-    from treegrpo.taste_features import DemoEncoder
+    from treegrpo.comfyui.artist.taste import ClipVisionEncoder, choose_encoder
+    from treegrpo.artist.features import DemoEncoder
 
     class Tower:
         name = "hpsv2"

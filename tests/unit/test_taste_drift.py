@@ -1,15 +1,15 @@
 """Issue 50: the taste model asks where the samples have moved, keeps a floor rate, asks more when it disagrees with
-the artist, and warns when it is being fooled (treegrpo/taste.py); the simulated artists' hidden tastes
+the artist, and warns when it is being fooled (treegrpo/artist/taste.py); the simulated artists' hidden tastes
 (treegrpo/demo/tastes.py) on hand-drawn pictures."""
 import math
 
 import pytest
 import torch
 
-from treegrpo.artist import Answer, pairwise_wins
+from treegrpo.artist.answers import Answer, pairwise_wins
 from treegrpo.demo import tastes
 from treegrpo.demo.shapes import BACKGROUND_RGB
-from treegrpo.taste import (OnlineTaste, TasteConfig, TasteModel, _spacing, ask_reason, feature_spread,
+from treegrpo.artist.taste import (OnlineTaste, TasteConfig, TasteModel, _spacing, ask_reason, feature_spread,
                             taste_warnings)
 
 SURE = torch.tensor([[5.0, 0.0, -1.0], [6.0, 0.5, -1.0], [4.0, 0.0, 0.0]])
@@ -209,7 +209,7 @@ def test_novelty_on_a_reward_models_image_tower(tmp_path):
     import reward_fixtures as rf
 
     from treegrpo.rewards.base import load_reward
-    from treegrpo.taste_features import feature_encoder
+    from treegrpo.artist.features import feature_encoder
 
     path, arch = rf.make_hps_file(str(tmp_path))
     enc = feature_encoder("reward:hpsv2", reward=load_reward("hpsv2", path=path, arch=arch))

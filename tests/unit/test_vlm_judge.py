@@ -69,7 +69,7 @@ def test_missing_or_wrong_folders_and_questions_are_refused(folder, tmp_path):
 
 
 def test_its_vision_tower_gives_taste_features(folder):
-    from treegrpo.taste_features import feature_encoder
+    from treegrpo.artist.features import feature_encoder
 
     enc = feature_encoder("reward:vlm_judge", path=folder)
     f = enc(_images(3, seed=2))

@@ -100,21 +100,21 @@ def artist_hook(model, rewards: dict, taste_features, *, every: int, mode: Optio
     """``(leaf scorer, check against the start)`` asking the artist in the tab that queued the prompt (``every`` 0:
     ``(None, None)``). The scorer: every N-th tree, or a taste model that asks when unsure (its features:
     ``taste_features`` (CLIP Vision), else the reward model's image tower or the demo model's encoder). The check
-    (:class:`treegrpo.start_check.StartCheck`, every ``check_every`` iterations; None when 0): the pictures now beside
+    (:class:`treegrpo.artist.start_check.StartCheck`, every ``check_every`` iterations; None when 0): the pictures now beside
     the base model's, one question in the same dialog."""
     if not every:
         return None, None
     from ..config import ArtistConfig
-    from .artist import train_node_artist
+    from .artist.questions import train_node_artist
 
     acfg = ArtistConfig(mode=mode or "favourites", timeout_s=timeout_s or 600, every=every,
-                        ask=ask or "every N-th tree", away_s=away_s or ArtistConfig().away_s,
+                        ask=ask or "every", away_s=away_s or ArtistConfig().away_s,
                         check_every=ArtistConfig().check_every if check_every is None else check_every)
     where = runtime.asking_context()
-    if acfg.ask == "when unsure":
+    if acfg.ask == "unsure":
         from ..demo import BASE_MODEL_NAME
-        from ..taste import TasteConfig
-        from .taste import choose_encoder, train_node_taste
+        from ..artist.taste import TasteConfig
+        from .artist.taste import choose_encoder, train_node_taste
 
         encoder = choose_encoder(taste_features, rewards, demo=runtime.model_name(model) == BASE_MODEL_NAME)
         hook = train_node_taste(encoder, acfg.mode, acfg.timeout_s, TasteConfig.one_in(acfg.every),
@@ -130,11 +130,11 @@ def artist_hook(model, rewards: dict, taste_features, *, every: int, mode: Optio
 
 
 def start_check(acfg, seed: int, learn: Optional[Callable] = None, **where):
-    """The Train node's check against the start: a :class:`~treegrpo.start_check.StartCheck` whose question goes to
-    the artist's dialog (:func:`treegrpo.comfyui.artist.ask_check`, the run folder keeps the answers); ``learn(first,
-    second, pick)`` also gets each answer (the taste model's :meth:`~treegrpo.taste.OnlineTaste.learn_check`)."""
-    from ..start_check import CheckConfig, StartCheck
-    from .artist import ask_check
+    """The Train node's check against the start: a :class:`~treegrpo.artist.start_check.StartCheck` whose question goes to
+    the artist's dialog (:func:`treegrpo.comfyui.artist.questions.ask_check`, the run folder keeps the answers); ``learn(first,
+    second, pick)`` also gets each answer (the taste model's :meth:`~treegrpo.artist.taste.OnlineTaste.learn_check`)."""
+    from ..artist.start_check import CheckConfig, StartCheck
+    from .artist.questions import ask_check
 
     def ask(first, second, prompts, iteration, again=False):   # the run's folder and name: known once it began
         pick = ask_check(first, second, prompts, iteration, folder=check.output_dir, run_name=check.run_name,

@@ -182,7 +182,7 @@ class RunWatcher(TrainerCallback):
 
 def _artist_away() -> Optional[str]:
     """``artist away: N trees fell back`` while the artist has not answered since a question timed out."""
-    from .artist import BOARD
+    from .artist.questions import BOARD
     return BOARD.away_summary()
 
 

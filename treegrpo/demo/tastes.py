@@ -14,7 +14,7 @@ drawing less and less of something (the way a generator most easily makes a shap
 * ``warm``: the shape's mean colour has a hue near ``WARM_HUE`` (20°, an orange-leaning red): ``1 − |hue − 20°| /
   40°`` clipped at 0 — a hue inside the red the prompt asks for, not another colour.
 
-None of these chose the taste model's demo encoder (``treegrpo.taste_features.DemoEncoder`` was chosen on ``big``
+None of these chose the taste model's demo encoder (``treegrpo.artist.features.DemoEncoder`` was chosen on ``big``
 before the others existed).
 """
 from __future__ import annotations

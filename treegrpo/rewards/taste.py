@@ -1,4 +1,4 @@
-"""The artist's taste as a reward: a taste model learnt from their picks (treegrpo/taste.py), saved as
+"""The artist's taste as a reward: a taste model learnt from their picks (treegrpo/artist/taste.py), saved as
 ``<run_name>_taste.safetensors`` in ``models/reward_models/``, scores images like any other reward model:
 ``reward = mean over the ensemble of θ·z(features(image))`` (the prompt is not used: a taste is about the images).
 
@@ -19,8 +19,8 @@ class TasteReward:
     name = "taste"
 
     def __init__(self, path: Optional[str] = None, device="cpu", features_path: Optional[str] = None, _encoder=None):
-        from ..taste import TasteModel
-        from ..taste_features import feature_encoder
+        from ..artist.taste import TasteModel
+        from ..artist.features import feature_encoder
 
         if not path:
             raise ValueError("reward 'taste' needs the taste model's file (path): <run_name>_taste.safetensors, "

@@ -313,7 +313,7 @@ class TorchReward:
 
     def image_features(self, images: torch.Tensor) -> torch.Tensor:
         """(B, D) float32 on the CPU: the unit-normalised image embedding this reward scores with (the features a
-        taste model learns on, treegrpo/taste_features.py), for images (B, 3, H, W) in [0, 1]."""
+        taste model learns on, treegrpo/artist/features.py), for images (B, 3, H, W) in [0, 1]."""
         if not hasattr(self, "_embed"):
             raise ValueError(f"{self.name} has no image tower to give features")
         if images.ndim != 4 or images.shape[1] != 3:

@@ -1,11 +1,11 @@
-"""Frozen image features for the taste model (treegrpo/taste.py): ``encoder(images (B, 3, H, W) in [0, 1]) ->
+"""Frozen image features for the taste model (treegrpo/artist/taste.py): ``encoder(images (B, 3, H, W) in [0, 1]) ->
 (B, D) float32``, named so that a saved taste model finds its encoder again.
 
 * ``demo``: the embedded demo's classifier trunk (256 pooled features; no files);
 * ``reward:<name>``: the image tower of a reward model (the CLIP-based hpsv2, pickscore, clipscore,
   laion_aesthetic; the Qwen2-VL vision tower of vlm_judge and hpsv3), from the same files that reward loads;
 * ``clip_vision``: in ComfyUI, a CLIP Vision model of ``CLIPVisionLoader`` (its ``image_embeds``;
-  treegrpo/comfyui/taste.py).
+  treegrpo/comfyui/artist/taste.py).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class DemoEncoder:
     dim = 176
 
     def __init__(self, device="cpu"):
-        from .demo.classifier import load_classifier
+        from ..demo.classifier import load_classifier
 
         self.model = load_classifier(device=device).eval()
         self.device = torch.device(device)
@@ -74,7 +74,7 @@ def feature_encoder(name: str, path: Optional[str] = None, device="cpu", reward=
             raise ValueError(f"taste features {name!r}: reward {rname!r} has no image tower; use one of "
                              f"{', '.join('reward:' + r for r in TOWER_REWARDS)} or demo")
         if reward is None:
-            from .rewards.base import load_reward
+            from ..rewards.base import load_reward
             reward = load_reward(rname, path=path, device=device, **(options or {}))
         return RewardTower(reward)
     if name == "clip_vision":

@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from .callbacks import TrainerCallback
+from ..callbacks import TrainerCallback
 
 NOW, START = "now", "start"
 #: what an ``ask`` returns when nobody answered in time (the artist is away): not a verdict, and at the end of a run
@@ -138,7 +138,7 @@ def check_pictures(policy, prompts: list[str], noise: torch.Tensor, steps: int, 
     """ODE samples of the policy now and of the base model (LoRA off) from the same ``noise`` (B, C, H, W), one
     per prompt: decoded images ``(now, start)``, each (B, 3, H, W) in [0, 1] (video: (B, F, 3, H, W)). ``start``:
     the base model's pictures of these noises made before (they do not change during a run), not sampled again."""
-    from .tree import sample_ode
+    from ..tree import sample_ode
 
     was_training = policy.model.training
     policy.model.eval()

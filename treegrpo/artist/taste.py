@@ -5,7 +5,7 @@ unsure").
 * **Model**: a leaf with features x (D,) gets the score s(x) = θ·z(x), where z standardises the features with the mean
   and spread of every leaf answered so far. Bradley–Terry: the artist prefers leaf i over leaf j with probability
   σ(s_i − s_j).
-* **Fit**: the pairs an answer implies (:func:`treegrpo.artist.pairwise_wins`) by penalised maximum likelihood,
+* **Fit**: the pairs an answer implies (:func:`treegrpo.artist.answers.pairwise_wins`) by penalised maximum likelihood,
   ``min_θ Σ −log σ(θ·(z_w − z_l)) + λ/2 ‖θ‖²`` (convex; Newton's method in float64).
 * **Uncertainty**: ``heads`` fits, each on a bootstrap resample of the answered *trees* (a tree's pairs come from one
   look at it, so they are resampled together); the reward is the mean of the heads' scores.
@@ -466,7 +466,7 @@ class OnlineTaste:
         Returns ``(rewards (n,) float32, exclude (n_trees,) bool, stats)``: asked trees get their win rates, the
         others the model's scores; a tree without preference is excluded, an unanswered one keeps the model's
         scores (excluded while there is no model). ``stats["taste_warnings"]``: the warnings raised this round."""
-        from .artist import win_rates
+        from .answers import win_rates
 
         if features is None:
             features = self.encoder(images)
@@ -521,7 +521,7 @@ class OnlineTaste:
 
 
     def learn_check(self, first: torch.Tensor, second: torch.Tensor, pick: Optional[int]) -> Optional[float]:
-        """Learn from a check against the start (treegrpo/start_check.py): the artist preferred side ``pick`` (0 /
+        """Learn from a check against the start (treegrpo/artist/start_check.py): the artist preferred side ``pick`` (0 /
         1; None: no preference, nothing learnt) of two picture sets (B, 3, H, W). What a tree's answers cannot say —
         where the run stands against where it started — as one comparison of the sides' mean features (with a
         linear score: the picked side's mean score is the higher). Returns the model's agreement with it before
@@ -545,7 +545,7 @@ def check_features(encoder, first: torch.Tensor, second: torch.Tensor) -> torch.
 
 
 def read_labels(path: str | os.PathLike) -> list[tuple[dict, "object"]]:
-    """The answered records of an ``artist_labels.jsonl`` with their :class:`treegrpo.artist.Answer`, in order.
+    """The answered records of an ``artist_labels.jsonl`` with their :class:`treegrpo.artist.answers.Answer`, in order.
 
     Written by any version: fields of a record or of its answer that this version does not know are left out with
     one warning naming the file, the record format (``version``) and the fields; a record whose answer this version
@@ -554,7 +554,7 @@ def read_labels(path: str | os.PathLike) -> list[tuple[dict, "object"]]:
     the file and the line (the file was edited or damaged there)."""
     import logging
 
-    from .artist import LABELS_VERSION, MODES, Answer
+    from .answers import LABELS_VERSION, MODES, Answer
 
     p = os.fspath(path)
     with open(p, encoding="utf-8") as f:
@@ -605,7 +605,7 @@ def from_labels(folder: str | os.PathLike, encoder, config: Optional[TasteConfig
     import numpy as np
     from PIL import Image
 
-    from .artist import pairwise_wins
+    from .answers import pairwise_wins
     from .start_check import side_pictures
 
     path = os.path.join(os.fspath(folder), "artist_labels.jsonl")

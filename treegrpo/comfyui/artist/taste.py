@@ -1,5 +1,5 @@
 """The taste model inside ComfyUI: the Train node asks the artist only where the taste model is unsure
-(treegrpo/taste.py), scores the other trees with it, and keeps it as ``models/reward_models/<run_name>_taste.safetensors``
+(treegrpo/artist/taste.py), scores the other trees with it, and keeps it as ``models/reward_models/<run_name>_taste.safetensors``
 (the Reward Model Loader's ``taste`` reward). Features: a CLIP Vision model of ComfyUI's ``CLIPVisionLoader``, the
 image tower of the connected reward model, or the embedded demo's encoder."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..taste import OnlineTaste, TasteConfig, TasteModel, from_labels
+from ...artist.taste import OnlineTaste, TasteConfig, TasteModel, from_labels
 
 
 class ClipVisionEncoder:
@@ -31,7 +31,7 @@ def choose_encoder(clip_vision=None, rewards: Optional[dict] = None, demo: bool 
     """The features the taste model learns on: the CLIP Vision input if connected, else the image tower of a
     connected CLIP-based reward model, else the demo's encoder for the demo model; else a ValueError saying what
     to connect (before any work)."""
-    from ..taste_features import TOWER_REWARDS, DemoEncoder, RewardTower
+    from ...artist.features import TOWER_REWARDS, DemoEncoder, RewardTower
 
     if clip_vision is not None:
         return ClipVisionEncoder(clip_vision)
@@ -62,9 +62,9 @@ def train_node_taste(encoder, mode: str, timeout_s: float, config: Optional[Tast
     its ``artist_labels.jsonl``; every answer refits the model and rewrites the taste file; the statistics (trees
     asked, answers, agreement of the model with each answer before it learnt from it, refit seconds) go into the
     run's log."""
-    from ..artist import pairwise_wins
-    from ..scores import LeafScores
-    from .artist import BOARD, ask_trees
+    from ...artist.answers import pairwise_wins
+    from ...scores import LeafScores
+    from .questions import BOARD, ask_trees
 
     state: dict = {}
     (board or BOARD).back(client_id)          # whoever queued this run is at the page now
@@ -107,7 +107,7 @@ def train_node_taste(encoder, mode: str, timeout_s: float, config: Optional[Tast
 def taste_reward(path: Optional[str], clip_vision=None, **options):
     """The Reward Model Loader's ``taste``: the file's own encoder, or the connected CLIP Vision for a taste learnt
     on CLIP Vision features (refused, saying what to connect, when they do not match)."""
-    from ..rewards.base import load_reward
+    from ...rewards.base import load_reward
 
     if path is None:
         raise ValueError("reward 'taste': pick the taste model's file (<run_name>_taste.safetensors) in 'file'")

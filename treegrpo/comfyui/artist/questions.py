@@ -24,8 +24,9 @@ import time
 import uuid
 from typing import Any, Callable, Optional
 
-from ..artist import LABELS_VERSION, Answer
-from ..start_check import NO_ANSWER, side_picture
+from ...artist.answers import LABELS_VERSION, Answer
+from ...artist.start_check import NO_ANSWER, side_picture
+from ...config import ArtistConfig, from_label
 
 QUESTION_EVENT = "treegrpo.artist.question"
 WAITING_EVENT = "treegrpo.artist.waiting"
@@ -52,7 +53,7 @@ class Question:
     state: str = "pending"               # pending | answered | expired | cancelled
     answer: Optional[Answer] = None
     away: int = 0                        # trees that fell back since this tab's last answer (0: the artist is here)
-    kind: str = "tree"                   # tree | check (the run now beside where it started: treegrpo.start_check)
+    kind: str = "tree"                   # tree | check (the run now beside where it started: treegrpo.artist.start_check)
 
     @property
     def id(self) -> str:
@@ -232,7 +233,7 @@ def append_label(folder: str, record: dict, name: str = LABELS_FILE) -> str:
     return path
 
 
-ON_TIMEOUT = ("skip the tree", "use the reward model")
+ON_TIMEOUT = ("skip", "reward_model")   # treegrpo.config.ArtistConfig.on_timeout
 
 
 def _save_png(image, path: str) -> None:
@@ -277,9 +278,10 @@ def ask_trees(batch, images, *, folder: str, iteration: int, seed, run_name: str
     ``answers``: filled with tree -> its Answer (None when nobody answered), for the taste model.
 
     ``images``: the decoded leaves (n_leaves, H, W, 3) in [0, 1]. Returns ``(rewards (n_leaves,), exclude
-    (n_trees,) bool)``: an answered tree's leaves get their win rates (:mod:`treegrpo.artist`); leaves of trees not
+    (n_trees,) bool)``: an answered tree's leaves get their win rates (:mod:`treegrpo.artist.answers`); leaves of trees not
     asked keep ``base`` (½ without it); a tree with no preference is excluded; at a question's timeout, ``on_timeout``
-    "skip the tree" excludes it, "use the reward model" scores it with ``fallback(images (k, 3, H, W), prompts)``.
+    ``skip`` ("skip the tree") excludes it, ``reward_model`` ("use the reward model") scores it with
+    ``fallback(images (k, 3, H, W), prompts)``.
     An artist who walked away: after a question of this tab timed out, the next ones wait only ``away_grace_s``
     (when that is shorter) until the tab answers again; the dialog shows how many trees fell back meanwhile.
     Each record says who scored the tree (``answered_by``: ``artist``, ``reward model``, ``timeout_by`` — e.g. the
@@ -288,7 +290,7 @@ def ask_trees(batch, images, *, folder: str, iteration: int, seed, run_name: str
 
     import torch
 
-    from ..artist import MODES, answer_rewards, sibling_groups
+    from ...artist.answers import MODES, answer_rewards, sibling_groups
 
     b = batch
     leaf_tree = b.leaf_tree.cpu()
@@ -297,6 +299,7 @@ def ask_trees(batch, images, *, folder: str, iteration: int, seed, run_name: str
         raise ValueError(f"mode {mode!r}: use one of {', '.join(MODES[:3])}")
     if not isinstance(timeout_s, (int, float)) or not math.isfinite(timeout_s) or timeout_s <= 0:
         raise ValueError(f"timeout_s {timeout_s!r}: give the seconds to wait for an answer (> 0)")
+    on_timeout = from_label(ArtistConfig, "on_timeout", on_timeout)
     if on_timeout not in ON_TIMEOUT:
         raise ValueError(f"on_timeout {on_timeout!r}: use one of {ON_TIMEOUT}")
     if on_timeout == ON_TIMEOUT[1] and fallback is None:
@@ -376,10 +379,10 @@ def ask_check(first, second, prompts: list, iteration: int, *, folder: str, run_
               board: ArtistBoard = BOARD, check_interrupt: Optional[Callable[[], None]] = None,
               prompt_id: Optional[str] = None, client_id: Optional[str] = None,
               away_grace_s: float = 30.0, again: bool = False):
-    """A check against the start (:class:`treegrpo.start_check.StartCheck`'s ``ask``) as one question in the
+    """A check against the start (:class:`treegrpo.artist.start_check.StartCheck`'s ``ask``) as one question in the
     artist's dialog: the two sides (B, 3, H, W) each as one picture (a grid), favourites mode. Returns the side
     picked (0 / 1; a side marked bad picks the other), None (no preference, skipped, both or neither marked) or
-    :data:`treegrpo.start_check.NO_ANSWER` (no answer in time — an artist who is away gets the grace period only).
+    :data:`treegrpo.artist.start_check.NO_ANSWER` (no answer in time — an artist who is away gets the grace period only).
     ``again``: the second look after a side was picked (its own text). Each check is appended to ``<folder>/artist_checks.jsonl`` with its two pictures
     kept in ``<folder>/artist/``."""
     import folder_paths
@@ -426,8 +429,8 @@ def train_node_artist(every: int, mode: str, timeout_s: float, *, board: ArtistB
     """The Train node's leaf scorer (treegrpo.scores): every ``every``-th tree of the run (counted over iterations)
     is asked about; the other trees, and those the person does not answer in ``timeout_s``, keep the reward models'
     weighted score. One reward per leaf either way (each tree is z-scored on its own, so the two scales do not mix)."""
-    from ..advantages import weighted_raw
-    from ..scores import LeafScores
+    from ...advantages import weighted_raw
+    from ...scores import LeafScores
 
     board.back(client_id)            # whoever queued this run is at the page now
 
