@@ -479,13 +479,16 @@ def probe_rows(wl: Workload) -> dict:
 def probe_policy(policy, prompt: str, guidance: float, params: Sequence[torch.Tensor], *,
                  rewards: Sequence[Callable] = (), fake=True, sample_rows: Sequence[int] = (1, 2),
                  update_rows: Sequence[int] = (1, 2), decode_rows: Sequence[int] = (1, 2),
-                 reward_rows: Sequence[int] = (1, 2), kl: bool = False) -> Footprint:
+                 reward_rows: Sequence[int] = (1, 2), kl: bool = False,
+                 check: Optional[Callable[[], None]] = None) -> Footprint:
     """Measure ``policy`` (see the module docstring) at its latent size; ``params`` are the trainable LoRA
     parameters, ``rewards`` the reward callables ``(images (B, 3, H, W), prompts) -> (B,)``. Each phase's call is
     measured at the row counts given (and 1), so the curves are exact where the plan looks. ``fake=False``
     measures with real tensors (tests); a FakeTensorMode measures a model built in it (the benchmark). ``kl``: the
     update also runs the reference forward (LoRA off, no grad) while the graph of the policy's forward is alive,
-    as the update does for ``optim.kl_beta > 0``."""
+    as the update does for ``optim.kl_beta > 0``. ``check``: called before each measurement (about a dozen; on a
+    large model each takes seconds to a minute of CPU): it raises to stop the probe (a run's Cancel or Ctrl-C)."""
+    check = check or (lambda: None)
     shape = tuple(policy.latent_shape())
     sigmas = policy.sigmas(10)
     params = list(params)
@@ -512,7 +515,11 @@ def probe_policy(policy, prompt: str, guidance: float, params: Sequence[torch.Te
         return policy.run(lambda: peak_of(call, latents, fake), max_batch=rows)
 
     def curve(fn: Callable[[int], int], rows: Sequence[int]) -> Curve:
-        return Curve(tuple((r, fn(r)) for r in sorted({1, *(int(r) for r in rows)})))
+        points = []
+        for r in sorted({1, *(int(r) for r in rows)}):
+            check()
+            points.append((r, fn(r)))
+        return Curve(tuple(points))
 
     sample = curve(lambda n: denoise_peak(n, False), sample_rows)
     update = curve(lambda n: denoise_peak(n, True), update_rows)
@@ -537,6 +544,7 @@ def probe_policy(policy, prompt: str, guidance: float, params: Sequence[torch.Te
         return curve(lambda n: peak_of(policy.probe_decode, lambda: (torch.randn((n, *shape), device=policy.device),),
                                        fake), decode_rows)
 
+    check()
     try:
         with _mode(fake):
             image_shape = tuple(policy.probe_decode(torch.zeros((1, *shape), device=policy.device)).shape[1:])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 from . import memory
 
@@ -29,11 +29,19 @@ class MemoryPlanning:
                                microbatch=cfg.optim.microbatch, decode_batch=self.policy.decode_batch,
                                reward_batch=0 if 0 in batches else max(batches))
 
-    def plan_memory(self, budget: Optional[float] = None, *, fake: bool = True) -> Optional[memory.Plan]:
+    def plan_memory(self, budget: Optional[float] = None, *, fake: bool = True,
+                    check: Optional[Callable[[], None]] = None) -> Optional[memory.Plan]:
         """Measure the model, predict every phase's peak and apply the fastest settings that fit ``budget`` bytes
         (default: ``memory.budget_gb``, else the GPU's memory); logs one line. Raises
         :class:`treegrpo.memory.MemoryPlanError` before any work when nothing fits; None when there is no budget
-        (the CPU) or the plan is off."""
+        (the CPU) or the plan is off. ``check`` is called between the probe's measurements and raises to stop it
+        (default: the run's stop request, :meth:`Trainer._check_stop`; ComfyUI passes its interrupt check)."""
+        plan = self._plan_memory(budget, fake, check)
+        self.memory_planned = True
+        return plan
+
+    def _plan_memory(self, budget: Optional[float], fake: bool,
+                     check: Optional[Callable[[], None]]) -> Optional[memory.Plan]:
         mc = self.cfg.memory
         if mc.checkpointing != "auto":   # the user's choice holds with or without a plan
             self.policy.set_gradient_checkpointing(mc.checkpointing == "on")
@@ -51,8 +59,9 @@ class MemoryPlanning:
         wl = self.workload()
         self.log(f"TreeGRPO memory: measuring the models at this size to plan for {memory.size_text(budget)} "
                  "(shapes only: no memory used; up to a few minutes of CPU on the largest models)")
-        fp = memory.probe_policy(self.policy, self.prompts[0], self.cfg.guidance_scale, self.params, rewards=rewards, fake=fake,
-                                 kl=self.cfg.optim.kl_beta > 0, **memory.probe_rows(wl))
+        fp = memory.probe_policy(self.policy, self.prompts[0], self.cfg.guidance_scale, self.params, rewards=rewards,
+                                 fake=fake, kl=self.cfg.optim.kl_beta > 0, check=check or self._check_stop,
+                                 **memory.probe_rows(wl))
         p = memory.plan(fp, wl, budget, suggest=lambda short: memory.smallest_change(fp, wl, budget, fixed),
                         budget_source=source, **fixed)
         self.apply_plan(p)

@@ -114,6 +114,7 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
             self.lora.load(from_state_dict(t, meta))
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
         self.memory_plan: Optional[memory.Plan] = None
+        self.memory_planned = False    # plan_memory ran to its end (a plan, or none is needed)
         self.memory_budget: Optional[float] = None   # bytes; None: cfg.memory.budget_gb, else the GPU's
         self.log: Callable[[str], None] = print
         self.iteration = 0
@@ -326,7 +327,7 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
         """Run until ``iterations`` (default ``cfg.iterations``) or the time budget; returns a summary.
 
         On interrupt or error a checkpoint of the last completed iteration is written before raising."""
-        if self.memory_plan is None:
+        if self.memory_plan is None and not self.memory_planned:
             self.plan_memory()
         cfg = self.cfg
         total = iterations or cfg.iterations

@@ -313,3 +313,66 @@ def test_the_step_nodes_plan_once_per_run_and_keep_the_plan(comfyui_pack, monkey
             assert t.trainer.policy.gradient_checkpointing
     lines = [m for m in caplog.messages if m.startswith("TreeGRPO memory: planned peak")]
     assert len(lines) == 1 and "of 1.0 GB" in lines[0] and "checkpointing on" in lines[0]
+
+
+def test_the_probe_can_be_stopped_between_its_measurements(tmp_path):
+    """The memory probe (minutes of CPU on a large model) calls ``check`` before each measurement: a stop request
+    ends it there, before any training, and the run can plan again afterwards. In the CLI the check is the run's
+    stop request (Ctrl-C)."""
+    from treegrpo.trainer import TrainingInterrupted
+
+    d = cli.demo_config_dict()
+    d.update(output_dir=str(tmp_path), eval_every=0, prompts_per_iter=1, iterations=1, memory=dict(budget_gb=4.0))
+    cfg = TrainConfig.from_dict(d)
+    rewards = build_rewards(cfg, "cpu")
+    calls = []
+
+    def check():
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+
+    tr = Trainer(cfg, load_policy(cfg, torch.device("cpu"))[0], rewards, progress=False)
+    tr.log = lambda line: None
+    with pytest.raises(KeyboardInterrupt):
+        tr.plan_memory(check=check)
+    assert len(calls) == 3 and tr.memory_plan is None and not tr.memory_planned
+    done = []
+    p = tr.plan_memory(check=lambda: done.append(1))      # every measurement is preceded by one check
+    assert p is not None and tr.memory_planned and len(done) >= 8
+
+    stopped = Trainer(cfg, load_policy(cfg, torch.device("cpu"))[0], rewards, progress=False, stop=lambda: True)
+    stopped.log = lambda line: None
+    with pytest.raises(TrainingInterrupted):
+        stopped.train()
+    assert stopped.iteration == 0 and stopped.memory_plan is None and not (tmp_path / "treegrpo_demo").exists()
+
+
+@pytest.mark.slow
+def test_cancel_stops_the_train_nodes_memory_probe(comfyui_pack, monkeypatch):
+    """The Train node's Cancel during the memory probe: ComfyUI's interrupt ends the probe at its next measurement
+    (the prompt is reported interrupted, no run folder is made), not minutes later when training starts."""
+    from pathlib import Path
+
+    import behaviour_fixture as bf
+    import comfy_harness as ch
+
+    real = memory.probe_policy
+    seen = []
+
+    def probe(*a, check=None, **kw):
+        def cancel_then_check():
+            seen.append(1)
+            if len(seen) == 2:
+                comfyui_pack.interrupt()      # what the web UI's Cancel does
+            check()
+        return real(*a, check=cancel_then_check, **kw)
+
+    monkeypatch.setattr(memory, "probe_policy", probe)
+    run = "memory_probe_cancel"
+    g = bf.train_node_graph(run, 1)
+    g["train"]["inputs"].update(memory_budget_gb=1.0)
+    with pytest.raises(ch.ComfyInterrupted):
+        comfyui_pack.execute(g)
+    assert len(seen) == 2
+    assert not (Path(comfyui_pack.base_dir) / "output" / "treegrpo" / run).exists()

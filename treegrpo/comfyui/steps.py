@@ -131,7 +131,8 @@ def sample_tree(model, positive, negative, latent: dict, tree_cfg: TreeConfig, *
         if trainer.memory_plan is None:
             trainer.log = logging.info
             trainer.memory_budget = runtime.memory_budget(policy.device) or None
-            trainer.plan_memory()
+            import comfy.model_management
+            trainer.plan_memory(check=comfy.model_management.throw_exception_if_processing_interrupted)
         else:
             trainer.apply_plan(trainer.memory_plan)
         trainer.step_callback = runtime.comfy_progress(tree_cfg.steps)

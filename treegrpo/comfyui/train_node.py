@@ -219,6 +219,8 @@ def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict
         watcher = trainer.callbacks[-1]
         if not cfg.memory.budget_gb:
             trainer.memory_budget = runtime.memory_budget(policy.device) or None
+        # the probe of a large model takes minutes of CPU: Cancel stops it between its measurements
+        trainer.plan_memory(check=comfy.model_management.throw_exception_if_processing_interrupted)
         trainer.train(resume=resume)
     trainer.save_lora()  # before anything optional: a failing preview must never cost the trained LoRA
     watcher.finish()     # the LoRA where LoraLoader lists it, the run's figures
