@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -113,11 +114,25 @@ def main(argv=None):
     os.environ[ch.LANE_ENV] = "newest"
     base = tempfile.mkdtemp(prefix="gpu_dynamic_vram-")
     ch.boot_comfy_core(cpu=a.device == "cpu")
+    dynamic_on = a.device != "cpu" and enable_dynamic_vram()
+    try:
+        path = flux_file(base, a.hidden)
+        out = measure(path, a, dynamic_on)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)   # the checkpoint written for the measurement (10 MB at the smoke size)
+    print(json.dumps(out, indent=1))
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(out, f, indent=1)
+
+
+def measure(path: str, a, dynamic_on: bool) -> dict:
+    """The update's gradient through a plain load and, where Dynamic VRAM is on, through ComfyUI's dynamic patcher."""
     import comfy.model_patcher as cmp
     import comfy.sd
 
-    dynamic_on = a.device != "cpu" and enable_dynamic_vram()
-    path = flux_file(base, a.hidden)
+    import comfy_harness as ch
+
     shape = (16, a.px // 8, a.px // 8)
     out = {"comfyui": ch.comfyui_version(), "device": a.device, "hidden": a.hidden, "px": a.px,
            "dynamic_vram": dynamic_on}
@@ -132,10 +147,7 @@ def main(argv=None):
         out["dynamic"] = {"update_s": t_dyn, "trained_on": trained, "max_rel_grad_diff": rel}
         print(f"dynamic patcher trained on {trained}: gradient differs from the plain load by {rel:.1e}")
         assert rel < 1e-3, out
-    print(json.dumps(out, indent=1))
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(out, f, indent=1)
+    return out
 
 
 if __name__ == "__main__":

@@ -69,3 +69,25 @@ def test_the_console_line_says_the_artist_is_away(comfyui_pack):
         assert watch._artist_away() == "artist away: 2 trees fell back"
     finally:
         artist.BOARD = old
+
+
+def test_the_last_console_line_gives_the_whole_runs_time(comfyui_pack, tmp_path, monkeypatch):
+    """``done, iteration N/N after T``: T is the run from the watcher's start to its end, not the last iterations
+    the time-left estimate averages over (a 15-iteration run of 2 s each said "after 20s" at 30 s)."""
+    from treegrpo.comfyui import watch
+
+    now = [100.0]
+    lines = []
+    trainer = SimpleNamespace(cfg=SimpleNamespace(run_name="clock", eval_seeds=1), keep_eval_images=False, rank=0,
+                              iteration=0, evals=[], out=str(tmp_path), best_lora_path=str(tmp_path / "none"),
+                              save_lora=lambda path: path)
+    monkeypatch.setattr(watch, "loras_folder", lambda name: str(tmp_path / "loras"))
+    w = watch.RunWatcher(trainer, 15, lambda: None, log=lines.append, clock=lambda: now[0])
+    for it in range(15):
+        now[0] += 2.0
+        trainer.iteration = it + 1
+        w.on_iteration({"iteration": it, "reward": 0.5, "kl": 0.0})
+    now[0] += 1.0                                      # saving the LoRA and the figures
+    w.finish()
+    assert "it 15/15" in lines[-2] and "0s left" in lines[-2]
+    assert lines[-1].startswith("TreeGRPO clock: done, iteration 15/15 after 31s;"), lines[-1]

@@ -69,8 +69,9 @@ class RunWatcher(TrainerCallback):
                  log: Callable[[str], None] = logging.info, clock: Callable[[], float] = time.monotonic):
         self.trainer, self.total, self.bar, self.save_every = trainer, total, bar, save_every
         self.node_id, self.log, self.now = node_id, log, clock
-        self.clock = IterationClock()
-        self.clock.tick(clock())
+        self.started = clock()
+        self.clock = IterationClock()        # the rate over the last iterations, for the time left
+        self.clock.tick(self.started)
         self.loras = loras_folder(trainer.cfg.run_name)
         self.first_grid: Optional[torch.Tensor] = None
         self.last_grid: Optional[torch.Tensor] = None
@@ -173,7 +174,7 @@ class RunWatcher(TrainerCallback):
         except Exception as e:  # noqa: BLE001 - the LoRA is saved; a drawing failure is only logged
             _reraise_interrupt(e)
             logging.warning("TreeGRPO: could not draw the run's figures (%s: %s)", type(e).__name__, e)
-        elapsed = self.clock.times[-1] - self.clock.times[0] if len(self.clock.times) > 1 else 0.0
+        elapsed = self.now() - self.started   # the whole run as the person waited for it
         self.log(f"TreeGRPO {t.cfg.run_name}: done, iteration {t.iteration}/{self.total} after "
                  f"{format_duration(elapsed)}; LoRA {path} (LoraLoader lists it under treegrpo/{t.cfg.run_name}/); "
                  f"checkpoints, logs and evaluation grids in {t.out}")
