@@ -30,11 +30,11 @@ THREADS = 1  # torch threads per run: one core, so a second process on a 2-core 
 EVALS = 32   # evaluations per time-budget run, one every budget/EVALS seconds of training
 SMOOTH = 3   # ratios are read off each run's curve averaged over this many consecutive evaluations (1 = raw)
 LEAVES_PER_ITER = 192  # the demo protocol: 24 prompts × 8 leaves (k = 2, w = 3)
-#: the GRPO methods' shared learning rate (each method's own sweep under the KL default, 2 seeds: 6e-3 best for both
-#: the tree and window GRPO; docs/experiments/2026-12-05-benchmark-protocols-before-budgets.md)
+#: the GRPO methods' shared learning rate, chosen by their sweeps
+#: (docs/experiments/2026-12-05-benchmark-protocols-before-budgets.md)
 LR = 6e-3
-#: the flow-matching peers' own learning rate (their sweeps, 3e-3 … 4.8e-2: 1.2e-2 best for both; the tree variants
-#: of their objectives train as many leaves per iteration and take the same)
+#: the flow-matching peers' own learning rate, chosen by their sweeps (benchmarks/README.md, the flow-matching peers);
+#: the tree variants of their objectives train as many leaves per iteration and take the same
 PEER_LR = 1.2e-2
 PEER_ODE_STEPS = 6   # DPM++(2M) calls per independent peer sample: as many as a tree leaf's path (1 + 3 + 2)
 #: the denoising steps' protocol after the window (bench_methods.py --tail)
