@@ -40,15 +40,11 @@ def files_by_reward() -> dict[str, list[str]]:
 
 def register_routes() -> None:
     """Add ``GET /treegrpo/reward_files`` to ComfyUI's server (once; a no-op without a server)."""
-    try:
-        from aiohttp import web
-        from server import PromptServer
-    except ImportError:
+    from .runtime import server_routes
+
+    srv, web = server_routes("_treegrpo_reward_file_routes")
+    if srv is None:
         return
-    srv = getattr(PromptServer, "instance", None)
-    if srv is None or getattr(srv, "_treegrpo_reward_file_routes", False):
-        return
-    srv._treegrpo_reward_file_routes = True
 
     @srv.routes.get("/treegrpo/reward_files")
     async def reward_files_route(request):

@@ -37,6 +37,22 @@ def comfy_progress(total: int) -> ComfyProgress:
     return ComfyProgress(total)
 
 
+def server_routes(marker: str):
+    """``(server, aiohttp.web)`` to add the pack's routes to ComfyUI's running server, once per ``marker`` (an
+    attribute set on the server); ``(None, None)`` without a server (the pack imported outside ComfyUI) or when the
+    routes under ``marker`` were already added."""
+    try:
+        from aiohttp import web
+        from server import PromptServer
+    except ImportError:
+        return None, None
+    srv = getattr(PromptServer, "instance", None)
+    if srv is None or getattr(srv, marker, False):
+        return None, None
+    setattr(srv, marker, True)
+    return srv, web
+
+
 def asking_context() -> dict:
     """Where a question to the artist goes and how its wait ends: ComfyUI's interrupt check and the prompt and tab
     (``client_id``) that queued the run being executed (keyword arguments of the artist functions)."""

@@ -193,15 +193,11 @@ BOARD = ArtistBoard(send=_server_send)
 
 def register_routes() -> None:
     """Add the pack's two routes to ComfyUI's server (once; a no-op without a server)."""
-    try:
-        from aiohttp import web
-        from server import PromptServer
-    except ImportError:
+    from ..runtime import server_routes
+
+    srv, web = server_routes("_treegrpo_artist_routes")
+    if srv is None:
         return
-    srv = getattr(PromptServer, "instance", None)
-    if srv is None or getattr(srv, "_treegrpo_artist_routes", False):
-        return
-    srv._treegrpo_artist_routes = True
 
     @srv.routes.get("/treegrpo/artist/pending")
     async def pending(request):
