@@ -389,7 +389,8 @@ class PipelineConfig:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = _f("auto", "weights dtype: auto (bfloat16 on GPU, float32 on CPU) | float32 | bfloat16 | float16")
     autocast: bool = _f(True, "bfloat16 autocast of the denoiser on GPU")
     shift: float = _f(0.0, "flow models: schedule shift (0 = the model's scheduler config)")
-    guidance_embed: float = _f(3.5, "Flux-dev: distilled guidance value fed to the model (true CFG is `guidance_scale`)")
+    guidance_embed: float = _f(3.5, "Flux-dev: distilled guidance value fed to the model (true CFG is "
+                                    "`guidance_scale`)")
     max_sequence_length: int = _f(0, "T5 tokens for SD3/Flux prompts (0 = the pipeline's default: 256 SD3, 512 Flux)")
     decode_batch: int = _f(8, "images per VAE decode call")
 
@@ -471,21 +472,21 @@ class ArtistConfig:
     mode: Literal["favourites", "ranking", "best_worst"] = _f("favourites", "how the artist answers: favourites (click the good ones, shift-click bad ones), "
                                  "ranking (best first), best_worst")
     timeout_s: int = _f(600, "seconds to wait for the answer about one tree before the fallback")
-    on_timeout: Literal["skip", "reward_model"] = _f("skip", "an unanswered tree: not trained on (skip), or scored by the "
-                                                    "reward model", labels={"skip": "skip the tree",
-                                                                            "reward_model": "use the reward model"})
+    on_timeout: Literal["skip", "reward_model"] = _f(
+        "skip", "an unanswered tree: not trained on (skip), or scored by the reward model",
+        labels={"skip": "skip the tree", "reward_model": "use the reward model"})
     every: int = _f(0, "the Train node asks about every N-th tree of the run (0 = never); the others, and unanswered "
                        "ones, are scored by the reward model. With ask 'when unsure': at most one tree in N")
-    ask: Literal["every", "unsure"] = _f("every", "every N-th tree, or when unsure: a taste model (treegrpo/artist/taste.py) "
-                                         "scores the trees and the artist is asked only where it is unsure",
-                                         labels={"every": "every N-th tree", "unsure": "when unsure"})
+    ask: Literal["every", "unsure"] = _f(
+        "every", "every N-th tree, or when unsure: a taste model (treegrpo/artist/taste.py) scores the trees and the "
+        "artist is asked only where it is unsure", labels={"every": "every N-th tree", "unsure": "when unsure"})
     away_s: int = _f(30, "after a question went unanswered, the next ones wait only this long (seconds) until the "
                          "artist answers again: a run left alone does not stall timeout_s on every tree")
     check_every: int = _f(5, "every N iterations, and at the end, the artist sees the model's pictures now beside "
                              "the base model's (same noises) and picks the side closer to what they want, twice: "
                              "picking the start rolls the LoRA back to the last state they approved, and the run ends "
-                             "on a state they preferred to the start or on the base model (treegrpo/artist/start_check.py); "
-                             "0 = never")
+                             "on a state they preferred to the start or on the base model "
+                             "(treegrpo/artist/start_check.py); 0 = never")
 
     def __post_init__(self) -> None:
         self.on_timeout = from_label(ArtistConfig, "on_timeout", self.on_timeout)   # a node's label reads as its value
@@ -529,7 +530,8 @@ class TrainConfig:
     prompts: list = _f([], "training prompts (or use prompts_file)")
     prompts_file: Optional[str] = _f(None, "a prompt file: .txt (one prompt a line), .csv (a prompt column) or .jsonl ({\"prompt\": ...} a line)")
     negative_prompt: str = _f("", "negative prompt for CFG")
-    guidance_scale: float = _f(1.0, "classifier-free guidance scale, CFG (1 = off; the nodes' cfg; `cfg` in earlier config files and the --cfg flag still mean it)")
+    guidance_scale: float = _f(1.0, "classifier-free guidance scale, CFG (1 = off; the nodes' cfg; `cfg` in earlier "
+                                    "config files and the --cfg flag still mean it)")
     rewards: list = _f([{"name": "demo_adherence", "weight": 1.0}], "reward models: [{name, weight, path, options}]: a registered name (treegrpo rewards), its weight, the local file or folder of its weights, constructor options (e.g. {\"dtype\": \"bfloat16\"})")
     tree: TreeConfig = field(default_factory=TreeConfig, metadata={"help": "tree shape"})
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig, metadata={"help": "advantages"})
@@ -691,8 +693,8 @@ class TrainConfig:
         d["lora"].pop("init_from")
         d["lora"].pop("targets")         # checked by the checkpoint's parameter names (they differ per frontend)
         d["rewards"] = [{"name": r["name"], "weight": r["weight"]} for r in d["rewards"]]
-        keep = ("prompts", "prompts_file", "negative_prompt", "guidance_scale", "rewards", "tree", "advantage", "lora", "optim",
-                "prompts_per_iter", "trees_per_prompt", "seed", "video")
+        keep = ("prompts", "prompts_file", "negative_prompt", "guidance_scale", "rewards", "tree", "advantage",
+                "lora", "optim", "prompts_per_iter", "trees_per_prompt", "seed", "video")
         return {k: d[k] for k in keep}
 
 

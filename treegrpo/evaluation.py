@@ -1,6 +1,6 @@
 """The run's evaluations: deterministic ODE samples on fixed (prompt, noise) pairs, scored by the training rewards
-and the held-out judges, with the reward-hacking signals; the best LoRA kept. A mixin of :class:`treegrpo.trainer.Trainer`
-(it reads the trainer's config, policy, rewards and history)."""
+and the held-out judges, with the reward-hacking signals; the best LoRA kept. A mixin of
+:class:`treegrpo.trainer.Trainer` (it reads the trainer's config, policy, rewards and history)."""
 from __future__ import annotations
 
 import math
@@ -49,10 +49,12 @@ class Evaluation:
         kl = None
         if self.cfg.signals.kl_estimate:
             x, kl = self.policy.run(lambda: sample_ode_window_kl(self.policy, all_p, noise, self.cfg.tree,
-                                                                 self.cfg.guidance_scale, self.sigmas()), max_batch=len(all_p))
+                                                                 self.cfg.guidance_scale, self.sigmas()),
+                                    max_batch=len(all_p))
         else:
-            x = self.policy.run(lambda: sample_ode(self.policy, all_p, noise, self.cfg.tree.steps, self.cfg.guidance_scale,
-                                                   sigmas=self.sigmas()), max_batch=len(all_p))
+            x = self.policy.run(lambda: sample_ode(self.policy, all_p, noise, self.cfg.tree.steps,
+                                                   self.cfg.guidance_scale, sigmas=self.sigmas()),
+                                max_batch=len(all_p))
         images = self.policy.decode(x)
         raw = self.score_images(images, all_p)
         total = weighted_raw(raw, self.weights)

@@ -48,7 +48,8 @@ class MemoryPlanning:
         if mc.plan == "off":
             return None
         source = memory.BUDGET_SETTING if not (budget or self.memory_budget) and mc.budget_gb else ""
-        budget = budget or self.memory_budget or mc.budget_gb * memory.GB or memory.accelerator_budget(self.policy.device)
+        budget = (budget or self.memory_budget or mc.budget_gb * memory.GB
+                  or memory.accelerator_budget(self.policy.device))
         if not budget:   # the CPU: no measured plan, but a batch that cannot fit is refused before allocation
             latent = 4 * math.prod(self.policy.latent_shape())
             memory.size_guard(self.workload(), latent, memory.available_ram(),

@@ -1,8 +1,8 @@
 """What scoring a batch gives the advantage backup, and what a leaf scorer is told about the run.
 
 A **leaf scorer** replaces or adjusts the reward models' scores of a batch's leaves: the artist asked about every N-th
-tree (treegrpo/comfyui/artist/questions.py), the taste model that asks when unsure (treegrpo/comfyui/artist/taste.py), a simulated
-artist (benchmarks/bench_artist.py). It is called as ``scorer(ctx, batch, images, raw) -> LeafScores`` with a
+tree (treegrpo/comfyui/artist/questions.py), the taste model that asks when unsure (treegrpo/comfyui/artist/taste.py), a
+simulated artist (benchmarks/bench_artist.py). It is called as ``scorer(ctx, batch, images, raw) -> LeafScores`` with a
 :class:`ScoringContext` — never the Trainer — the batch (a ``TreeBatch``: ``leaf_tree``, ``n_trees``, ``prompts``,
 ``parents``), the decoded leaves (n, 3, H, W) or (n, F, 3, H, W) in [0, 1], and the reward models' raw scores.
 """

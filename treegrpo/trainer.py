@@ -88,7 +88,8 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
         self.keep_eval_images = False    # record_evaluation keeps its samples in last_eval_images
         self.last_eval_images: Optional[torch.Tensor] = None
         #: ``(ctx, batch, images, raw) -> LeafScores`` (treegrpo.scores): a person answering about some trees, or the
-        #: taste model (the Train node's artist inputs, treegrpo/comfyui/artist/questions.py); None: the reward models alone
+        #: taste model (the Train node's artist inputs, treegrpo/comfyui/artist/questions.py); None: the reward
+        #: models alone
         self.leaf_scorer: Optional[Callable] = leaf_scorer
         if rewards is not None:
             missing = [r.name for r in cfg.rewards if r.name not in rewards]

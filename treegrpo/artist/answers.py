@@ -21,8 +21,8 @@ from typing import Optional
 import torch
 
 MODES = ("favourites", "ranking", "best_worst", "none", "skip")
-LABELS_VERSION = 1   # the record format of artist_labels.jsonl (written by treegrpo/comfyui/artist/questions.py, read by
-#                      treegrpo.artist.taste.read_labels)
+LABELS_VERSION = 1   # the record format of artist_labels.jsonl (written by treegrpo/comfyui/artist/questions.py,
+#                      read by treegrpo.artist.taste.read_labels)
 
 
 @dataclass(frozen=True)

@@ -211,8 +211,8 @@ class StartCheck(TrainerCallback):
         prompts = [trainer.prompts[i % len(trainer.prompts)] for i in range(c.pictures)]
         noise = torch.randn((c.pictures, *trainer.policy.latent_shape()),
                             generator=torch.Generator().manual_seed(424_242 + c.seed + (7919 if again else 0)))
-        now, start = check_pictures(trainer.policy, prompts, noise, cfg.tree.steps, cfg.guidance_scale, trainer.sigmas(),
-                                    start=self.start_pictures.get(again))
+        now, start = check_pictures(trainer.policy, prompts, noise, cfg.tree.steps, cfg.guidance_scale,
+                                    trainer.sigmas(), start=self.start_pictures.get(again))
         self.start_pictures[again] = start
         now_first = bool(torch.rand((), generator=self.g) < 0.5)
         pick = self.ask(*((now, start) if now_first else (start, now)), prompts, trainer.iteration, again)

@@ -521,11 +521,11 @@ class OnlineTaste:
 
 
     def learn_check(self, first: torch.Tensor, second: torch.Tensor, pick: Optional[int]) -> Optional[float]:
-        """Learn from a check against the start (treegrpo/artist/start_check.py): the artist preferred side ``pick`` (0 /
-        1; None: no preference, nothing learnt) of two picture sets (B, 3, H, W). What a tree's answers cannot say —
-        where the run stands against where it started — as one comparison of the sides' mean features (with a
-        linear score: the picked side's mean score is the higher). Returns the model's agreement with it before
-        learning (counted among the recent agreements, so a model that disagrees asks more), or None."""
+        """Learn from a check against the start (treegrpo/artist/start_check.py): the artist preferred side
+        ``pick`` (0 / 1; None: no preference, nothing learnt) of two picture sets (B, 3, H, W). What a tree's answers
+        cannot say — where the run stands against where it started — as one comparison of the sides' mean features
+        (with a linear score: the picked side's mean score is the higher). Returns the model's agreement with it
+        before learning (counted among the recent agreements, so a model that disagrees asks more), or None."""
         if pick is None:
             return None
         if pick not in (0, 1):

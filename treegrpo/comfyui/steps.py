@@ -91,8 +91,8 @@ class RunState:
 def _step_config(run: Optional[RunState], prompt: str, tree_cfg: TreeConfig, seed: int, guidance: float,
                  trees: int) -> TrainConfig:
     """The TrainConfig the step nodes' phases run with: one prompt, ``trees`` trees per iteration."""
-    kw = dict(backend="comfy", prompts=[prompt], guidance_scale=guidance, tree=tree_cfg, prompts_per_iter=trees, seed=seed,
-              eval_every=0, checkpoint_every=1)
+    kw = dict(backend="comfy", prompts=[prompt], guidance_scale=guidance, tree=tree_cfg, prompts_per_iter=trees,
+              seed=seed, eval_every=0, checkpoint_every=1)
     if run is not None:
         kw.update(lora=run.lora_cfg, optim=run.optim_cfg, output_dir=run.folder, run_name=run.run_name,
                   memory=MemoryConfig(checkpointing=run.gradient_checkpointing))

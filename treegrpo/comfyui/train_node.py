@@ -100,8 +100,8 @@ def artist_hook(model, rewards: dict, taste_features, *, every: int, mode: Optio
     """``(leaf scorer, check against the start)`` asking the artist in the tab that queued the prompt (``every`` 0:
     ``(None, None)``). The scorer: every N-th tree, or a taste model that asks when unsure (its features:
     ``taste_features`` (CLIP Vision), else the reward model's image tower or the demo model's encoder). The check
-    (:class:`treegrpo.artist.start_check.StartCheck`, every ``check_every`` iterations; None when 0): the pictures now beside
-    the base model's, one question in the same dialog."""
+    (:class:`treegrpo.artist.start_check.StartCheck`, every ``check_every`` iterations; None when 0): the pictures
+    now beside the base model's, one question in the same dialog."""
     if not every:
         return None, None
     from ..config import ArtistConfig
@@ -130,9 +130,10 @@ def artist_hook(model, rewards: dict, taste_features, *, every: int, mode: Optio
 
 
 def start_check(acfg, seed: int, learn: Optional[Callable] = None, **where):
-    """The Train node's check against the start: a :class:`~treegrpo.artist.start_check.StartCheck` whose question goes to
-    the artist's dialog (:func:`treegrpo.comfyui.artist.questions.ask_check`, the run folder keeps the answers); ``learn(first,
-    second, pick)`` also gets each answer (the taste model's :meth:`~treegrpo.artist.taste.OnlineTaste.learn_check`)."""
+    """The Train node's check against the start: a :class:`~treegrpo.artist.start_check.StartCheck` whose question
+    goes to the artist's dialog (:func:`treegrpo.comfyui.artist.questions.ask_check`, the run folder keeps the
+    answers); ``learn(first, second, pick)`` also gets each answer (the taste model's
+    :meth:`~treegrpo.artist.taste.OnlineTaste.learn_check`)."""
     from ..artist.start_check import CheckConfig, StartCheck
     from .artist.questions import ask_check
 

@@ -41,7 +41,7 @@ def load_reward(name: str, path: str | None = None, device: str | torch.device =
     if name not in _REGISTRY:
         raise ValueError(f"unknown reward model {name!r}; available: {', '.join(available())}")
     model = _REGISTRY[name](path=path, device=device, **kwargs)
-    try:        # where it came from: a taste model learnt on its image tower finds it again (treegrpo/artist/features.py)
+    try:        # where it came from: a taste model learnt on its image tower finds it again (artist/features.py)
         model.source_path, model.source_options = (None if path is None else str(path)), dict(kwargs)
     except AttributeError:   # a reward that does not take attributes (slots, a function)
         pass

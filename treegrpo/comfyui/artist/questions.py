@@ -53,7 +53,7 @@ class Question:
     state: str = "pending"               # pending | answered | expired | cancelled
     answer: Optional[Answer] = None
     away: int = 0                        # trees that fell back since this tab's last answer (0: the artist is here)
-    kind: str = "tree"                   # tree | check (the run now beside where it started: treegrpo.artist.start_check)
+    kind: str = "tree"                   # tree | check (the run now beside its start: treegrpo.artist.start_check)
 
     @property
     def id(self) -> str:
@@ -274,9 +274,9 @@ def ask_trees(batch, images, *, folder: str, iteration: int, seed, run_name: str
     ``answers``: filled with tree -> its Answer (None when nobody answered), for the taste model.
 
     ``images``: the decoded leaves (n_leaves, H, W, 3) in [0, 1]. Returns ``(rewards (n_leaves,), exclude
-    (n_trees,) bool)``: an answered tree's leaves get their win rates (:mod:`treegrpo.artist.answers`); leaves of trees not
-    asked keep ``base`` (½ without it); a tree with no preference is excluded; at a question's timeout, ``on_timeout``
-    ``skip`` ("skip the tree") excludes it, ``reward_model`` ("use the reward model") scores it with
+    (n_trees,) bool)``: an answered tree's leaves get their win rates (:mod:`treegrpo.artist.answers`); leaves of
+    trees not asked keep ``base`` (½ without it); a tree with no preference is excluded; at a question's timeout,
+    ``on_timeout`` ``skip`` ("skip the tree") excludes it, ``reward_model`` ("use the reward model") scores it with
     ``fallback(images (k, 3, H, W), prompts)``.
     An artist who walked away: after a question of this tab timed out, the next ones wait only ``away_grace_s``
     (when that is shorter) until the tab answers again; the dialog shows how many trees fell back meanwhile.
@@ -378,8 +378,9 @@ def ask_check(first, second, prompts: list, iteration: int, *, folder: str, run_
     """A check against the start (:class:`treegrpo.artist.start_check.StartCheck`'s ``ask``) as one question in the
     artist's dialog: the two sides (B, 3, H, W) each as one picture (a grid), favourites mode. Returns the side
     picked (0 / 1; a side marked bad picks the other), None (no preference, skipped, both or neither marked) or
-    :data:`treegrpo.artist.start_check.NO_ANSWER` (no answer in time — an artist who is away gets the grace period only).
-    ``again``: the second look after a side was picked (its own text). Each check is appended to ``<folder>/artist_checks.jsonl`` with its two pictures
+    :data:`treegrpo.artist.start_check.NO_ANSWER` (no answer in time — an artist who is away gets the grace period
+    only). ``again``: the second look after a side was picked (its own text). Each check is appended to
+    ``<folder>/artist_checks.jsonl`` with its two pictures
     kept in ``<folder>/artist/``."""
     import folder_paths
 

@@ -1,7 +1,8 @@
 """The taste model inside ComfyUI: the Train node asks the artist only where the taste model is unsure
-(treegrpo/artist/taste.py), scores the other trees with it, and keeps it as ``models/reward_models/<run_name>_taste.safetensors``
-(the Reward Model Loader's ``taste`` reward). Features: a CLIP Vision model of ComfyUI's ``CLIPVisionLoader``, the
-image tower of the connected reward model, or the embedded demo's encoder."""
+(treegrpo/artist/taste.py), scores the other trees with it, and keeps it as
+``models/reward_models/<run_name>_taste.safetensors`` (the Reward Model Loader's ``taste`` reward). Features: a CLIP
+Vision model of ComfyUI's ``CLIPVisionLoader``, the image tower of the connected reward model, or the embedded demo's
+encoder."""
 from __future__ import annotations
 
 import os
