@@ -18,6 +18,13 @@ def _torch_threads_unchanged(request):
                     "restoring it", pytrace=False)
 
 
+@pytest.fixture(autouse=True)
+def _memory_probes_kept_per_test(tmp_path_factory, monkeypatch):
+    """Each test keeps the memory probes it makes in a folder of its own (treegrpo/memory_cache.py): never in the
+    user's ~/.cache, and never reused by a later test that measures the probe itself."""
+    monkeypatch.setenv("TREEGRPO_CACHE", str(tmp_path_factory.mktemp("treegrpo_cache")))
+
+
 #: the folders of tests/ by what their tests need; a test in ``browser/`` or ``e2e/`` is also ``slow``
 FOLDERS = {"unit": "needs neither ComfyUI nor a browser (some tests of a module may still boot ComfyUI: marked comfyui)",
            "comfyui": "mostly tests that boot a real ComfyUI in-process or as a server",

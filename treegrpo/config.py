@@ -420,6 +420,8 @@ class MemoryConfig:
     offload_rewards: Literal["auto", "on", "off"] = _f("auto", "reward models on the CPU except while scoring: auto | on | off")
     tiled_decode: Literal["auto", "on", "off"] = _f("auto", "VAE decode in tiles (less memory, slower decode): auto | on | off")
     sample_batch: int = _f(0, "rows per denoiser call while sampling (0 = the plan's choice: a whole tree level)")
+    reuse_probe: bool = _f(True, "reuse the measurement of an earlier run with the same models, size and settings "
+                           "(kept in $TREEGRPO_CACHE, default ~/.cache/treegrpo; false: measure again)")
 
     def __post_init__(self) -> None:
         check_types(self)

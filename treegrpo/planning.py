@@ -58,11 +58,7 @@ class MemoryPlanning:
         fixed = mc.fixed()
         rewards = [self.rewards[n] for n in self.weights] if self.rewards else []
         wl = self.workload()
-        self.log(f"TreeGRPO memory: measuring the models at this size to plan for {memory.size_text(budget)} "
-                 "(shapes only: no memory used; up to a few minutes of CPU on the largest models)")
-        fp = memory.probe_policy(self.policy, self.prompts[0], self.cfg.guidance_scale, self.params, rewards=rewards,
-                                 fake=fake, kl=self.cfg.optim.kl_beta > 0, check=check or self._check_stop,
-                                 **memory.probe_rows(wl))
+        fp = self._footprint(budget, rewards, wl, fake, check)
         p = memory.plan(fp, wl, budget, suggest=lambda short: memory.smallest_change(fp, wl, budget, fixed),
                         budget_source=source, **fixed)
         self.apply_plan(p)
@@ -70,6 +66,31 @@ class MemoryPlanning:
         if getattr(self.policy, "checkpointing_refusal", ""):
             self.log("TreeGRPO memory: " + self.policy.checkpointing_refusal)
         return p
+
+    def _footprint(self, budget: float, rewards: list, wl: memory.Workload, fake: bool,
+                   check: Optional[Callable[[], None]]) -> memory.Footprint:
+        """The models measured at this size: kept from an earlier run with the same facts
+        (treegrpo/memory_cache.py, ``memory.reuse_probe``), else probed now (and kept)."""
+        from . import memory_cache
+
+        rows = memory.probe_rows(wl)
+        kl = self.cfg.optim.kl_beta > 0
+        facts = None
+        if fake and self.cfg.memory.reuse_probe:
+            facts = memory_cache.probe_facts(self.policy, self.prompts[0], self.cfg.guidance_scale, self.params,
+                                             rewards=rewards, kl=kl, rows=rows)
+            kept = memory_cache.load(facts, log=self.log)
+            if kept is not None:
+                self.log(f"TreeGRPO memory: planning for {memory.size_text(budget)} with the measurement of an earlier "
+                         f"run of these models at this size ({kept[1]}; memory.reuse_probe false measures again)")
+                return kept[0]
+        self.log(f"TreeGRPO memory: measuring the models at this size to plan for {memory.size_text(budget)} "
+                 "(shapes only: no memory used; up to a few minutes of CPU on the largest models)")
+        fp = memory.probe_policy(self.policy, self.prompts[0], self.cfg.guidance_scale, self.params, rewards=rewards,
+                                 fake=fake, kl=kl, check=check or self._check_stop, **rows)
+        if facts is not None:
+            memory_cache.store(facts, fp, log=self.log)
+        return fp
 
     def apply_plan(self, p: memory.Plan) -> None:
         """Put the plan's choices into effect: the policy's checkpointing and decode, the config's microbatch and

@@ -93,6 +93,12 @@ class Policy(Protocol):
         from .memory import module_bytes
         return {"denoiser": module_bytes(self.model)}
 
+    def memory_signature(self) -> dict:
+        """What tells this backend's models apart for the memory probe kept between runs (treegrpo/memory_cache.py):
+        shapes and dtypes, never weights' values. Default: ``model``'s parameters and buffers."""
+        from .memory_cache import module_signature
+        return {"model": module_signature(self.model)}
+
     def denoiser_parameters(self) -> int:
         """Parameters of the denoiser (the memory plan's fp8 advice). Default: those of ``model``."""
         return sum(p.numel() for p in self.model.parameters())

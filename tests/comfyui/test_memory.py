@@ -238,6 +238,9 @@ def test_the_train_node_plans_before_any_work(comfyui_pack, caplog):
     lines = [m for m in caplog.messages if m.startswith("TreeGRPO memory: planned peak")]
     assert len(lines) == 1 and "checkpointing on" in lines[0] and "of 1.0 GB" in lines[0]
     assert "saved" in r.outputs["save"]["text"][0]
+    # the refused queue measured the models; this one planned with that measurement (treegrpo/memory_cache.py)
+    assert any("with the measurement of an earlier run of these models" in m for m in caplog.messages)
+    assert not any(m.startswith("TreeGRPO memory: measuring") for m in caplog.messages)
 
 
 def test_smaller_decode_and_reward_batches_come_before_anything_slower():
@@ -341,11 +344,20 @@ def test_the_probe_can_be_stopped_between_its_measurements(tmp_path):
     p = tr.plan_memory(check=lambda: done.append(1))      # every measurement is preceded by one check
     assert p is not None and tr.memory_planned and len(done) >= 8
 
-    stopped = Trainer(cfg, load_policy(cfg, torch.device("cpu"))[0], rewards, progress=False, stop=lambda: True)
+    # the probe just made is kept (treegrpo/memory_cache.py): measuring again is what a stop must end here
+    measure = TrainConfig.from_dict({**d, "memory": dict(budget_gb=4.0, reuse_probe=False)})
+    stopped = Trainer(measure, load_policy(measure, torch.device("cpu"))[0], rewards, progress=False,
+                      stop=lambda: True)
     stopped.log = lambda line: None
     with pytest.raises(TrainingInterrupted):
         stopped.train()
     assert stopped.iteration == 0 and stopped.memory_plan is None and not (tmp_path / "treegrpo_demo").exists()
+    # with the kept measurement there is no probe to stop; the stop still comes before any training
+    kept = Trainer(cfg, load_policy(cfg, torch.device("cpu"))[0], rewards, progress=False, stop=lambda: True)
+    kept.log = lambda line: None
+    with pytest.raises(TrainingInterrupted):
+        kept.train()
+    assert kept.iteration == 0 and kept.memory_plan is not None and not (tmp_path / "treegrpo_demo").exists()
 
 
 @pytest.mark.slow

@@ -348,6 +348,21 @@ class ComfyPolicy(Policy):
     def denoiser_parameters(self) -> int:
         return sum(p.numel() for p in self.patcher.model.diffusion_model.parameters())
 
+    def memory_signature(self) -> dict:
+        """The denoiser's and the VAE's shapes and dtypes, the LoRA's, the dtype ComfyUI computes in, its version and
+        the attention it chose at start (its launch flags): what the fake probe's peaks depend on."""
+        import comfy.ldm.modules.attention as attention
+        import comfy.model_management as mm
+
+        from ..memory_cache import module_signature
+        from .versions import running_version
+        base = self.patcher.model
+        return {"denoiser": module_signature(base.diffusion_model), "lora": module_signature(self.model),
+                "vae": module_signature(self.vae.first_stage_model) if self.vae is not None else None,
+                "compute_dtype": str(getattr(base, "manual_cast_dtype", None) or base.get_dtype()),
+                "comfyui": running_version(), "vram_state": str(getattr(mm, "vram_state", "")),
+                "attention": getattr(getattr(attention, "optimized_attention", None), "__name__", None)}
+
     def memory_weights(self) -> dict[str, int]:
         out = {"denoiser": int(self.patcher.model_size())}
         if self.vae is not None:
