@@ -52,11 +52,16 @@ def tree_shapes(x: Any) -> Any:
     return type(x).__name__
 
 
-def _code_hash(*modules) -> str:
+def source_hash() -> str:
+    """sha256 (16 hex digits) of every module of this package: the code that traced the probe (memory.py, the
+    backends, ComfyUI's families), so an updated pack measures again."""
+    root = os.path.dirname(os.path.abspath(__file__))
     h = hashlib.sha256()
-    for m in modules:
-        path = getattr(m, "__file__", None)
-        if path and os.path.exists(path):
+    for folder, dirs, files in sorted(os.walk(root)):
+        dirs.sort()
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = os.path.join(folder, name)
+            h.update(os.path.relpath(path, root).encode())
             with open(path, "rb") as f:
                 h.update(f.read())
     return h.hexdigest()[:16]
@@ -75,13 +80,10 @@ def device_facts(device: torch.device) -> dict:
 def probe_facts(policy, prompt: str, guidance: float, params: Sequence[torch.Tensor], *, rewards: Sequence = (),
                 kl: bool = False, rows: Optional[dict] = None) -> dict:
     """Everything the fake probe of :func:`treegrpo.memory.probe_policy` with these arguments depends on (JSON)."""
-    import sys
+    from . import __version__
 
-    from . import __version__, memory
-
-    backend = sys.modules.get(type(policy).__module__)
     return {
-        "code": {"treegrpo": __version__, "torch": torch.__version__, "source": _code_hash(memory, backend)},
+        "code": {"treegrpo": __version__, "torch": torch.__version__, "source": source_hash()},
         "policy": f"{type(policy).__module__}.{type(policy).__qualname__}",
         "models": policy.memory_signature(),
         "weights": {k: int(v) for k, v in policy.memory_weights().items()},

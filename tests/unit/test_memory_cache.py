@@ -138,3 +138,12 @@ def test_the_cache_folder_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert memory_cache.cache_dir() == str(tmp_path / "home" / ".cache" / "treegrpo" / "memory_probes")
+
+
+def test_an_updated_pack_measures_again(tmp_path, probes, monkeypatch):
+    """The facts hold a hash of the package's source: a changed module (an update) is a new key."""
+    _trainer(tmp_path).plan_memory()
+    real = memory_cache.source_hash()
+    monkeypatch.setattr(memory_cache, "source_hash", lambda: "0" * 16)
+    _trainer(tmp_path).plan_memory()
+    assert len(probes) == 2 and len(_kept()) == 2 and real != "0" * 16
