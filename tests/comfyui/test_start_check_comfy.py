@@ -78,6 +78,19 @@ def test_a_check_question_returns_the_side_picked_and_keeps_every_answer(comfyui
     assert seen[0]["tree"] == -2 and seen[0]["prompt"] == CHECK_AGAIN_TEXT and seen[0]["kind"] == "check"
     last = json.loads((tmp_path / CHECKS_FILE).read_text().splitlines()[-1])
     assert last["again"] is True and last["iteration"] == 7 and "check_again" in last["sides"][0]
+    # one run (one prompt id) asked twice at one iteration — the end's re-check of an approved state: the second
+    # answer's pictures go beside the first's, never over them
+    th, _ = _answering(board, client, [{"mode": "favourites", "good": [0]}] * 2)
+    sides = [torch.zeros(4, 3, 8, 8), torch.ones(4, 3, 8, 8)]
+    for k in range(2):
+        ask_check(sides[k], sides[1 - k], ["p"] * 4, 9, folder=str(tmp_path), run_name="r", timeout_s=30,
+                  board=board, client_id=client, prompt_id="samerun0")
+    th.join()
+    recs = [json.loads(ln) for ln in (tmp_path / CHECKS_FILE).read_text().splitlines()[-2:]]
+    assert recs[0]["sides"][0] != recs[1]["sides"][0] and recs[1]["sides"][0].endswith("samerun0_9_check_2/side_0.png")
+    for k, r in enumerate(recs):
+        kept = np.asarray(Image.open(tmp_path / r["sides"][0]).convert("RGB"), dtype=np.float32)
+        assert kept[:, :8].max() == (0 if k == 0 else 255)           # each answer keeps the pictures it was shown
 
 
 def test_an_unanswered_check_changes_nothing_and_an_away_artist_waits_the_grace_period(comfyui_pack, tmp_path):

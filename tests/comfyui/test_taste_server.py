@@ -60,8 +60,10 @@ def test_the_train_node_asks_only_when_unsure_and_learns_the_taste(comfyui_serve
     # the checks against the start (artist_check_every's default 5): after iterations 5, 10, 15, 20, one question
     # each with the two sides as one picture each; every answer kept with its pictures, every verdict in the log
     # (a second look, tree -2, follows every first look that picked a side, at the same iteration); and the run's
-    # end (iteration 24), which keeps the LoRA only if the artist prefers it to the start
-    assert [i for i, _, q in checks if q["tree"] == -1] == [5, 10, 15, 20, ITERATIONS]
+    # end (iteration 24), which keeps the LoRA only if the artist prefers it to the start (else it shows an approved
+    # state beside the start again before going back to it: more questions at the end)
+    firsts = [i for i, _, q in checks if q["tree"] == -1]
+    assert firsts[:5] == [5, 10, 15, 20, ITERATIONS] and set(firsts[5:]) <= {ITERATIONS}
     assert all(q["tree"] == -1 or (q["tree"] == -2 and checks[k - 1][2]["tree"] == -1 and checks[k - 1][0] == i)
                for k, (i, _, q) in enumerate(checks))
     assert all(len(q["images"]) == 2 and q["groups"] == [[0], [1]] for _, _, q in checks)

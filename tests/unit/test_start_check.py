@@ -81,22 +81,29 @@ def test_the_start_side_is_the_base_model_and_both_sides_share_the_noise(tmp_pat
 
 def _scripted(verdicts, t_box, asked):
     """An ``ask`` that answers each look with the next of ``verdicts`` ("now", "start", None), telling the sides
-    apart by the base model's pictures of both looks' noises (the start side equals them)."""
+    apart by the base model's pictures of the looks' noises (the start side equals them: the checks' two fixed
+    noises, and the end's re-checks' own, ``fresh`` = 1, 2, ...). ``asked`` gets (iteration, again, verdict, fresh)."""
     verdicts = iter(verdicts)
     base = {}
 
+    def start_of(t, prompts, again, fresh):
+        if (again, fresh) not in base:
+            seed = 424_242 + (7919 if again else 0) + 104_729 * fresh
+            noise = torch.randn((len(prompts), *t.policy.latent_shape()), generator=torch.Generator().manual_seed(seed))
+            base[(again, fresh)] = check_pictures(t.policy, prompts, noise, t.cfg.tree.steps)[1]
+        return base[(again, fresh)]
+
     def ask(first, second, prompts, iteration, again=False):
         t = t_box[0]
-        if again not in base:
-            seed = 424_242 + (7919 if again else 0)
-            noise = torch.randn((len(prompts), *t.policy.latent_shape()), generator=torch.Generator().manual_seed(seed))
-            base[again] = check_pictures(t.policy, prompts, noise, t.cfg.tree.steps)[1]
-        assert torch.equal(first, base[again]) != torch.equal(second, base[again])   # one side is the start
+        fresh = next(f for f in range(6) if torch.equal(first, start_of(t, prompts, again, f))
+                     or torch.equal(second, start_of(t, prompts, again, f)))
+        start = start_of(t, prompts, again, fresh)
+        assert torch.equal(first, start) != torch.equal(second, start)   # one side is the start
         want = next(verdicts)
-        asked.append((iteration, again, want))
+        asked.append((iteration, again, want, fresh))
         if want is None:
             return None
-        start_first = torch.equal(first, base[again])
+        start_first = torch.equal(first, start)
         return (1 if start_first else 0) if want == "now" else (0 if start_first else 1)
 
     return ask
@@ -129,7 +136,7 @@ def test_a_lost_check_restores_the_approved_lora_and_optimiser_exactly(tmp_path)
     assert check.records[-1]["restored"] == 0            # lost again right after going back: the start
     assert torch.equal(_flat(t.lora.weights()), _flat(w0))
     assert any("where this run started" in w for w in t.warnings)
-    assert [a for _, a, _ in asked] == [False, True, False, True, False, True]   # every pick is looked at twice
+    assert [a for _, a, _, _ in asked] == [False, True, False, True, False, True]   # every pick is looked at twice
 
 
 def test_a_side_picked_once_but_not_on_the_second_look_changes_nothing(tmp_path):
@@ -160,11 +167,14 @@ def test_a_side_picked_once_but_not_on_the_second_look_changes_nothing(tmp_path)
 
 def test_the_end_of_a_run_keeps_only_a_state_the_artist_preferred_to_the_start(tmp_path):
     """StartCheck.finish: the state reached is kept on two looks that prefer it (a check made at the last iteration
-    counts as the first); otherwise the run ends on the newest approved state, or the base model when there is none,
-    and the state it leaves is handed to ``on_unapproved`` first."""
-    # approved at iteration 2, trained on to 3: the end asks twice; the second look says no preference -> back to 2
+    counts as the first); otherwise the run goes back to the newest approved state if the artist prefers it to the
+    start again on two looks at noises of their own, else to the base model, and the state it leaves is handed to
+    ``on_unapproved`` first."""
+    # approved at iteration 2, trained on to 3: the end asks twice; the second look says no preference -> iteration 2
+    # is shown again beside the start on fresh noises, preferred twice -> the run ends on it
     box, asked, left = [], [], []
-    check = StartCheck(_scripted(["now", "now", "now", None], box, asked), CheckConfig(every=2, pictures=2),
+    check = StartCheck(_scripted(["now", "now", "now", None, "now", "now"], box, asked),
+                       CheckConfig(every=2, pictures=2),
                        on_unapproved=lambda tr: left.append(copy.deepcopy(tr.lora.weights())))
     t = _trainer(tmp_path / "a", check)
     box.append(t)
@@ -174,10 +184,24 @@ def test_the_end_of_a_run_keeps_only_a_state_the_artist_preferred_to_the_start(t
     t.after_iteration(t.train_step())
     w3 = copy.deepcopy(t.lora.weights())
     rec = check.finish(t)
-    assert rec == {"iteration": 3, "verdict": None, "restored": 2, "looks": [NOW, None], "final": True}
-    assert [a for _, a, _ in asked] == [False, True, False, True]
+    assert rec == {"iteration": 3, "verdict": None, "restored": 2, "looks": [NOW, None], "final": True,
+                   "rechecks": [[2, [NOW, NOW]]]}
+    assert [(a, f) for _, a, _, f in asked] == [(False, 0), (True, 0), (False, 0), (True, 0), (False, 1), (True, 1)]
     assert torch.equal(_flat(t.lora.weights()), _flat(w2)) and torch.equal(_flat(left[0]), _flat(w3))
     assert any("ends on iteration 2's LoRA" in w for w in t.warnings)
+
+    # the same run, but iteration 2 is not preferred to the start on the fresh noises: it is dropped -> the base model
+    box, asked = [], []
+    check = StartCheck(_scripted(["now", "now", "now", None, "now", None], box, asked), CheckConfig(every=2, pictures=2))
+    t = _trainer(tmp_path / "a2", check)
+    box.append(t)
+    w0 = copy.deepcopy(t.lora.weights())
+    for _ in range(3):
+        t.after_iteration(t.train_step())
+    rec = check.finish(t)
+    assert rec["restored"] == 0 and rec["rechecks"] == [[2, [NOW, None]]] and check.guard.approved == []
+    assert torch.equal(_flat(t.lora.weights()), _flat(w0))
+    assert any("ends on the base model" in w for w in t.warnings)
 
     # preferred on both looks of a check at the last iteration: that verdict stands, nothing more is asked
     box, asked = [], []
@@ -188,7 +212,7 @@ def test_the_end_of_a_run_keeps_only_a_state_the_artist_preferred_to_the_start(t
         t.after_iteration(t.train_step())
     w2 = copy.deepcopy(t.lora.weights())
     assert check.finish(t) == {"iteration": 2, "verdict": NOW, "restored": None, "looks": [], "final": True}
-    assert [a for _, a, _ in asked] == [False, True] and torch.equal(_flat(t.lora.weights()), _flat(w2))
+    assert [a for _, a, _, _ in asked] == [False, True] and torch.equal(_flat(t.lora.weights()), _flat(w2))
 
     # no state ever approved and no preference at the end: the base model (LoRA as at the start)
     box, asked = [], []

@@ -17,8 +17,11 @@ want. The answer guards the run (:class:`StartGuard`, a pure state machine):
 
 At the end of the run (``final``) the state reached is kept only when the artist prefers it to the start (on two
 looks; a check made at that iteration stands); when they prefer the start or have no preference the LoRA goes back
-to the newest approved snapshot, the start itself when there is none. So a run ends on a state the artist preferred
-to where it began, or on the base model: never on pictures they did not prefer to it. Only when nobody answers (the
+to the newest approved snapshot — kept only if the artist prefers it to the start again, on two looks at noises no
+check has used (an approval rests on 2 × ``pictures`` samples from the run's fixed check noises: a state that was
+lucky on those is not delivered on that luck alone) — else to the one before, the start itself when none is left. So
+a run ends on a state the artist preferred to where it began, or on the base model: never on pictures they did not
+prefer to it. Only when nobody answers (the
 artist is away) does the run end on the state it reached, with a warning that it was not compared with the start.
 """
 from __future__ import annotations
@@ -172,7 +175,7 @@ class StartCheck(TrainerCallback):
         self.output_dir, self.run_name = "", ""      # the run's, from :meth:`begin` (where an ``ask`` keeps answers)
         self.records: list[dict] = []
         self.g = torch.Generator().manual_seed(7_000_003 + config.seed)
-        self.start_pictures: dict = {}     # again -> the base model's pictures of that look's noises (made once)
+        self.start_pictures: dict = {}     # (again, fresh) -> the base model's pictures of that look's noises (once)
 
     def due(self, iteration: int) -> bool:
         return bool(self.config.every) and iteration > 0 and iteration % self.config.every == 0
@@ -204,16 +207,17 @@ class StartCheck(TrainerCallback):
         self.guard = StartGuard(self.snapshot(trainer))
         self.start_pictures = {}
 
-    def look(self, trainer, again: bool) -> Optional[str]:
-        """One question: the pictures now and the base model's (the second look: other noises), the artist's
-        verdict :data:`NOW`, :data:`START` or None."""
+    def look(self, trainer, again: bool, fresh: int = 0) -> Optional[str]:
+        """One question: the pictures now and the base model's (the second look: other noises; ``fresh`` > 0: the
+        end's re-check of an approved state, noises of their own), the artist's verdict :data:`NOW`, :data:`START`
+        or None."""
         c, cfg = self.config, trainer.cfg
         prompts = [trainer.prompts[i % len(trainer.prompts)] for i in range(c.pictures)]
-        noise = torch.randn((c.pictures, *trainer.policy.latent_shape()),
-                            generator=torch.Generator().manual_seed(424_242 + c.seed + (7919 if again else 0)))
+        seed = 424_242 + c.seed + (7919 if again else 0) + 104_729 * fresh
+        noise = torch.randn((c.pictures, *trainer.policy.latent_shape()), generator=torch.Generator().manual_seed(seed))
         now, start = check_pictures(trainer.policy, prompts, noise, cfg.tree.steps, cfg.guidance_scale,
-                                    trainer.sigmas(), start=self.start_pictures.get(again))
-        self.start_pictures[again] = start
+                                    trainer.sigmas(), start=self.start_pictures.get((again, fresh)))
+        self.start_pictures[(again, fresh)] = start
         now_first = bool(torch.rand((), generator=self.g) < 0.5)
         pick = self.ask(*((now, start) if now_first else (start, now)), prompts, trainer.iteration, again)
         if pick not in (0, 1, None, NO_ANSWER):
@@ -248,6 +252,24 @@ class StartCheck(TrainerCallback):
         if back.optimizer is not None:
             trainer.optimizer.load_state_dict(copy.deepcopy(back.optimizer))
 
+    def approved_again(self, trainer, rec: dict) -> Snapshot:
+        """The end's way back: the newest approved snapshot the artist prefers to the start once more, on two looks
+        at fresh noises (each pair recorded in ``rec["rechecks"]`` as ``[iteration, looks]``), dropping those they do
+        not; the start when none is left. Nobody answering keeps the snapshot (it was approved before)."""
+        rec["rechecks"] = []
+        while self.guard.approved:
+            snap = self.guard.top()
+            self.restore(trainer, snap)
+            fresh = len(rec["rechecks"]) + 1
+            looks = [self.look(trainer, again=False, fresh=fresh)]
+            if looks[0] == NOW and self.config.confirm:
+                looks.append(self.look(trainer, again=True, fresh=fresh))
+            rec["rechecks"].append([snap.iteration, looks])
+            if all(v == NOW for v in looks) or looks[-1] == NO_ANSWER:
+                return snap
+            self.guard.approved.pop()
+        return self.guard.initial
+
     def finish(self, trainer) -> Optional[dict]:
         """The end of a run (``config.final``; module docstring): the record of the final check (``final``: True),
         or None when checks are off or the state reached was just taken back to an approved one."""
@@ -281,8 +303,8 @@ class StartCheck(TrainerCallback):
             trainer.warnings.append(msg)
             logging.warning("TreeGRPO %s: %s", trainer.cfg.run_name, msg)
         elif not kept:
-            back = self.guard.top()
             kept_at = self.on_unapproved(trainer) if self.on_unapproved is not None else None
+            back = self.approved_again(trainer, rec)
             self.restore(trainer, back)
             rec["restored"] = back.iteration
             if trainer.cfg.checkpoint_every:   # a run resumed later goes on from the state it ended on

@@ -387,7 +387,11 @@ def ask_check(first, second, prompts: list, iteration: int, *, folder: str, run_
     temp = os.path.join(folder_paths.get_temp_directory(), "treegrpo_artist")
     os.makedirs(temp, exist_ok=True)
     prompt_id = prompt_id or uuid.uuid4().hex
-    stem = f"{prompt_id[:8]}_{iteration}_check" + ("_again" if again else "")
+    stem = first_stem = f"{prompt_id[:8]}_{iteration}_check" + ("_again" if again else "")
+    n = 1
+    while os.path.exists(os.path.join(folder, "artist", stem)):   # asked again at this iteration (the end's
+        n += 1                                                       # re-check): never over an earlier answer's pictures
+        stem = f"{first_stem}_{n}"
     label_dir = os.path.join(folder, "artist", stem)
     os.makedirs(label_dir, exist_ok=True)
     refs, kept = [], []
