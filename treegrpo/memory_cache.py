@@ -105,10 +105,15 @@ def key(facts: dict) -> str:
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def load(facts: dict, folder: Optional[str] = None, log: Callable[[str], None] = print) -> Optional[tuple[Footprint, str]]:
+def _path(facts: dict, folder: Optional[str]) -> str:
+    return os.path.join(folder or cache_dir(), key(facts) + ".json")
+
+
+def load(facts: dict, folder: Optional[str] = None,
+         log: Callable[[str], None] = print) -> Optional[tuple[Footprint, str]]:
     """The kept footprint of a probe with exactly these ``facts`` and its file, or None (none kept; a file that
     cannot be read is said in one line and measured again)."""
-    path = os.path.join(folder or cache_dir(), key(facts) + ".json")
+    path = _path(facts, folder)
     if not os.path.exists(path):
         return None
     try:
@@ -128,7 +133,7 @@ def store(facts: dict, footprint: Footprint, folder: Optional[str] = None,
     written (said in one line; the run goes on)."""
     from .io import atomic_write_json
 
-    path = os.path.join(folder or cache_dir(), key(facts) + ".json")
+    path = _path(facts, folder)
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         atomic_write_json(path, {"format": FORMAT, "version": VERSION, "facts": facts,

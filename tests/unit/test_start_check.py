@@ -192,7 +192,8 @@ def test_the_end_of_a_run_keeps_only_a_state_the_artist_preferred_to_the_start(t
 
     # the same run, but iteration 2 is not preferred to the start on the fresh noises: it is dropped -> the base model
     box, asked = [], []
-    check = StartCheck(_scripted(["now", "now", "now", None, "now", None], box, asked), CheckConfig(every=2, pictures=2))
+    check = StartCheck(_scripted(["now", "now", "now", None, "now", None], box, asked),
+                       CheckConfig(every=2, pictures=2))
     t = _trainer(tmp_path / "a2", check)
     box.append(t)
     w0 = copy.deepcopy(t.lora.weights())

@@ -21,8 +21,8 @@ to the newest approved snapshot — kept only if the artist prefers it to the st
 check has used (an approval rests on 2 × ``pictures`` samples from the run's fixed check noises: a state that was
 lucky on those is not delivered on that luck alone) — else to the one before, the start itself when none is left. So
 a run ends on a state the artist preferred to where it began, or on the base model: never on pictures they did not
-prefer to it. Only when nobody answers (the
-artist is away) does the run end on the state it reached, with a warning that it was not compared with the start.
+prefer to it. Only when nobody answers (the artist is away) does the run end on the state it reached, with a warning
+that it was not compared with the start.
 """
 from __future__ import annotations
 

@@ -389,8 +389,8 @@ def ask_check(first, second, prompts: list, iteration: int, *, folder: str, run_
     prompt_id = prompt_id or uuid.uuid4().hex
     stem = first_stem = f"{prompt_id[:8]}_{iteration}_check" + ("_again" if again else "")
     n = 1
-    while os.path.exists(os.path.join(folder, "artist", stem)):   # asked again at this iteration (the end's
-        n += 1                                                       # re-check): never over an earlier answer's pictures
+    while os.path.exists(os.path.join(folder, "artist", stem)):
+        n += 1          # asked again at this iteration (the end's re-check): never over an earlier answer's pictures
         stem = f"{first_stem}_{n}"
     label_dir = os.path.join(folder, "artist", stem)
     os.makedirs(label_dir, exist_ok=True)
