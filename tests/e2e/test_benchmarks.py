@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -342,8 +343,21 @@ def test_bench_artist_counts_answers_to_the_taste(tmp_path):
     assert rep["strategies"]["every"]["answers_to_target"]["values"] == [20.0]
     assert rep["ratios"]["unsure/every"]["values"] == [pytest.approx(5 / 20)]
     assert rep["ratios"]["every/d3po"]["values"] == [pytest.approx(20 / 40)] and rep["ratios"]["every/d3po"]["bounded"] == 1
+    # below the base: every run whose end is under its start; "by more than 2 SE" counts only those the paired
+    # evaluation places there (SE of the per-noise differences: std([1, 2, 3]) / √3)
+    assert ba.paired_se(torch.tensor([1.0, 2.0, 3.0]), torch.zeros(3)) == pytest.approx(1 / math.sqrt(3))
+    lows = [{"strategy": "every", "seed": s, "curve": [(0, 0.41), (20, v)], "answers": 20, "ask_rate": 1.0,
+             "end_se": 0.01} for s, v in ((0, 0.408), (1, 0.36), (2, 0.5))]
+    low = ba.report(lows)["strategies"]["every"]
+    assert low["below_base"] == 2 and low["below_base_2se"] == 1 and low["worst_vs_base"] == pytest.approx(-0.05)
     out = ba.main(["--seeds", "1", "--iterations", "3", "--warmup", "2", "--out", str(tmp_path / "artist.json")])
     by = {r["strategy"]: r for r in out["runs"]}
+    assert all(math.isfinite(r["end_se"]) and r["end_se"] >= 0 for r in out["runs"])
+    # the paired end evaluation: the base side is the model with its LoRA off, the same for every strategy
+    ends = [r["end_eval"] for r in out["runs"]]
+    assert all(e["n"] == ba.END_N and e["base"] == ends[0]["base"] and e["se"] >= 0 for e in ends)
+    rep = out["report"]["strategies"]["every"]["end_eval"]
+    assert rep["diff"]["values"] == [pytest.approx(by["every"]["end_eval"]["end"] - ends[0]["base"])]
     assert set(by) == set(ba.STRATEGIES)
     assert [n for n, _ in by["every"]["curve"]] == [0, 2, 4, 6] and by["d3po"]["answers"] == 6
     assert by["oracle"]["answers"] == 0 and 2 <= by["unsure"]["answers"] <= 6

@@ -22,11 +22,14 @@ import os
 import threading
 import time
 import uuid
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ...artist.answers import LABELS_VERSION, Answer
 from ...artist.start_check import NO_ANSWER, side_picture
 from ...config import ArtistConfig, from_label
+
+if TYPE_CHECKING:     # annotations only: the module imports torch where it needs it
+    import torch
 
 QUESTION_EVENT = "treegrpo.artist.question"
 WAITING_EVENT = "treegrpo.artist.waiting"
@@ -266,7 +269,7 @@ def ask_artist(tree, images, *, mode: str, timeout_s: float, on_timeout: str = O
 
 def ask_trees(batch, images, *, folder: str, iteration: int, seed, run_name: str, mode: str, timeout_s: float,
               on_timeout: str = ON_TIMEOUT[0], fallback: Optional[Callable] = None, fallback_name: str = "",
-              trees: Optional[list] = None, base: Optional["torch.Tensor"] = None, board: ArtistBoard = BOARD,
+              trees: Optional[list] = None, base: Optional[torch.Tensor] = None, board: ArtistBoard = BOARD,
               check_interrupt: Optional[Callable[[], None]] = None, prompt_id: Optional[str] = None,
               client_id: Optional[str] = None, answers: Optional[dict] = None, away_grace_s: float = 30.0,
               timeout_by: str = ""):
