@@ -154,8 +154,10 @@ def paired_se(end: torch.Tensor, start: torch.Tensor) -> float:
 
 def run(strategy: str, seed: int, iterations: int, error: float, output_dir: str, taste_cfg: TasteConfig,
         ask_rate: float = 1.0, encoder=None, taste: str = "big", kl_beta: float = 0.1, check_every: int = 0,
-        learn_checks: bool = True, final_check: bool = True, check_pictures: int = CheckConfig.pictures) -> dict:
-    """One simulated run: after each iteration (answers so far, the hidden taste's mean value); taste statistics.
+        learn_checks: bool = True, final_check: bool = True, check_pictures: int = CheckConfig.pictures,
+        eval_n: int = EVAL_N) -> dict:
+    """One simulated run: after each iteration (answers so far, the hidden taste's mean value on ``eval_n``
+    evaluation pictures); taste statistics.
     ``check_every``: a check against the start every that many iterations (0: none; not for ``oracle``), each one
     answer of the artist; ``learn_checks``: the taste model also learns from them (``OnlineTaste.learn_check``)."""
     cfg = artist_demo_config(seed, iterations, output_dir, strategy, kl_beta)
@@ -181,7 +183,7 @@ def run(strategy: str, seed: int, iterations: int, error: float, output_dir: str
         online.decide = lambda scores, seen, asked, c: (seen < c.warmup_trees or scores is None
                                                        or float(torch.rand((), generator=g)) < ask_rate)
     trainer.leaf_scorer = make_hook(strategy, artist, online)
-    noise = torch.randn((EVAL_N, *policy.latent_shape()), generator=torch.Generator().manual_seed(EVAL_SEED))
+    noise = torch.randn((eval_n, *policy.latent_shape()), generator=torch.Generator().manual_seed(EVAL_SEED))
     base_values = eval_values(policy, noise, cfg.tree.steps, artist.value)
     curve = [(0, float(base_values.mean()))]
     fits, agree, reasons, warnings, novelty = [], [], {}, [], []
@@ -332,6 +334,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--check-pictures", type=int, default=CheckConfig.pictures, help="pictures per side of a check")
     ap.add_argument("--no-final-check", action="store_true", help="the run ends on the state it reached (no final "
                     "check keeping only a state the artist preferred to the start)")
+    ap.add_argument("--eval-n", type=int, default=EVAL_N, help="evaluation pictures behind each point of a run's "
+                    "curve")
     ap.add_argument("--report", default=None, help="only recompute the report of this results file")
     ap.add_argument("--merge", nargs="+", metavar="ARTIST_JSON", help="pool the runs of these results files into "
                     "--out (a later file's run replaces an earlier one of the same strategy and seed: e.g. d3po again "
@@ -382,14 +386,14 @@ def main(argv: list[str] | None = None) -> dict:
                 r = run(name, seed, a.iterations, a.error, tmp, taste_cfg, ask_rate=rate, encoder=encoder,
                         taste=a.taste, kl_beta=a.kl, check_every=a.check_every,
                         learn_checks=not a.no_learn_checks, final_check=not a.no_final_check,
-                        check_pictures=a.check_pictures)
+                        check_pictures=a.check_pictures, eval_n=a.eval_n)
                 if name == "unsure":
                     rate = max(0.0, (r["answers"] - taste_cfg.warmup_trees) / max(1, r["trees"] - taste_cfg.warmup_trees))
                 runs.append(r)
                 print(f"seed {seed} {name:>6}: {r['answers']:3d} answers of {r['trees']} trees, area "
                       f"{r['curve'][0][1]:.3f} -> {r['curve'][-1][1]:.3f} ({r['seconds']:.0f} s)", flush=True)
     out = {"iterations": a.iterations, "error": a.error, "hidden_taste": a.taste, "kl_beta": a.kl,
-           "check_every": a.check_every, "learn_checks": bool(a.check_every) and not a.no_learn_checks,
+           "eval_n": a.eval_n, "check_every": a.check_every, "learn_checks": bool(a.check_every) and not a.no_learn_checks,
            "final_check": bool(a.check_every) and not a.no_final_check, "check_pictures": a.check_pictures,
            "taste": vars(taste_cfg), "report": report(runs),
            "runs": runs}
