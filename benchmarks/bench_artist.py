@@ -140,11 +140,6 @@ def eval_values(policy, noise: torch.Tensor, steps: int, value=None) -> torch.Te
     return (value or taste_fn("big"))(imgs).float()
 
 
-def eval_area(policy, noise: torch.Tensor, steps: int, value=None) -> float:
-    """The hidden taste's mean value of ODE samples from ``noise`` (:func:`eval_values`)."""
-    return float(eval_values(policy, noise, steps, value).mean())
-
-
 def paired_se(end: torch.Tensor, start: torch.Tensor) -> float:
     """The standard error of the mean of the per-noise differences ``end − start`` (N,): how precisely the
     evaluation pictures place the run's end above or below the base model."""
@@ -184,14 +179,15 @@ def run(strategy: str, seed: int, iterations: int, error: float, output_dir: str
                                                        or float(torch.rand((), generator=g)) < ask_rate)
     trainer.leaf_scorer = make_hook(strategy, artist, online)
     noise = torch.randn((eval_n, *policy.latent_shape()), generator=torch.Generator().manual_seed(EVAL_SEED))
-    base_values = eval_values(policy, noise, cfg.tree.steps, artist.value)
-    curve = [(0, float(base_values.mean()))]
+    base_values = values = eval_values(policy, noise, cfg.tree.steps, artist.value)   # (eval_n,) now
+    curve = [(0, float(values.mean()))]
     fits, agree, reasons, warnings, novelty = [], [], {}, [], []
     t0 = time.perf_counter()
     for _ in range(iterations):
         stats = trainer.train_step()
         trainer.after_iteration(stats)
-        curve.append((artist.answers, eval_area(policy, noise, cfg.tree.steps, artist.value)))
+        values = eval_values(policy, noise, cfg.tree.steps, artist.value)
+        curve.append((artist.answers, float(values.mean())))
         st = stats if "taste_asked" in stats else None
         if st:
             if st["taste_asked"]:
@@ -204,8 +200,9 @@ def run(strategy: str, seed: int, iterations: int, error: float, output_dir: str
             novelty.append(st.get("taste_novelty"))
             reasons["beyond"] = reasons.get("beyond", 0) + st.get("taste_beyond", 0)
     if check is not None and check.finish(trainer) is not None:   # the end of the run (StartCheck.finish)
-        curve.append((artist.answers, eval_area(policy, noise, cfg.tree.steps, artist.value)))
-    end_se = paired_se(eval_values(policy, noise, cfg.tree.steps, artist.value), base_values)
+        values = eval_values(policy, noise, cfg.tree.steps, artist.value)
+        curve.append((artist.answers, float(values.mean())))
+    end_se = paired_se(values, base_values)
     end_noise = torch.randn((END_N, *policy.latent_shape()), generator=torch.Generator().manual_seed(END_SEED))
     end_values = eval_values(policy, end_noise, cfg.tree.steps, artist.value)
     with policy.lora_disabled():
