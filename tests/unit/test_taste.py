@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from treegrpo.artist.answers import Answer, pairwise_wins
-from treegrpo.artist.taste import (OnlineTaste, TasteConfig, TasteModel, fit_bradley_terry, from_labels, should_ask,
-                            win_probability)
+from treegrpo.artist.taste import (OnlineTaste, TasteConfig, TasteModel, fit_bradley_terry, from_labels,
+                                   group_weights, should_ask, win_probability)
 from treegrpo.run import build_rewards
 
 
@@ -245,7 +245,7 @@ def test_a_run_learns_its_taste_again_from_its_labels(tmp_path):
     text = "\n".join(json.dumps(r) for r in recs) + '\n{"tree": 9, "lea'
     (tmp_path / "artist_labels.jsonl").write_text(text)
     m = from_labels(tmp_path, DemoEncoder())
-    assert m.answers == 4 and m.thetas is not None and m.feature_dim == 176
+    assert m.answers == 4 and m.thetas is not None and m.feature_dim == 179 and m.groups == (128, 48, 3)
     assert from_labels(tmp_path / "nothing", DemoEncoder()).answers == 0
 
 
@@ -291,3 +291,62 @@ def test_the_train_node_picks_its_taste_features_or_says_what_to_connect():
     assert isinstance(choose_encoder(None, {"demo_adherence": object()}, demo=True), DemoEncoder)
     with pytest.raises(ValueError, match="connect a CLIP Vision model .* \\(connected: demo_adherence\\)"):
         choose_encoder(None, {"demo_adherence": object()}, demo=False)
+
+
+def test_feature_groups_share_the_prior(tmp_path):
+    """group_weights: c_g = √(D / (G·D_g)), so Σ_g D_g c_g² = D; a grouped model's heads are the Bradley–Terry fit
+    on the standardised features times c (by hand), its file scores as it does and keeps the groups."""
+    c = group_weights((2, 1), 3)
+    assert torch.allclose(c, torch.tensor([math.sqrt(3 / 4)] * 2 + [math.sqrt(3 / 2)], dtype=torch.float64))
+    assert float((c ** 2).sum()) == pytest.approx(3.0)
+    assert torch.equal(group_weights((), 4), torch.ones(4, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"feature groups \(2, 2\) must be sizes >= 1 summing to the features' 3"):
+        group_weights((2, 2), 3)
+    g = torch.Generator().manual_seed(3)
+    feats = [torch.randn(4, 3, generator=g).double() * torch.tensor([1.0, 5.0, 0.2]).double() for _ in range(6)]
+    answers = [[(int(f[:, 2].argmax()), j) for j in range(4) if j != int(f[:, 2].argmax())] for f in feats]
+    m = TasteModel(config=TasteConfig(heads=1, l2=1.0), groups=(2, 1))
+    for f, p in zip(feats, answers):
+        m.add(f, p, refit=False)
+    m.fit()
+    allf = torch.cat(feats)
+    z = (allf - allf.mean(0)) / allf.std(0, unbiased=False) * c
+    d = torch.stack([z[4 * t + w] - z[4 * t + l] for t, p in enumerate(answers) for w, l in p])
+    assert torch.allclose(m.thetas[0], fit_bradley_terry(d, 1.0), atol=1e-10)
+    plain = TasteModel(config=TasteConfig(heads=1, l2=1.0))
+    for f, p in zip(feats, answers):
+        plain.add(f, p, refit=False)
+    plain.fit()
+    assert not torch.allclose(plain.thetas[0], m.thetas[0])    # the groups change the fit
+    m.save(tmp_path / "g.safetensors")
+    back = TasteModel.load(tmp_path / "g.safetensors")
+    assert back.groups == (2, 1)
+    assert torch.allclose(back.scores(allf), m.scores(allf), atol=1e-5)
+
+
+def test_the_demo_encoder_sees_the_drawn_colour(tmp_path):
+    """The demo features' colour group is the chroma²-weighted mean colour: exactly the drawn colour on a grey
+    background, 0 for a grey picture; the first 176 features are the earlier encoder's, and a taste model saved on
+    those still loads as a reward and scores as it did."""
+    from treegrpo.artist.features import DemoEncoder, drawn_colour, feature_encoder
+    from treegrpo.demo.shapes import BACKGROUND_RGB
+    from treegrpo.rewards.base import load_reward
+
+    grey = BACKGROUND_RGB.view(1, 3, 1, 1).repeat(2, 1, 16, 16).clone()
+    grey[1, :, 2:9, 3:12] = torch.tensor([0.9, 0.3, 0.1]).view(3, 1, 1)
+    assert torch.allclose(drawn_colour(grey), torch.tensor([[0.0, 0.0, 0.0], [0.9, 0.3, 0.1]]), atol=1e-6)
+    enc, old = DemoEncoder(), DemoEncoder(colour=False)
+    assert (enc.dim, enc.groups, old.dim, old.groups) == (179, (128, 48, 3), 176, ())
+    imgs = _demo_leaves(3, 2)
+    f = enc(imgs)
+    assert f.shape == (12, 179) and torch.equal(f[:, :176], old(imgs))
+    assert torch.allclose(f[:, 176:], drawn_colour(imgs), atol=1e-6)
+    assert feature_encoder("demo", dim=176).dim == 176 and feature_encoder("demo").dim == 179
+    m = TasteModel(config=TasteConfig(heads=2), features="demo")            # a file from before the colour group
+    fo = old(imgs)
+    for t in range(3):
+        m.add(fo[4 * t:4 * t + 4], [(t, (t + 1) % 4)], refit=False)
+    m.fit()
+    m.save(tmp_path / "old.safetensors")
+    r = load_reward("taste", path=str(tmp_path / "old.safetensors"))
+    assert torch.allclose(r(imgs, ["a red circle"] * 12), m.scores(fo), atol=1e-5)

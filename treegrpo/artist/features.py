@@ -17,20 +17,25 @@ TOWER_REWARDS = ("hpsv2", "pickscore", "clipscore", "laion_aesthetic", "vlm_judg
 
 
 class DemoEncoder:
-    """The embedded demo's built-in encoder (176,): the demo classifier's trunk channels averaged over positions
-    (128, what it sees: colour, shape, how much of it) and a 4×4 colour thumbnail (48, where things are). Measured on
-    the artist demo's leaves (benchmarks/bench_artist.py's protocol), a taste for big shapes is learnt from fewer
-    answers with these than with the classifier's mean-and-max pooled features alone (top-1 agreement 0.81 against
-    0.71 after 20 answered trees)."""
+    """The embedded demo's built-in encoder (179,) in three groups: the demo classifier's trunk channels averaged over
+    positions (128, what it sees: shape, how much of it), a 4×4 colour thumbnail (48, where things are) and the mean
+    colour of the picture's colourful pixels, each weighted by its chroma² (3, RGB in [0, 1]: the colour of what is
+    drawn, which the thumbnail dilutes with the background). The taste model gives each group the same share of its
+    prior (:func:`treegrpo.artist.taste.group_weights`), so 3 colour numbers are not drowned by 128 shape numbers.
+
+    ``colour=False``: the encoder before the colour group (176,), which taste models saved before it was added were
+    learnt on (:func:`feature_encoder` picks it by their feature count)."""
 
     name = "demo"
-    dim = 176
 
-    def __init__(self, device="cpu"):
+    def __init__(self, device="cpu", colour: bool = True):
         from ..demo.classifier import load_classifier
 
         self.model = load_classifier(device=device).eval()
         self.device = torch.device(device)
+        self.colour = colour
+        self.groups = (128, 48, 3) if colour else ()
+        self.dim = 179 if colour else 176
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
@@ -42,7 +47,16 @@ class DemoEncoder:
             x = torch.nn.functional.interpolate(x, size=(res, res), mode="bilinear", antialias=True, align_corners=False)
         trunk = self.model.features(x * 2 - 1).mean(dim=(2, 3))
         thumb = torch.nn.functional.adaptive_avg_pool2d(x, 4).flatten(1)
-        return torch.cat([trunk, thumb], 1).float().cpu()
+        parts = [trunk, thumb] + ([drawn_colour(x)] if self.colour else [])
+        return torch.cat(parts, 1).float().cpu()
+
+
+def drawn_colour(images: torch.Tensor) -> torch.Tensor:
+    """(B, 3) the mean colour of ``images`` (B, 3, H, W) in [0, 1], each pixel weighted by its chroma squared
+    (largest minus smallest channel): the colour of what is drawn on a grey background (grey pixels weigh 0; an
+    all-grey picture gives 0)."""
+    c = (images.amax(1, keepdim=True) - images.amin(1, keepdim=True)) ** 2
+    return (images * c).sum((2, 3)) / c.sum((2, 3)).clamp_min(1e-8)
 
 
 class RewardTower:
@@ -63,11 +77,12 @@ class RewardTower:
 
 
 def feature_encoder(name: str, path: Optional[str] = None, device="cpu", reward=None,
-                    options: Optional[dict] = None) -> Callable:
+                    options: Optional[dict] = None, dim: Optional[int] = None) -> Callable:
     """The encoder called ``name`` (``demo`` or ``reward:<name>``, loaded from ``path`` with ``options``;
-    ``reward``: an already loaded reward model to reuse, e.g. the Reward Model Loader's)."""
+    ``reward``: an already loaded reward model to reuse, e.g. the Reward Model Loader's; ``dim``: the feature
+    count of a saved taste model, which picks the demo encoder it was learnt on)."""
     if name == "demo":
-        return DemoEncoder(device)
+        return DemoEncoder(device, colour=dim != 176)
     if name.startswith("reward:"):
         rname = name.split(":", 1)[1]
         if rname not in TOWER_REWARDS:

@@ -225,6 +225,7 @@ class TasteModel:
     std: Optional[torch.Tensor] = None
     fit_seconds: float = 0.0
     info: dict = field(default_factory=dict)
+    groups: tuple = ()                           # sizes of the encoder's feature groups (summing to D; () = one)
     answered_z: Optional[torch.Tensor] = None    # (N, D) the answered leaves, standardised (after fit)
     spacing: Optional[float] = None              # their median distance to the nearest leaf of another tree
 
@@ -254,7 +255,7 @@ class TasteModel:
         t0 = time.perf_counter()
         allf = torch.cat([t.features for t in self.trees])
         self.mean = allf.mean(0)
-        self.std = allf.std(0, unbiased=False).clamp_min(1e-6)
+        self.std = allf.std(0, unbiased=False).clamp_min(1e-6) / group_weights(self.groups, allf.shape[1])
         diffs, tree_of = [], []
         for i, t in enumerate(self.trees):
             z = (t.features - self.mean) / self.std
@@ -317,7 +318,7 @@ class TasteModel:
         if self.thetas is None:
             raise ValueError("the taste model has not learned anything yet (no answered tree with a preference)")
         meta = {"format": FORMAT, "version": VERSION, "features": self.features,
-                "feature_dim": str(self.feature_dim), "answers": str(self.answers),
+                "feature_dim": str(self.feature_dim), "answers": str(self.answers), "groups": json.dumps(list(self.groups)),
                 "config": json.dumps(asdict(self.config)), "info": json.dumps({**self.info, **(extra or {})})}
         tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
         save_file({"thetas": self.thetas.float().contiguous(), "mean": self.mean.float().contiguous(),
@@ -355,10 +356,26 @@ class TasteModel:
         if not (torch.isfinite(th).all() and torch.isfinite(mean).all() and torch.isfinite(std).all()):
             raise ValueError(f"taste model {p!r} holds NaN or infinite values; save it again from its run")
         cfg = _config_from_file(p, meta)
+        try:
+            groups = tuple(int(g) for g in json.loads(meta.get("groups", "[]")))
+            group_weights(groups, dim)
+        except (TypeError, ValueError):
+            groups = ()       # informational only: the saved ``std`` already carries the groups' weights
         m = cls(config=cfg, features=meta.get("features", "demo"), feature_dim=dim, thetas=th, mean=mean, std=std,
-                info=json.loads(meta.get("info", "{}")))
+                info=json.loads(meta.get("info", "{}")), groups=groups)
         m.info["answers"] = int(meta.get("answers", 0))
         return m
+
+
+def group_weights(groups: Sequence[int], dim: int) -> torch.Tensor:
+    """(D,) float64 the scale of each standardised feature so that every group of ``groups`` (sizes summing to
+    ``dim``) carries the same share of the prior: ``c_g = √(D / (G · D_g))``, so ``Σ_g D_g c_g² = D`` (the ridge's
+    total prior variance unchanged) and a group of 3 features weighs as much as one of 128. ``()``: all ones."""
+    if not groups:
+        return torch.ones(dim, dtype=torch.float64)
+    if sum(groups) != dim or any(int(g) < 1 for g in groups):
+        raise ValueError(f"feature groups {tuple(groups)} must be sizes >= 1 summing to the features' {dim}")
+    return torch.cat([torch.full((int(g),), math.sqrt(dim / (len(groups) * g)), dtype=torch.float64) for g in groups])
 
 
 def _spacing(z: torch.Tensor, sizes: list[int]) -> Optional[float]:
@@ -609,7 +626,7 @@ def from_labels(folder: str | os.PathLike, encoder, config: Optional[TasteConfig
     from .start_check import side_pictures
 
     path = os.path.join(os.fspath(folder), "artist_labels.jsonl")
-    model = TasteModel(config=config or TasteConfig(), features=features)
+    model = TasteModel(config=config or TasteConfig(), features=features, groups=tuple(getattr(encoder, "groups", ())))
 
     def image(p):
         return torch.from_numpy(np.asarray(Image.open(p).convert("RGB"), dtype=np.float32) / 255.0)

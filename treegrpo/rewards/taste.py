@@ -31,7 +31,8 @@ class TasteReward:
         encoder = _encoder      # an encoder already built (ComfyUI's CLIP Vision), else the file's own
         if encoder is None:
             fp = features_path or self.model.info.get("features_path") or None
-            encoder = feature_encoder(self.features, fp, device, options=self.model.info.get("features_options"))
+            encoder = feature_encoder(self.features, fp, device, options=self.model.info.get("features_options"),
+                                      dim=self.model.feature_dim)
         self.encoder = encoder
         probe = getattr(encoder, "dim", None)
         if probe is not None and probe != self.model.feature_dim:
