@@ -4,7 +4,7 @@ The artist demo's settings (workflows/treegrpo_artist_demo_cpu.json: 'a red circ
 iteration, window 2, branch 2, noise level 0.9, LoRA rank 8, lr 1e-3; ``--kl`` the KL weight, 0 before issue 50) on
 the core trainer. The simulated artist has a hidden taste the trainer never sees (``--taste``, one of
 treegrpo/demo/tastes.py: ``big`` — the browser test's scripted artist —, ``small``, ``left``, ``right``, ``up``,
-``warm``; each worth 0 for an empty picture and less for a fading one). It answers in favourites mode with the leaf
+``warm``, ``cool``; each worth 0 for an empty picture and less for a fading one). It answers in favourites mode with the leaf
 the taste values most, and with probability ``--error`` (15 %) with another leaf drawn at random.
 
 Strategies, each for ``--iterations`` iterations, paired per seed (same seeds, same evaluation noises):
@@ -160,7 +160,9 @@ def run(strategy: str, seed: int, iterations: int, error: float, output_dir: str
     artist = SimulatedArtist(error, seed, taste)
     online = None
     if strategy in ("unsure", "random"):
-        online = OnlineTaste(TasteModel(config=taste_cfg, features="demo"), encoder=encoder or DemoEncoder())
+        encoder = encoder or DemoEncoder()
+        online = OnlineTaste(TasteModel(config=taste_cfg, features="demo", groups=tuple(getattr(encoder, "groups", ()))),
+                             encoder=encoder)
     check = None
     if check_every and strategy != "oracle":
         def ask_check(first, second, prompts, iteration, again=False):

@@ -170,6 +170,10 @@ def test_tastes_on_hand_drawn_pictures():
     # an orange-red at exactly 20°: r = 1, b = 0, g = 1/3 -> hue 60° × (1/3) = 20°
     assert float(tastes.warm(_picture(0, 8, 0, 8, (1.0, 1 / 3, 0.0)))) == pytest.approx(1.0, abs=1e-5)
     assert float(tastes.warm(_picture(0, 8, 0, 8, (0.1, 0.1, 0.9)))) == 0.0  # blue is not a red
+    # cool: a crimson at exactly −20°: r = 1, g = 0, b = 1/3 -> hue 360° − 20° = 340° (−20°); pure red 20° from it
+    assert float(tastes.cool(_picture(0, 8, 0, 8, (1.0, 0.0, 1 / 3)))) == pytest.approx(1.0, abs=1e-5)
+    assert float(tastes.cool(left_block)) == pytest.approx(0.5)
+    assert float(tastes.cool(_picture(0, 8, 0, 8, (1.0, 1 / 3, 0.0)))) == 0.0   # the warm red is 40° away
     # a shape fading into the background is worth less to every taste: clarity = min(1, distance / 0.5)
     faint = _picture(0, 4, 0, 16, rgb=(0.45, 0.2, 0.2))          # 0.25 from the grey: clarity 0.5
     assert float(tastes.clarity(faint)) == pytest.approx(0.5) and float(tastes.clarity(left_block)) == 1.0

@@ -12,10 +12,12 @@ drawing less and less of something (the way a generator most easily makes a shap
 * ``left`` / ``right`` / ``up``: the shape's centre of mass towards that side: ``1 − x̄`` for ``left`` with x̄ the
   centroid's horizontal position in [0, 1] (0 = the left edge), ``x̄`` for ``right``, ``1 − ȳ`` for ``up``;
 * ``warm``: the shape's mean colour has a hue near ``WARM_HUE`` (20°, an orange-leaning red): ``1 − |hue − 20°| /
-  40°`` clipped at 0 — a hue inside the red the prompt asks for, not another colour.
+  40°`` clipped at 0 — a hue inside the red the prompt asks for, not another colour;
+* ``cool``: the same with ``COOL_HUE`` (−20°, a crimson red leaning towards magenta).
 
-None of these chose the taste model's demo encoder (``treegrpo.artist.features.DemoEncoder`` was chosen on ``big``
-before the others existed).
+The taste model's demo encoder (``treegrpo.artist.features.DemoEncoder``) was chosen on ``big`` before the others
+existed; its colour group was added when it could not learn ``warm`` (2026-12-06), and ``cool`` was written after
+that, to measure it on a colour taste that chose nothing.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from .shapes import BACKGROUND_RGB
 MIN_AREA = 0.02          # below this the picture counts as empty (about 5 of 256 pixels)
 THRESHOLD = 0.15         # a pixel belongs to the shape when a channel is this far from the background grey
 WARM_HUE = 20.0          # degrees
+COOL_HUE = -20.0         # degrees
 HUE_WIDTH = 40.0         # degrees from WARM_HUE at which ``warm`` reaches 0
 SMALL_BEST = 0.06        # the area ``small`` likes most
 CLEAR = 0.5              # a shape this far from the background (largest channel) is fully clear
@@ -107,12 +110,20 @@ def hue_degrees(rgb: torch.Tensor) -> torch.Tensor:
     return torch.where(mx - mn < 1e-6, torch.zeros_like(h), h)
 
 
-def warm(images: torch.Tensor) -> torch.Tensor:
+def _hue_near(images: torch.Tensor, hue: float) -> torch.Tensor:
     m = _mask(images)
     mass = m.sum((1, 2)).clamp_min(1e-6)
     mean_rgb = (images.float() * m.unsqueeze(1)).sum((2, 3)) / mass.unsqueeze(1)
-    v = (1 - (hue_degrees(mean_rgb) - WARM_HUE).abs() / HUE_WIDTH).clamp(0, 1)
+    v = (1 - (hue_degrees(mean_rgb) - hue).abs() / HUE_WIDTH).clamp(0, 1)
     return torch.where(_present(m), v, torch.zeros_like(v))
+
+
+def warm(images: torch.Tensor) -> torch.Tensor:
+    return _hue_near(images, WARM_HUE)
+
+
+def cool(images: torch.Tensor) -> torch.Tensor:
+    return _hue_near(images, COOL_HUE)
 
 
 def _clear(value: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -125,7 +136,7 @@ def _clear(value: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Ten
 #: the tastes as the simulated artist sees them: each function's value times the shape's clarity
 TASTES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     name: _clear(f) for name, f in {"big": big, "small": small, "left": left, "right": right, "up": up,
-                                    "warm": warm}.items()}
+                                    "warm": warm, "cool": cool}.items()}
 
 
 def taste(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
