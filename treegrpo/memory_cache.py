@@ -5,13 +5,15 @@ named by the hash of those facts (:func:`probe_facts`), so a run of the same mod
 of a workflow, a run resumed — plans at once. A file whose facts differ in any way is not used.
 
 Where: ``$TREEGRPO_CACHE/memory_probes`` (default ``$XDG_CACHE_HOME/treegrpo``, else ``~/.cache/treegrpo``); off with
-``memory.reuse_probe`` false.
+``memory.reuse_probe`` false. The folder keeps the :data:`KEEP` probes used last (a probe used again counts as new);
+older ones — other models, sizes, earlier versions of the pack — are removed when a new one is kept.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import re
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -20,6 +22,8 @@ from .memory import Footprint
 
 FORMAT = "treegrpo-memory-probe"
 VERSION = 1
+KEEP = 64                                   # probes kept in the folder (each a few kB)
+_NAME = re.compile(r"^[0-9a-f]{32}\.json$")   # a kept probe's file name (:func:`key`); nothing else is removed
 
 
 def cache_dir() -> str:
@@ -121,10 +125,15 @@ def load(facts: dict, folder: Optional[str] = None,
             data = json.load(f)
         if data.get("format") != FORMAT or data.get("version") != VERSION or data.get("facts") != facts:
             return None
-        return Footprint.from_dict(data["footprint"]), path
+        kept = Footprint.from_dict(data["footprint"]), path
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         log(f"TreeGRPO memory: the kept measurement {path} cannot be read ({type(e).__name__}: {e}); measuring again")
         return None
+    try:
+        os.utime(path)              # used now: the last to be pruned
+    except OSError:
+        pass
+    return kept
 
 
 def store(facts: dict, footprint: Footprint, folder: Optional[str] = None,
@@ -138,8 +147,34 @@ def store(facts: dict, footprint: Footprint, folder: Optional[str] = None,
         os.makedirs(os.path.dirname(path), exist_ok=True)
         atomic_write_json(path, {"format": FORMAT, "version": VERSION, "facts": facts,
                                  "footprint": footprint.to_dict()})
+        prune(os.path.dirname(path), keep=KEEP)
         return path
     except OSError as e:
         log(f"TreeGRPO memory: cannot keep the measurement for the next run in {path} ({e}); set TREEGRPO_CACHE to a "
             "writable folder, or memory.reuse_probe false")
         return None
+
+
+def prune(folder: str, keep: int = KEEP) -> list[str]:
+    """Remove all but the ``keep`` most recently used probe files of ``folder`` (by modification time; a load
+    touches its file); files not named like a probe are left alone. Returns the removed paths. Best effort: a file
+    that cannot be removed stays."""
+    try:
+        names = [n for n in os.listdir(folder) if _NAME.match(n)]
+    except OSError:
+        return []
+
+    def mtime(n):
+        try:
+            return os.path.getmtime(os.path.join(folder, n))
+        except OSError:
+            return 0.0
+
+    removed = []
+    for n in sorted(names, key=mtime, reverse=True)[keep:]:
+        try:
+            os.remove(os.path.join(folder, n))
+            removed.append(os.path.join(folder, n))
+        except OSError:
+            pass
+    return removed

@@ -147,3 +147,27 @@ def test_an_updated_pack_measures_again(tmp_path, probes, monkeypatch):
     monkeypatch.setattr(memory_cache, "source_hash", lambda: "0" * 16)
     _trainer(tmp_path).plan_memory()
     assert len(probes) == 2 and len(_kept()) == 2 and real != "0" * 16
+
+
+def test_the_folder_keeps_the_probes_used_last(tmp_path):
+    """KEEP probes stay: storing one more removes the least recently used (a load counts as a use); a file not
+    named like a probe is never removed."""
+    folder = str(tmp_path / "probes")
+    c = memory.Curve(((1, 10), (2, 20)))
+    fp = memory.Footprint(weights={"denoiser": 100}, lora=1, latent=2, image=3, sample=c, update=c, update_ckpt=None)
+    paths = []
+    for i in range(memory_cache.KEEP):
+        paths.append(memory_cache.store({"i": i}, fp, folder=folder))
+        os.utime(paths[-1], (1_000_000 + i, 1_000_000 + i))        # probe i used at time i
+    other = os.path.join(folder, "notes.json")
+    with open(other, "w") as f:
+        f.write("{}")
+    os.utime(other, (0, 0))
+    assert memory_cache.load({"i": 0}, folder=folder)[1] == paths[0]           # probe 0 used again: now the newest
+    new = memory_cache.store({"i": "new"}, fp, folder=folder)
+    left = set(os.listdir(folder))
+    assert os.path.basename(paths[1]) not in left                              # the least recently used went
+    assert {os.path.basename(p) for p in paths[:1] + paths[2:] + [new]} | {"notes.json"} == left
+    assert len(left) == memory_cache.KEEP + 1
+    assert memory_cache.prune(str(tmp_path / "missing")) == []
+
