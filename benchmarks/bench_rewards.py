@@ -35,15 +35,15 @@ MODELS = ["jpeg_compressibility", "laion_aesthetic", "clipscore", "hpsv2", "pick
           "vlm_judge", "hpsv3"]
 ARCH = {"hpsv2": "ViT-H-14", "pickscore": "ViT-H-14 (transformers)", "laion_aesthetic": "ViT-L-14 image tower + MLP",
         "clipscore": "ViT-L-14", "image_reward": "BLIP ViT-L + BERT-base (12 layers)", "jpeg_compressibility": "-",
-        "ocr": "PP-OCRv4 det + rec (ONNX, the real models)", "vlm_judge": "Qwen2-VL", "hpsv3": "Qwen2-VL-7B + head"}
+        "ocr": "PP-OCRv6 det + rec (ONNX, the real models)", "vlm_judge": "Qwen2-VL", "hpsv3": "Qwen2-VL-7B + head"}
 #: billions of parameters: at --size real built at their published widths with a few layers, timed at two depths,
 #: and composed to the published depth (:func:`time_published_vlm`)
 GPU_ONLY = ("vlm_judge", "hpsv3")
 PUBLISHED = {"vlm_judge": "2b", "hpsv3": "7b"}     # the judge's smallest Qwen2-VL; HPSv3 is Qwen2-VL-7B
 
 
-def build(name: str, folder: str, size: str, device: str):
-    """(reward model, seconds to write the files, seconds to load them)."""
+def build(name: str, folder: str, size: str, device: str, threads: int = 1):
+    """(reward model, seconds to write the files, seconds to load them); ``threads``: the OCR reward's ONNX threads."""
     t0 = time.perf_counter()
     kw = {}
     if name == "hpsv2":
@@ -64,6 +64,8 @@ def build(name: str, folder: str, size: str, device: str):
         path = rf.make_qwen2vl_folder(folder, **depth) if name == "vlm_judge" else rf.make_hpsv3_folder(folder, **depth)
     else:
         path = None
+        if name == "ocr":
+            kw["threads"] = threads
     t1 = time.perf_counter()
     model = load_reward(name, path=path, device=device, **kw)
     return model, t1 - t0, time.perf_counter() - t1
@@ -76,17 +78,8 @@ def sync(device):
 
 def text_images(n: int, res: int) -> torch.Tensor:
     """(n, 3, res, res) pictures with a word drawn in them (what the OCR reward reads; noise it skips early)."""
-    import numpy as np
-    from PIL import Image, ImageDraw, ImageFont
-
     words = ["OPEN", "COFFEE", "SALE", "HOTEL"]
-    out = []
-    for i in range(n):
-        im = Image.new("RGB", (res, res), (235, 230, 215))
-        ImageDraw.Draw(im).text((res // 2, res // 2), words[i % 4], fill=(20, 20, 20),
-                                font=ImageFont.load_default(size=res // 8), anchor="mm")
-        out.append(torch.from_numpy(np.asarray(im, dtype=np.float32) / 255).permute(2, 0, 1))
-    return torch.stack(out)
+    return torch.stack([rf.drawn_text(words[i % 4], None, res // 8, res) for i in range(n)])
 
 
 def time_batches(model, batches, device, res, repeat, name=""):
@@ -198,7 +191,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
     ap.add_argument("--batches", nargs="+", type=int, default=[8, 32])
-    ap.add_argument("--threads", type=int, default=1, help="CPU threads for torch (the benchmark machine is shared)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="CPU threads for torch and the OCR reward's ONNX Runtime (the benchmark machine is shared)")
     ap.add_argument("--size", choices=["real", "tiny"], default="real")
     ap.add_argument("--res", type=int, default=512, help="side of the square input images")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -227,7 +221,7 @@ def main(argv=None) -> int:
             continue
         folder = tempfile.mkdtemp(prefix=f"bench-{name}-")
         try:
-            model, t_write, t_load = build(name, folder, a.size, a.device)
+            model, t_write, t_load = build(name, folder, a.size, a.device, a.threads)
             rows = time_batches(model, a.batches, a.device, a.res, repeat, name)
             dtype = str(getattr(model, "dtype", "-")).replace("torch.", "")
             params = sum(p.numel() for p in model.module.parameters()) if hasattr(model, "module") else 0

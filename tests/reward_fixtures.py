@@ -447,3 +447,42 @@ def make_hpsv3_folder(folder: str, seed: int = 7, size: str = "tiny", text_layer
     state.update({f"rm_head.{k}": v.contiguous() for k, v in head.state_dict().items()})
     save_file(state, os.path.join(folder, "HPSv3.safetensors"))
     return folder
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Drawn text for the OCR reward: the fonts matplotlib ships (every machine with the pack has them) and Pillow's own
+
+FONTS = os.path.join(os.path.dirname(__import__("matplotlib").__file__), "mpl-data", "fonts", "ttf")
+FACES = ["DejaVuSans.ttf", "DejaVuSerif.ttf", "DejaVuSansMono-Bold.ttf", None]          # None: Pillow's own font
+GROUND = (240, 235, 220)                                                               # paper colour, RGB 0–255
+
+
+def _font(face, px):
+    from PIL import ImageFont
+
+    return ImageFont.truetype(os.path.join(FONTS, face), px) if face else ImageFont.load_default(size=px)
+
+
+def drawn_text(text: str, face: str | None = None, px: int = 48, size: int = 256, cover: float = 0.0,
+               colour=(20, 20, 20)) -> torch.Tensor:
+    """(3, size, size) in [0, 1]: ``text`` centred in ``face`` (a file in :data:`FONTS`, None: Pillow's own) at
+    ``px`` pixels on a paper-coloured ground, its right ``cover`` share hidden under a box of the ground's colour."""
+    import numpy as np
+    from PIL import Image, ImageDraw
+
+    font = _font(face, px)
+    im = Image.new("RGB", (size, size), GROUND)
+    d = ImageDraw.Draw(im)
+    d.text((size // 2, size // 2), text, fill=colour, font=font, anchor="mm")
+    if cover:
+        x0, y0, x1, y1 = d.textbbox((size // 2, size // 2), text, font=font, anchor="mm")
+        d.rectangle((x1 - cover * (x1 - x0), y0 - 2, x1 + 2, y1 + 2), fill=GROUND)
+    return torch.from_numpy(np.asarray(im, dtype=np.float32) / 255).permute(2, 0, 1)
+
+
+def text_width(text: str, face: str | None, px: int) -> int:
+    """The drawn width of ``text`` in pixels (its ink box), to tell text that fits its picture from text cut off."""
+    from PIL import Image, ImageDraw
+
+    x0, _, x1, _ = ImageDraw.Draw(Image.new("RGB", (8, 8))).textbbox((0, 0), text, font=_font(face, px), anchor="mm")
+    return x1 - x0

@@ -22,11 +22,11 @@ OPTIONAL = {
     # image-reward 1.5 pins timm==0.6.13, fairscale and datasets; its model code runs on timm 1.x and needs none
     # of the others (rewards/imagereward.py imports its model files only), so it is installed without them
     "ImageReward": ("the image_reward reward (ImageReward)", ("--no-deps image-reward==1.5",)),
-    # rapidocr-onnxruntime 1.4.4 requires opencv-python, which clashes with the opencv-python-headless that ComfyUI
-    # packs install: its other needs are installed normally (none pins what ComfyUI has), itself without them; it
-    # carries its PP-OCRv4 ONNX models inside the wheel (nothing is downloaded)
-    "rapidocr_onnxruntime": ("the ocr reward (RapidOCR: PP-OCRv4 text detection and recognition)",
-                             ("onnxruntime pyclipper shapely", "--no-deps rapidocr-onnxruntime==1.4.4")),
+    # rapidocr 3.10 requires opencv-python-headless, which would go in beside a pack's opencv-python (two
+    # packages writing cv2/): its other needs are installed normally (none pins what ComfyUI has), itself without
+    # them; it carries its PP-OCRv6 ONNX models inside the wheel (nothing is downloaded)
+    "rapidocr": ("the ocr reward (RapidOCR: PP-OCRv6 text detection and recognition)",
+                 ("onnxruntime pyclipper shapely omegaconf colorlog", "--no-deps rapidocr==3.10.0")),
 }
 
 

@@ -43,11 +43,11 @@ def train_node(key, model, clip, vae, reward, judge=None, links=None, **w):
 
 HPS_TEXT = ("Reward: HPS v2.1 — HPS_v2.1_compressed.pt (HPSv2 project, github.com/tgxs002/HPSv2, Hugging Face "
             "xswu/HPSv2; Apache-2.0) into ComfyUI/models/reward_models/.")
-OCR_TEXT = ("Reward: ocr — how much of the text the prompt quotes (a sign that says \"OPEN\") RapidOCR's PP-OCRv4 "
+OCR_TEXT = ("Reward: ocr — how much of the text the prompt quotes (a sign that says \"OPEN\") RapidOCR's PP-OCRv6 "
             "models read in the image: 1 − edit distance / text length, case and spaces ignored. No file: the models "
             "come inside the package. Install once into ComfyUI's Python: pip install onnxruntime pyclipper shapely "
-            "&& pip install --no-deps rapidocr-onnxruntime==1.4.4 (OpenCV too if no other pack brought it: pip "
-            "install opencv-python-headless). Every prompt must quote its text.")
+            "omegaconf colorlog && pip install --no-deps rapidocr==3.10.0 (OpenCV too if no other pack brought it: "
+            "pip install opencv-python-headless). Every prompt must quote its text.")
 
 
 def real_model_workflow(loader_nodes, model, clip, vae, size, reward_note, *, run_name, steps=20, cfg=4.5,

@@ -823,3 +823,23 @@ def test_the_published_qwen2vl_sizes_have_the_published_parameter_counts():
     assert bench_rewards.published_params("vlm_judge") == 2_208_985_600
     n7 = bench_rewards.published_params("hpsv3")
     assert 8.28e9 < n7 < 8.30e9, n7          # Qwen2-VL-7B (8.29 B) with its vocabulary as HPSv3 grows it, and the head
+
+
+def test_bench_ocr_scores_every_picture_by_the_rewards_rule(tmp_path):
+    """bench_ocr on one text: 16 pictures (4 faces × 4 sizes) read by the reward's reader, each scored as the reward
+    scores it, text that fits told from text cut off by its drawn width, and the summary counts what the rows say."""
+    pytest.importorskip("rapidocr")
+    import bench_ocr
+    from treegrpo.rewards.ocr import text_reward
+
+    out = tmp_path / "ocr.json"
+    assert bench_ocr.main(["--readers", "v6", "--texts", "OPEN", "SALE WEEKEND", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())["readers"]["v6"]
+    rows, s = res["rows"], res["summary"]
+    assert len(rows) == 2 * 4 * 4 == s["pictures"]
+    assert all(r["reward"] == text_reward(r["read"], r["text"]) for r in rows)
+    assert {r["fits"] for r in rows if r["text"] == "OPEN"} == {True}
+    assert not all(r["fits"] for r in rows if r["text"] == "SALE WEEKEND")      # 64 px in DejaVu runs off 512
+    assert s["fits"] == sum(r["fits"] for r in rows) and s["exact"] == sum(r["reward"] == 1.0 for r in rows)
+    assert s["fits_below_0.9"] == sum(r["reward"] < 0.9 for r in rows if r["fits"])
+    assert set(s["seconds_per_picture"]) == {"256", "384", "512"}

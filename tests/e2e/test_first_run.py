@@ -238,7 +238,7 @@ def test_the_ocr_reward_trains_from_the_graph_and_refuses_prompts_without_text(c
     """The OCR workflow's reward and prompt set (treegrpo_sd35_ocr_lora: the ocr reward, the shipped text-rendering
     prompts) on the user's SD1.5 checkpoint through the real server: one iteration trains and evaluates with the real
     OCR model; the same graph with prompts that quote no text stops before any work, naming the reward and a prompt."""
-    pytest.importorskip("rapidocr_onnxruntime")
+    pytest.importorskip("rapidocr")
     ocr = _api(comfyui_pack, "treegrpo_sd35_ocr_lora")
     loader = next(n for n in ocr.values() if n["class_type"] == "TreeGRPORewardModelLoader")["inputs"]
     plist = next(n for n in ocr.values() if n["class_type"] == "TreeGRPOPromptList")["inputs"]

@@ -83,7 +83,7 @@ def test_requirements_change_nothing_a_used_comfyui_has(used_comfyui_venv, tmp_p
     assert not replaced, f"the install would replace {replaced}"
 
 
-@pytest.mark.parametrize("module", ["ImageReward", "rapidocr_onnxruntime"])
+@pytest.mark.parametrize("module", ["ImageReward", "rapidocr"])
 def test_optional_extras_change_nothing_a_used_comfyui_has(used_comfyui_venv, tmp_path, module):
     """Each optional reward's install commands (treegrpo.deps.OPTIONAL, the lines the loader shows) replace nothing
     that is installed and never add opencv-python beside the headless OpenCV that packs install."""

@@ -1,7 +1,7 @@
 """``ocr``: does the image show the text the prompt asks for? Flow-GRPO's OCR task, on a real OCR model.
 
 The prompt names the text in double quotes (straight ``"…"`` or curly ``“…”``), as Flow-GRPO's OCR prompts do:
-``a storefront sign that says "OPEN"``; several quoted spans are one text, joined by a space. RapidOCR (PP-OCRv4
+``a storefront sign that says "OPEN"``; several quoted spans are one text, joined by a space. RapidOCR (PP-OCRv6
 text detection and recognition, ONNX on the CPU; the models ship inside its wheel, nothing is downloaded) reads the
 image; the text found is its boxes' texts in the order it returns them (top to bottom, left to right), boxes below
 ``min_score`` confidence left out.
@@ -10,7 +10,8 @@ Both texts are compared after :func:`normalise`: lower case, every whitespace ch
 splits or joins words at will: "Hello World" is often read "HelloWorld"). With t the wanted text and r the text
 read, ``reward = 1 − min(d(r, t), |t|) / |t|`` where d is the Levenshtein distance (insertions, deletions and
 substitutions of one character each cost 1): 1 for the exact text, 0 when nothing was read or nothing matches. This
-is Flow-GRPO's ``ocr.py`` rule (it uses PaddleOCR; the models here are the same PP-OCRv4 family run by RapidOCR).
+is Flow-GRPO's ``ocr.py`` rule (it uses PaddleOCR; the models here are PaddleOCR's PP-OCRv6 small detection and
+recognition models in ONNX, as rapidocr 3.10 ships them, with its PP-OCR mobile text-direction classifier).
 """
 from __future__ import annotations
 
@@ -69,27 +70,44 @@ class OCRReward:
     """Reward = how much of the prompt's quoted text a real OCR model reads in the image (see the module)."""
 
     name = "ocr"
-    requires_module = "rapidocr_onnxruntime"     # an optional extra (treegrpo.deps.OPTIONAL)
+    requires_module = "rapidocr"     # an optional extra (treegrpo.deps.OPTIONAL)
     check_prompts = staticmethod(check_prompts)
-    source = "RapidOCR (github RapidAI/RapidOCR): PP-OCRv4 models inside the rapidocr-onnxruntime wheel"
+    source = "RapidOCR (github RapidAI/RapidOCR): PaddleOCR's PP-OCRv6 models inside the rapidocr 3.10 wheel"
     licence = "Apache-2.0"
+    #: the model files, inside the rapidocr package, given to it by path so that it never downloads one
+    MODEL_FILES = {"Det": "PP-OCRv6_det_small.onnx", "Rec": "PP-OCRv6_rec_small.onnx",
+                   "Cls": "ch_ppocr_mobile_v2.0_cls_mobile.onnx"}
 
-    def __init__(self, path=None, device="cpu", min_score: float = 0.5):
+    def __init__(self, path=None, device="cpu", min_score: float = 0.5, threads: int = 0):
         if path:
-            raise ValueError(f"{self.name} needs no weight file (its models come with rapidocr-onnxruntime), got "
-                             f"path={path!r}")
+            raise ValueError(f"{self.name} needs no weight file (its models come with rapidocr), got path={path!r}")
         if not 0.0 <= float(min_score) <= 1.0:
             raise ValueError(f"{self.name}: min_score must be a confidence in [0, 1], got {min_score!r}")
-        from ..deps import require_optional
-        require_optional("rapidocr_onnxruntime")
+        if int(threads) != threads or threads < 0:
+            raise ValueError(f"{self.name}: threads must be a whole number ≥ 0 (0: every core), got {threads!r}")
+        from ..deps import optional_install_command, require_optional
+        require_optional("rapidocr")
         try:
             import cv2  # noqa: F401 - RapidOCR's image handling
         except ImportError:
             raise ImportError("the ocr reward needs OpenCV, which is not installed: pip install "
                               "opencv-python-headless (or opencv-python where your ComfyUI already uses that)") from None
-        from rapidocr_onnxruntime import RapidOCR
+        import os
 
-        self.engine = RapidOCR(print_verbose=False)
+        import rapidocr
+        from rapidocr import RapidOCR
+
+        folder = os.path.join(os.path.dirname(rapidocr.__file__), "models")
+        files = {part: os.path.join(folder, f) for part, f in self.MODEL_FILES.items()}
+        missing = [f for f in files.values() if not os.path.isfile(f)]
+        if missing:
+            raise ImportError(f"the ocr reward needs rapidocr 3.10, whose wheel carries its models, but {folder} "
+                              f"lacks {', '.join(map(os.path.basename, missing))} (another rapidocr version is "
+                              f"installed); install it with {optional_install_command('rapidocr')}")
+        params = {f"{part}.model_path": f for part, f in files.items()}
+        params.update({"Global.log_level": "error", "Global.text_score": float(min_score),
+                       "EngineConfig.onnxruntime.intra_op_num_threads": int(threads) or -1})
+        self.engine = RapidOCR(params=params)
         self.min_score = float(min_score)
 
     def read(self, image: torch.Tensor) -> str:
@@ -97,8 +115,9 @@ class OCRReward:
         import numpy as np
 
         arr = (image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
-        result, _ = self.engine(np.ascontiguousarray(arr[:, :, ::-1]))       # RapidOCR takes OpenCV's BGR order
-        return " ".join(text for _, text, score in (result or []) if float(score) >= self.min_score)
+        out = self.engine(np.ascontiguousarray(arr[:, :, ::-1]))       # RapidOCR takes OpenCV's BGR order
+        texts, scores = out.txts or (), out.scores or ()
+        return " ".join(text for text, score in zip(texts, scores) if float(score) >= self.min_score)
 
     def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         """(B,) rewards in [0, 1] of images (B, 3, H, W) in [0, 1] for their prompts."""
