@@ -13,7 +13,8 @@ pytestmark = pytest.mark.slow   # waits for a person: seconds a test
 
 
 def _answering(board, client, answers):
-    """Answer the next questions of ``client`` with ``answers`` in order (None: leave it unanswered)."""
+    """Answer the next questions of ``client`` with ``answers`` in order (None: leave it unanswered). A question is
+    told from another by its nonce, as the web page does: a check asked again keeps its id (run, iteration, tree)."""
     seen = []
 
     def run():
@@ -21,9 +22,9 @@ def _answering(board, client, answers):
         todo = list(answers)
         while todo and time.monotonic() < deadline:
             for q in board.pending(client)["questions"]:
-                if q["id"] in seen:
+                if q["nonce"] in seen:
                     continue
-                seen.append(q["id"])
+                seen.append(q["nonce"])
                 a = todo.pop(0)
                 if a is not None:
                     board.answer(q["id"], q["nonce"], a)
@@ -82,10 +83,10 @@ def test_a_check_question_returns_the_side_picked_and_keeps_every_answer(comfyui
     # answer's pictures go beside the first's, never over them
     th, _ = _answering(board, client, [{"mode": "favourites", "good": [0]}] * 2)
     sides = [torch.zeros(4, 3, 8, 8), torch.ones(4, 3, 8, 8)]
-    for k in range(2):
-        ask_check(sides[k], sides[1 - k], ["p"] * 4, 9, folder=str(tmp_path), run_name="r", timeout_s=30,
-                  board=board, client_id=client, prompt_id="samerun0")
+    picks = [ask_check(sides[k], sides[1 - k], ["p"] * 4, 9, folder=str(tmp_path), run_name="r", timeout_s=30,
+                       board=board, client_id=client, prompt_id="samerun0") for k in range(2)]
     th.join()
+    assert picks == [0, 0], picks                                    # both showings answered, each its own
     recs = [json.loads(ln) for ln in (tmp_path / CHECKS_FILE).read_text().splitlines()[-2:]]
     assert recs[0]["sides"][0] != recs[1]["sides"][0] and recs[1]["sides"][0].endswith("samerun0_9_check_2/side_0.png")
     for k, r in enumerate(recs):
