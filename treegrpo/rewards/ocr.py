@@ -15,6 +15,7 @@ recognition models in ONNX, as rapidocr 3.10 ships them, with its PP-OCR mobile 
 """
 from __future__ import annotations
 
+import os
 import re
 
 import torch
@@ -67,7 +68,9 @@ def check_prompts(prompts: list[str], who: str = "ocr") -> None:
 
 @register("ocr")
 class OCRReward:
-    """Reward = how much of the prompt's quoted text a real OCR model reads in the image (see the module)."""
+    """Reward = how much of the prompt's quoted text a real OCR model reads in the image (see the module).
+    Options: ``min_score`` (the confidence below which a box's text is left out) and ``threads`` (ONNX Runtime's CPU
+    threads; 0: every core)."""
 
     name = "ocr"
     requires_module = "rapidocr"     # an optional extra (treegrpo.deps.OPTIONAL)
@@ -92,8 +95,6 @@ class OCRReward:
         except ImportError:
             raise ImportError("the ocr reward needs OpenCV, which is not installed: pip install "
                               "opencv-python-headless (or opencv-python where your ComfyUI already uses that)") from None
-        import os
-
         import rapidocr
         from rapidocr import RapidOCR
 
