@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 import reward_fixtures as rf  # noqa: E402
 from treegrpo.io import atomic_write_json  # noqa: E402
-from treegrpo.rewards.ocr import text_reward  # noqa: E402
+from treegrpo.rewards.ocr import bgr_array, text_reward  # noqa: E402
 
 TEXTS = ["OPEN", "COFFEE", "SUMMIT 2 KM",                                   # tests/unit/test_ocr.py
          "BAKERY", "HELLO WORLD", "NO PARKING", "EXIT 12", "Fresh Bread", "MOUNTAIN VIEW", "GOOD LUCK", "STOP"]
@@ -41,10 +41,7 @@ class V4Reader:
         self.engine = RapidOCR(print_verbose=False, intra_op_num_threads=threads, inter_op_num_threads=1)
 
     def read(self, image) -> str:
-        import numpy as np
-
-        arr = (image.clamp(0, 1) * 255).round().byte().permute(1, 2, 0).numpy()
-        result, _ = self.engine(np.ascontiguousarray(arr[:, :, ::-1]))
+        result, _ = self.engine(bgr_array(image))
         return " ".join(text for _, text, score in (result or []) if float(score) >= 0.5)
 
 

@@ -4,8 +4,8 @@ unsure").
 
 * **Model**: a leaf with features x (D,) gets the score s(x) = θ·z(x), where z standardises the features with the mean
   and spread of every leaf answered so far, each times its group's weight where the encoder names feature groups
-  (:func:`group_weights`: every group the same share of the ridge's prior). Bradley–Terry: the artist prefers leaf i over leaf j with probability
-  σ(s_i − s_j).
+  (:func:`group_weights`: every group the same share of the ridge's prior). Bradley–Terry: the artist prefers leaf i
+  over leaf j with probability σ(s_i − s_j).
 * **Fit**: the pairs an answer implies (:func:`treegrpo.artist.answers.pairwise_wins`) by penalised maximum likelihood,
   ``min_θ Σ −log σ(θ·(z_w − z_l)) + λ/2 ‖θ‖²`` (convex; Newton's method in float64).
 * **Uncertainty**: ``heads`` fits, each on a bootstrap resample of the answered *trees* (a tree's pairs come from one

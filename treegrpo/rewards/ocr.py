@@ -66,6 +66,14 @@ def check_prompts(prompts: list[str], who: str = "ocr") -> None:
                          f'a storefront sign that says "OPEN" (the shipped set text_rendering.txt has such prompts)')
 
 
+def bgr_array(image: torch.Tensor):
+    """An image (3, H, W) in [0, 1] as the (H, W, 3) uint8 array in OpenCV's BGR order that RapidOCR reads."""
+    import numpy as np
+
+    arr = (image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+    return np.ascontiguousarray(arr[:, :, ::-1])
+
+
 @register("ocr")
 class OCRReward:
     """Reward = how much of the prompt's quoted text a real OCR model reads in the image (see the module).
@@ -113,10 +121,7 @@ class OCRReward:
 
     def read(self, image: torch.Tensor) -> str:
         """The text read in one image (3, H, W) in [0, 1]: the boxes' texts with confidence ≥ ``min_score``."""
-        import numpy as np
-
-        arr = (image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
-        out = self.engine(np.ascontiguousarray(arr[:, :, ::-1]))       # RapidOCR takes OpenCV's BGR order
+        out = self.engine(bgr_array(image))
         texts, scores = out.txts or (), out.scores or ()
         return " ".join(text for text, score in zip(texts, scores) if float(score) >= self.min_score)
 
