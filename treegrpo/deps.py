@@ -29,33 +29,60 @@ OPTIONAL = {
                  ("onnxruntime pyclipper shapely omegaconf colorlog", "--no-deps rapidocr==3.10.0")),
 }
 
+#: optional package → the other modules it imports that its ``--no-deps`` line does not bring (checked with it)
+OPTIONAL_NEEDS = {"rapidocr": ("onnxruntime", "pyclipper", "shapely", "omegaconf", "colorlog")}
+
+#: a package named in an install line → the module it provides, which other distributions provide too: the package
+#: is left out of the command when the module is already there, whichever distribution brought it (onnxruntime-gpu,
+#: -directml and -openvino all install the module ``onnxruntime``; pip would write the CPU build's files over theirs)
+PROVIDED_BY_OTHERS = {"onnxruntime": "onnxruntime"}
+
 
 class OptionalPackageMissing(ImportError):
     """An optional package that one feature needs is not installed; the message is one line with the command."""
 
 
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def optional_install_args(module: str, present=None) -> tuple[str, ...]:
+    """The pip arguments of each command that installs the optional ``module`` into this Python, less the packages
+    of :data:`PROVIDED_BY_OTHERS` whose module ``present(name)`` finds (e.g. ``onnxruntime`` beside an installed
+    ``onnxruntime-gpu``; default: whether this Python finds it); a line left with no package is dropped."""
+    present = present or _importable
+    out = []
+    for args in OPTIONAL[module][1]:
+        words = [w for w in args.split() if not (w in PROVIDED_BY_OTHERS and present(PROVIDED_BY_OTHERS[w]))]
+        if any(not w.startswith("-") for w in words):
+            out.append(" ".join(words))
+    return tuple(out)
+
+
 def optional_install_command(module: str) -> str:
-    """The command that installs the optional ``module`` into this Python (ComfyUI's own)."""
-    return " && ".join(f'"{sys.executable}" -m pip install {args}' for args in OPTIONAL[module][1])
+    """The command that installs the optional ``module`` into this Python (ComfyUI's own), as it stands now."""
+    return " && ".join(f'"{sys.executable}" -m pip install {args}' for args in optional_install_args(module))
 
 
 def optional_pip_command(module: str) -> str:
-    """The same as plain ``pip install ...`` lines (the README's and the loader's tooltip)."""
-    return " && ".join(f"pip install {args}" for args in OPTIONAL[module][1])
+    """The same as plain ``pip install ...`` lines (the README's and the loader's tooltip), as it stands now."""
+    return " && ".join(f"pip install {args}" for args in optional_install_args(module))
 
 
 def require_optional(module: str) -> None:
-    """Raise :class:`OptionalPackageMissing` (one line: what needs it and the install command) when ``module``
-    cannot be found; cheap (does not import it)."""
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
+    """Raise :class:`OptionalPackageMissing` (one line: what needs it, what is missing and the install command) when
+    ``module`` or a module it needs (:data:`OPTIONAL_NEEDS`) cannot be found; cheap (imports none of them)."""
+    missing = [m for m in (module, *OPTIONAL_NEEDS.get(module, ())) if not _importable(m)]
+    if missing:
         what = OPTIONAL[module][0]
-        raise OptionalPackageMissing(f"{what} needs the Python package {module!r}, which is not installed; install it "
-                                     f"into this Python (it changes no other package; restart ComfyUI after): "
-                                     f"{optional_install_command(module)}")
+        names = ", ".join(repr(m) for m in missing)
+        raise OptionalPackageMissing(f"{what} needs the Python package{'s' if len(missing) > 1 else ''} {names}, "
+                                     f"which {'are' if len(missing) > 1 else 'is'} not installed; install "
+                                     f"{'them' if len(missing) > 1 else 'it'} into this Python (it changes no other "
+                                     f"package; restart ComfyUI after): {optional_install_command(module)}")
 
 
 REQUIREMENTS_TXT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "requirements.txt")
@@ -63,15 +90,7 @@ REQUIREMENTS_TXT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 def missing_packages() -> list[str]:
     """The distributions (requirements.txt names) whose module cannot be found; cheap (does not import them)."""
-    out = []
-    for module, dist in REQUIRED.items():
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            out.append(dist)
-    return out
+    return [dist for module, dist in REQUIRED.items() if not _importable(module)]
 
 
 def install_command() -> str:

@@ -46,8 +46,9 @@ HPS_TEXT = ("Reward: HPS v2.1 — HPS_v2.1_compressed.pt (HPSv2 project, github.
 OCR_TEXT = ("Reward: ocr — how much of the text the prompt quotes (a sign that says \"OPEN\") RapidOCR's PP-OCRv6 "
             "models read in the image: 1 − edit distance / text length, case and spaces ignored. No file: the models "
             "come inside the package. Install once into ComfyUI's Python: pip install onnxruntime pyclipper shapely "
-            "omegaconf colorlog && pip install --no-deps rapidocr==3.10.0 (OpenCV too if no other pack brought it: "
-            "pip install opencv-python-headless). Every prompt must quote its text.")
+            "omegaconf colorlog && pip install --no-deps rapidocr==3.10.0 (without onnxruntime where another pack "
+            "brought onnxruntime-gpu or another build of it; OpenCV too if no other pack brought it: pip install "
+            "opencv-python-headless). Every prompt must quote its text.")
 
 
 def real_model_workflow(loader_nodes, model, clip, vae, size, reward_note, *, run_name, steps=20, cfg=4.5,

@@ -102,6 +102,40 @@ def test_optional_extras_change_nothing_a_used_comfyui_has(used_comfyui_venv, tm
         assert "opencv-python" not in would and not set(map(_canon, NEVER_ADDED[1:])) & set(would), (args, would)
 
 
+def test_the_ocr_install_keeps_a_packs_onnxruntime_gpu(tmp_path):
+    """A ComfyUI where another pack installed onnxruntime-gpu (a distribution of another name holding the same
+    module ``onnxruntime``): the ocr reward's install lines as the pack computes them there name no onnxruntime, so
+    pip installs no CPU build over the GPU one; the lines with onnxruntime would have (the hazard is real)."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
+    python = venv / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+    (site / "onnxruntime").mkdir()
+    (site / "onnxruntime" / "__init__.py").write_text('__version__ = "1.20.1"\n')
+    info = site / "onnxruntime_gpu-1.20.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: onnxruntime-gpu\nVersion: 1.20.1\n")
+    (info / "INSTALLER").write_text("pip\n")
+    (info / "RECORD").write_text("onnxruntime/__init__.py,,\n")
+    assert _installed(python).get("onnxruntime-gpu") == "1.20.1"
+    code = "import json; from treegrpo.deps import optional_install_args as a; print(json.dumps(a('rapidocr')))"
+    r = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=dict(os.environ,
+                       PYTHONPATH=str(ROOT)), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = json.loads(r.stdout)
+    assert lines == ["pyclipper shapely omegaconf colorlog", "--no-deps rapidocr==3.10.0"], lines
+
+    def would_install(args: str) -> set[str]:
+        report = tmp_path / "report.json"
+        r = _pip(python, "install", "--dry-run", "--report", str(report), *args.split())
+        assert r.returncode == 0, r.stderr[-3000:]
+        return {_canon(x["metadata"]["name"]) for x in json.loads(report.read_text())["install"]}
+
+    assert "onnxruntime" not in would_install(lines[0])
+    assert "onnxruntime" in would_install("onnxruntime pyclipper")      # what the unchanged line would do
+
+
 def test_requirements_have_no_upper_bounds_or_torch_pins():
     lines = [ln.split("#", 1)[0].strip() for ln in (ROOT / "requirements.txt").read_text().splitlines()]
     lines = [ln for ln in lines if ln]

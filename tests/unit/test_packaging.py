@@ -4,6 +4,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -96,3 +98,36 @@ def test_the_dependency_check_covers_exactly_the_requirements():
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     names = {d.split(";")[0].split("=")[0].split("<")[0].split(">")[0].strip().lower() for d in deps}
     assert set(REQUIRED.values()) == names
+
+
+def test_an_optional_install_line_leaves_out_what_another_build_already_provides():
+    """``onnxruntime-gpu`` (or -directml, -openvino) installs the module ``onnxruntime``: the ocr reward's command
+    then leaves out ``onnxruntime``, whose CPU build pip would write over it; every other package stays named."""
+    from treegrpo.deps import OPTIONAL, optional_install_args
+
+    full = OPTIONAL["rapidocr"][1]
+    assert optional_install_args("rapidocr", present=lambda m: False) == full
+    assert optional_install_args("rapidocr", present=lambda m: m == "onnxruntime") == (
+        "pyclipper shapely omegaconf colorlog", "--no-deps rapidocr==3.10.0")
+    # a module other than the providers' is never left out, installed or not
+    assert optional_install_args("rapidocr", present=lambda m: m != "onnxruntime") == full
+    assert optional_install_args("ImageReward", present=lambda m: True) == ("--no-deps image-reward==1.5",)
+
+
+def test_a_missing_module_of_an_optional_reward_is_named_with_the_command(monkeypatch):
+    """rapidocr installed with ``--no-deps`` alone lacks onnxruntime and the rest: refused before the reward is
+    built, naming each missing module, with the install line."""
+    import treegrpo.deps as deps
+
+    gone = {"onnxruntime", "shapely"}
+    monkeypatch.setattr(deps, "_importable", lambda m: m not in gone)
+    with pytest.raises(deps.OptionalPackageMissing) as e:
+        deps.require_optional("rapidocr")
+    msg = str(e.value)
+    assert "packages 'onnxruntime', 'shapely', which are not installed" in msg, msg
+    assert "-m pip install onnxruntime pyclipper shapely omegaconf colorlog" in msg and "rapidocr==3.10.0" in msg
+    monkeypatch.setattr(deps, "_importable", lambda m: True)
+    deps.require_optional("rapidocr")
+    from treegrpo.rewards.base import missing_package
+    monkeypatch.setattr(deps, "_importable", lambda m: m != "colorlog")
+    assert "package 'colorlog', which is not installed" in missing_package("ocr")
