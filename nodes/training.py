@@ -201,7 +201,8 @@ class Train(PackNode):
                 io.Combo.Input("existing_run", options=list(EXISTING_RUN), default="resume", optional=True,
                                tooltip="when run_name already trained: resume it (same settings only), start a new "
                                        "numbered run beside it (run_name-2, -3, ...; the old one stays), or overwrite "
-                                       "it (its files are moved to previous-<time>/ in its folder, nothing deleted)"),
+                                       "it (its files, and its LoRAs in models/loras/treegrpo/<run_name>/, are moved to a "
+                                       "previous-<time>/ folder beside them, nothing deleted)"),
                 widget(io.Float, "kl_beta", "KL weight to the base model (LoRA off): keeps the LoRA near the base "
                        "model so it does not learn to fool the reward; 0 = off", optional=True, min=0.0, max=10.0,
                        step=0.001),

@@ -96,16 +96,24 @@ def optimizer_state_in_order(state: dict, saved_names: list[str], names: list[st
             "param_groups": [dict(groups[0], params=list(range(len(names))))]}
 
 
+#: what a run writes into its folder beside its LoRAs and checkpoints (the folder's own when run.json names the run)
+RUN_FOLDER_FILES = ("log.json", "log.csv", "summary.json", "reward_curve.png", "samples_before_after.png")
+
+
 def run_files(output_dir: str, run_name: str) -> list[str]:
-    """What a run of ``run_name`` left in ``output_dir``: its LoRA files, logs, summary and checkpoints."""
-    names = (f"{run_name}.safetensors", f"{run_name}_diffusers.safetensors")
+    """What a run of ``run_name`` left in ``output_dir``: its LoRA files (the last, the PEFT copy, the best), and
+    where the folder is that run's (``run.json``) its logs, summary, figures and evaluation grids
+    (``evals/eval_<iteration>.png``); then its checkpoints."""
+    names = (f"{run_name}.safetensors", f"{run_name}_diffusers.safetensors", f"{run_name}_best.safetensors")
     try:
         owner = json.load(open(os.path.join(output_dir, "run.json"), encoding="utf-8")).get("run_name")
     except (OSError, ValueError, AttributeError):
         owner = run_name
-    if owner == run_name:   # the logs are the folder's; another run's are claim_output_dir's business
-        names += ("log.json", "log.csv", "summary.json")
+    if owner == run_name:   # the folder's files; another run's are claim_output_dir's business
+        names += RUN_FOLDER_FILES
     found = [os.path.join(output_dir, n) for n in names if os.path.isfile(os.path.join(output_dir, n))]
+    if owner == run_name:
+        found += sorted(glob.glob(os.path.join(glob.escape(output_dir), "evals", "eval_*.png")))
     return found + checkpoint_paths(output_dir, run_name)
 
 
@@ -120,22 +128,28 @@ def check_fresh_start(output_dir: str, run_name: str) -> None:
                               "previous-<time>/, nothing is deleted), or choose another run_name or output_dir")
 
 
+def previous_folder(parent: str) -> str:
+    """A new ``<parent>/previous-<time>`` name (``-2``, ``-3``, ... for two within a second); not created."""
+    stamp = time.strftime('%Y%m%d-%H%M%S')
+    dest = os.path.join(parent, f"previous-{stamp}")
+    n = 1
+    while os.path.exists(dest):
+        n += 1
+        dest = os.path.join(parent, f"previous-{stamp}-{n}")
+    return dest
+
+
 def archive_run(output_dir: str, run_name: str) -> Optional[str]:
     """Move an earlier run's files (:func:`run_files`) to ``<output_dir>/previous-<time>/`` so that a fresh run
     neither mixes with nor deletes them; returns that folder, or None when there was nothing to move."""
     old = run_files(output_dir, run_name)
     if not old:
         return None
-    stamp = time.strftime('%Y%m%d-%H%M%S')
-    dest = os.path.join(output_dir, f"previous-{stamp}")
-    n = 1
-    while os.path.exists(dest):   # two fresh starts within a second
-        n += 1
-        dest = os.path.join(output_dir, f"previous-{stamp}-{n}")
-    for p in old:
-        sub = "checkpoints" if os.path.basename(os.path.dirname(p)) == "checkpoints" else ""
-        os.makedirs(os.path.join(dest, sub), exist_ok=True)
-        os.replace(p, os.path.join(dest, sub, os.path.basename(p)))
+    dest = previous_folder(output_dir)
+    for p in old:   # each keeps its place in the folder (checkpoints/, evals/)
+        to = os.path.join(dest, os.path.relpath(p, output_dir))
+        os.makedirs(os.path.dirname(to), exist_ok=True)
+        os.replace(p, to)
     return dest
 
 

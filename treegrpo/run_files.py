@@ -139,15 +139,16 @@ class RunFiles:
                  f"{float((own - self.kept_sigmas).abs().max()):.4g})")
 
     def begin(self, resume: bool) -> None:
-        """Claim the output folder; resume the run's latest checkpoint (``resume``) or move an earlier run's files
-        aside (``checkpoint.archive_run``)."""
+        """Claim the output folder; resume the run's latest checkpoint (``resume``), or start afresh and move an
+        earlier run's files aside (``checkpoint.archive_run``; also where ``resume`` finds no checkpoint but the run
+        left files). ``started_fresh`` says which."""
+        found = ckpt.checkpoint_paths(self.out, self.cfg.run_name) if resume else []
+        self.started_fresh = not found
         if self.rank != 0:
             return
         ckpt.claim_output_dir(self.out, self.cfg.run_name, self.base_model_name)
-        if resume:
-            found = ckpt.checkpoint_paths(self.out, self.cfg.run_name)
-            if found:   # the newest readable one: a damaged latest falls back to the one before
-                self.load_checkpoint(*ckpt.read_latest_checkpoint(found, self.cfg.run_name))
+        if found:   # the newest readable one: a damaged latest falls back to the one before
+            self.load_checkpoint(*ckpt.read_latest_checkpoint(found, self.cfg.run_name))
         else:
             moved = ckpt.archive_run(self.out, self.cfg.run_name)
             if moved:

@@ -68,11 +68,23 @@ def test_runs_one_after_another_can_be_watched_and_loaded(comfyui_pack, comfyui_
     assert (out / f"{run}-2" / "evals" / "eval_000003.png").is_file()
     assert (loras / run / f"{run}.safetensors").read_bytes() == first_lora
     assert any(f"TreeGRPO {run}-2: it 3/3" in ln for ln in srv.log_text().splitlines())
-    # overwrite: the old files move to previous-<time>/ in its folder, and the run trains afresh
+    # overwrite: the old files (LoRAs, logs, figures, evaluation grids) move to previous-<time>/ in its folder and
+    # its LoRAs to previous-<time>/ in its LoRA folder, where LoraLoader still lists them; the run trains afresh
+    first_best = (loras / run / f"{run}_best.safetensors").read_bytes()
     _run(srv, _demo(comfyui_pack, run, learning_rate=1e-3, existing_run="overwrite"))
     moved = list(folder.glob("previous-*"))
     assert len(moved) == 1 and (moved[0] / f"{run}.safetensors").is_file(), list(folder.iterdir())
+    for rel in (f"{run}_best.safetensors", "log.json", "reward_curve.png", "samples_before_after.png",
+                "evals/eval_000002.png"):
+        assert (moved[0] / rel).is_file(), rel
     assert len(json.loads((folder / "log.json").read_text())["train"]) == 3
+    (kept,) = (loras / run).glob("previous-*")
+    assert (kept / f"{run}.safetensors").read_bytes() == first_lora
+    assert (kept / f"{run}_best.safetensors").read_bytes() == first_best
+    assert (kept / f"{run}_it000002.safetensors").is_file()
+    assert not (loras / run / f"{run}_it000002.safetensors").exists()
+    assert (loras / run / f"{run}.safetensors").read_bytes() != first_lora          # the new run's (another lr)
+    assert f"treegrpo/{run}/{kept.name}/{run}.safetensors" in _lora_choices(srv)
 
     # compare_base_vs_lora loads the trained LoRA from LoraLoader's list
     api = _api(comfyui_pack, "compare_base_vs_lora")

@@ -511,12 +511,12 @@ def test_a_second_run_into_a_folder_in_use_is_refused(tmp_path, capsys):
 def test_a_fresh_run_never_replaces_a_finished_one(tmp_path, capsys):
     """Starting a run where a run of the same name left its LoRA is refused (nothing touched); ``--overwrite``
     moves the earlier files to ``previous-<time>/`` (nothing deleted) and trains again."""
-    cfg = write(tmp_path, "c.json", base(tmp_path, checkpoint_every=1))
+    cfg = write(tmp_path, "c.json", base(tmp_path, checkpoint_every=1, eval_every=1))
     assert cli.main(["train", "--config", cfg, "--quiet"]) == 0
     capsys.readouterr()
     out = tmp_path / "out"
-    lora = out / "treegrpo_demo.safetensors"
-    before = lora.read_bytes()
+    lora, best = out / "treegrpo_demo.safetensors", out / "treegrpo_demo_best.safetensors"
+    before, best_before = lora.read_bytes(), best.read_bytes()
     err = _run(["train", "--config", cfg, "--quiet"], capsys)
     assert "already holds run 'treegrpo_demo'" in err and "--resume" in err and "--overwrite" in err
     assert lora.read_bytes() == before
@@ -525,7 +525,72 @@ def test_a_fresh_run_never_replaces_a_finished_one(tmp_path, capsys):
     assert len(archived) == 1
     assert (archived[0] / "treegrpo_demo.safetensors").read_bytes() == before
     assert (archived[0] / "log.json").exists() and list((archived[0] / "checkpoints").glob("treegrpo_demo-*.pt"))
+    assert (archived[0] / "treegrpo_demo_best.safetensors").read_bytes() == best_before   # the best one too
     assert lora.read_bytes() != before                       # the new run's LoRA (another seed)
+
+
+def test_a_run_started_afresh_moves_every_file_of_the_earlier_one_aside(tmp_path):
+    """Everything an earlier run of the name left in its folder (the last, PEFT and best LoRAs, logs, summary,
+    figures, evaluation grids, checkpoints) moves to ``previous-<time>/`` keeping its place, also where a resume
+    finds no checkpoint to continue; another run's LoRA in the folder is left alone. With a checkpoint, a resume
+    moves nothing."""
+    import types
+
+    from treegrpo.run_files import RunFiles
+
+    class Run(RunFiles):
+        rank, base_model_name = 0, "m"
+
+        def __init__(self, out):
+            self.out, self.cfg, self.loaded = str(out), types.SimpleNamespace(run_name="r"), []
+
+        def log(self, msg):
+            pass
+
+        def load_checkpoint(self, path, state=None):
+            self.loaded.append(path)
+
+    out = tmp_path / "out"
+    theirs = ["r.safetensors", "r_diffusers.safetensors", "r_best.safetensors", "log.json", "log.csv", "summary.json",
+              "reward_curve.png", "samples_before_after.png", "evals/eval_000000.png", "evals/eval_000004.png"]
+    for rel in theirs + ["s.safetensors", "notes.txt"]:
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_text(rel)
+    ckpt.claim_output_dir(str(out), "r", "m")
+    assert sorted(os.path.relpath(p, out) for p in ckpt.run_files(str(out), "r")) == sorted(theirs)
+    run = Run(out)
+    run.begin(resume=True)                      # nothing to resume: a fresh start, the earlier files aside
+    assert run.started_fresh and not run.loaded
+    (moved,) = out.glob("previous-*")
+    for rel in theirs:
+        assert (moved / rel).read_text() == rel and not (out / rel).exists(), rel
+    assert (out / "s.safetensors").exists() and (out / "notes.txt").exists()
+    ckpt.write_checkpoint(str(out), "r", 3, {"x": 1}, keep=2)
+    (out / "r.safetensors").write_text("now")
+    run.begin(resume=True)
+    assert not run.started_fresh and len(run.loaded) == 1
+    assert len(list(out.glob("previous-*"))) == 1 and (out / "r.safetensors").read_text() == "now"
+
+
+def test_the_lora_folder_of_an_earlier_run_is_moved_aside_not_overwritten(tmp_path):
+    """The Train node's LoRA folder (models/loras/treegrpo/<run_name>/): a fresh start moves the earlier run's LoRA
+    files into ``previous-<time>/`` inside it (LoraLoader still lists them); earlier ``previous-*`` folders stay."""
+    from treegrpo.comfyui.watch import archive_loras
+
+    folder = tmp_path / "loras" / "r"
+    assert archive_loras(str(folder)) is None                   # never trained
+    folder.mkdir(parents=True)
+    (folder / "previous-20260101-000000").mkdir()
+    assert archive_loras(str(folder)) is None                   # nothing at the top
+    for name in ("r.safetensors", "r_best.safetensors", "r_it000010.safetensors"):
+        (folder / name).write_text(name)
+    moved = archive_loras(str(folder))
+    assert moved and os.path.dirname(moved) == str(folder) and os.path.basename(moved).startswith("previous-")
+    assert sorted(os.listdir(moved)) == ["r.safetensors", "r_best.safetensors", "r_it000010.safetensors"]
+    assert sorted(os.listdir(folder)) == sorted(["previous-20260101-000000", os.path.basename(moved)])
+    (folder / "r.safetensors").write_text("again")
+    second = archive_loras(str(folder))
+    assert second != moved and (Path(second) / "r.safetensors").read_text() == "again"
 
 
 def test_export_checks_its_output_before_reading(tmp_path, capsys):

@@ -35,7 +35,8 @@ def choose_run(run_name: str, existing_run: str, folder_of: Callable[[str], str]
     - ``new``: ``run_name`` when it never trained, else the first of ``run_name-2``, ``run_name-3``, ... whose
       folder holds no run (the old runs are untouched);
     - ``overwrite``: ``run_name`` started again; the Trainer moves the old run's files to ``previous-<time>/``
-      inside its folder (nothing is deleted).
+      inside its folder and :class:`RunWatcher` its LoRAs to ``previous-<time>/`` inside its LoRA folder (nothing
+      is deleted).
     ``folder_of(name)`` is the run's folder."""
     if existing_run not in EXISTING_RUN:
         raise ValueError(f"existing_run: {existing_run!r} is not one of {list(EXISTING_RUN)}")
@@ -55,6 +56,23 @@ def loras_folder(run_name: str) -> str:
     import folder_paths
 
     return os.path.join(folder_paths.get_folder_paths("loras")[0], "treegrpo", run_name)
+
+
+def archive_loras(folder: str) -> Optional[str]:
+    """Move the LoRA files an earlier run of the same name left in its LoRA folder (:func:`loras_folder`: the last,
+    the best, the ``save_every`` ones) into ``<folder>/previous-<time>/``, where LoraLoader still lists them, so that
+    a fresh run neither overwrites nor mixes with them; returns that folder, or None when there was nothing to move."""
+    try:
+        old = sorted(e.path for e in os.scandir(folder) if e.is_file() and e.name.endswith(".safetensors"))
+    except FileNotFoundError:
+        return None
+    if not old:
+        return None
+    dest = ckpt.previous_folder(folder)
+    os.makedirs(dest)
+    for p in old:
+        os.replace(p, os.path.join(dest, os.path.basename(p)))
+    return dest
 
 
 class RunWatcher(TrainerCallback):
@@ -77,6 +95,15 @@ class RunWatcher(TrainerCallback):
         self.last_grid: Optional[torch.Tensor] = None
         self._best_mtime = None
         trainer.keep_eval_images = True
+
+    def on_train_begin(self, trainer) -> None:
+        """A run started afresh (not resumed from a checkpoint) first moves the LoRAs an earlier run of its name
+        left in the LoRA folder aside (:func:`archive_loras`)."""
+        if trainer.rank == 0 and getattr(trainer, "started_fresh", False):
+            moved = archive_loras(self.loras)
+            if moved:
+                self.log(f"TreeGRPO {trainer.cfg.run_name}: the LoRAs of an earlier run of this name were moved to "
+                         f"{moved}")
 
     def on_iteration_end(self, trainer, stats: dict) -> None:
         self.on_iteration(stats)
