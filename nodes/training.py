@@ -211,8 +211,8 @@ class Train(PackNode):
                                      "lists them; the best by the judge and the last are written there always); 0 = "
                                      "only those"),
                 io.Combo.Input("preset", options=list(PRESET_CHOICES), default="custom", optional=True,
-                               tooltip="the leaves' ODE tail after the window; custom = tail_solver and tail_steps "
-                                       "as set. At 20 steps, window 1-3, branch 2: " + presets_help(
+                               tooltip="the leaves' ODE tail after the window, never more steps than the schedule "
+                                       "leaves after it; custom = tail_solver and tail_steps as set. At 20 steps, window 1-3, branch 2: " + presets_help(
                                            TreeConfig(steps=20, window_start=1, window_width=3, branch=2))),
                 widget(io.Int, "artist_away_s", "after a question went unanswered, the next ones wait only this long "
                        "(seconds) until you answer again, so a run left alone does not stall artist_timeout_s on every "

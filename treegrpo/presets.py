@@ -19,12 +19,18 @@ CHOICES = ("custom", *PRESETS)
 
 
 def apply_preset(cfg: TreeConfig, preset: str) -> TreeConfig:
-    """``cfg`` with ``preset``'s tail (``custom``: unchanged)."""
+    """``cfg`` with ``preset``'s tail (``custom``: unchanged). A preset never lengthens the tail: where its steps
+    are as many as the schedule leaves after ``cfg``'s window or more (a short schedule: Z-Image's 8 steps leave 4
+    after a window at steps 1–3), the tail is the schedule's own remaining steps (``tail_steps`` 0)."""
     if preset in (None, "", "custom"):
         return cfg
     if preset not in PRESETS:
         raise ValueError(f"preset: {preset!r} is not one of {list(CHOICES)}")
-    return dataclasses.replace(cfg, **PRESETS[preset])
+    fields = dict(PRESETS[preset])
+    left = cfg.steps - cfg.window_start - (0 if cfg.method == "ode" else cfg.window_width)
+    if fields["tail_steps"] >= left:
+        fields["tail_steps"] = 0
+    return dataclasses.replace(cfg, **fields)
 
 
 def preset_cost(cfg: TreeConfig) -> tuple[int, int]:
