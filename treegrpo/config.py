@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import json
 import math
+import os
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
@@ -530,7 +531,9 @@ class TrainConfig:
     model: Optional[str] = _f(None, "model path (diffusers folder / single file); demo: None = shipped weights")
     pipeline: PipelineConfig = field(default_factory=PipelineConfig, metadata={"help": "diffusers model loading"})
     prompts: list = _f([], "training prompts (or use prompts_file)")
-    prompts_file: Optional[str] = _f(None, "a prompt file: .txt (one prompt a line), .csv (a prompt column) or .jsonl ({\"prompt\": ...} a line)")
+    prompts_file: Optional[str] = _f(None, "a prompt file: .txt (one prompt a line), .csv (a prompt column) or .jsonl "
+                                           "({\"prompt\": ...} a line), or a set the pack ships: "
+                                           "treegrpo/general_subjects.txt, treegrpo/text_rendering.txt")
     negative_prompt: str = _f("", "negative prompt for CFG")
     guidance_scale: float = _f(1.0, "classifier-free guidance scale, CFG (1 = off; the nodes' cfg; `cfg` in earlier "
                                     "config files and the --cfg flag still mean it)")
@@ -628,8 +631,13 @@ class TrainConfig:
         """The training prompts (inline list, else the prompts file), validated."""
         if self.prompts:
             return list(self.prompts)
+        from .prompts import PromptFileError, parse_prompts, shipped_prompt_file
+
+        path = self.prompts_file
+        if not os.path.exists(path):
+            path = shipped_prompt_file(path) or path        # a set the pack ships: treegrpo/general_subjects.txt
         try:
-            with open(self.prompts_file, encoding="utf-8") as fh:
+            with open(path, encoding="utf-8-sig") as fh:
                 text = fh.read()
         except UnicodeDecodeError as e:
             raise ConfigError(f"TrainConfig.prompts_file: {self.prompts_file!r} is not UTF-8 text ({e.reason} at byte "
@@ -638,7 +646,10 @@ class TrainConfig:
             raise ConfigError(f"TrainConfig.prompts_file: cannot read {self.prompts_file!r} ({e.strerror})") from None
         _require("\x00" not in text, "TrainConfig", "prompts_file",
                  f"{self.prompts_file!r} is a binary file, not text with one prompt per line")
-        prompts = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        try:
+            prompts = parse_prompts(text, path)
+        except PromptFileError as e:
+            raise ConfigError(f"TrainConfig.prompts_file: {e}") from None
         _require(len(prompts) > 0, "TrainConfig", "prompts_file", f"{self.prompts_file!r} has no prompts")
         _require(len(prompts) <= self.max_prompts, "TrainConfig", "prompts_file",
                  f"{len(prompts)} prompts exceed max_prompts={self.max_prompts}")

@@ -14,6 +14,9 @@ import re
 PROMPT_FILE_TYPES = (".txt", ".csv", ".jsonl")
 #: the keys a ``.jsonl`` object or a ``.csv`` header may hold the prompt under (first found wins)
 PROMPT_KEYS = ("prompt", "text", "caption")
+#: the prompt sets the pack ships, and the prefix that names them (``treegrpo/general_subjects.txt``)
+SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prompt_sets")
+SHIPPED_PREFIX = "treegrpo/"
 
 
 class PromptFileError(ValueError):
@@ -78,6 +81,24 @@ def _from_jsonl(text: str, path: str) -> list[str]:
     return out
 
 
+def parse_prompts(text: str, path: str) -> list[str]:
+    """The prompts in ``text``, the contents of the prompt file ``path`` (its extension decides how it is read:
+    ``.csv`` and ``.jsonl`` as below, anything else one prompt a line), each on one line (inner whitespace
+    collapsed), blank ones dropped. Raises :class:`PromptFileError` for a malformed ``.csv`` or ``.jsonl``."""
+    ext = os.path.splitext(path)[1].lower()
+    raw = _from_csv(text, path) if ext == ".csv" else _from_jsonl(text, path) if ext == ".jsonl" else text.splitlines()
+    return [_one_line(p) for p in raw if p.strip()]
+
+
+def shipped_prompt_file(name: str) -> str | None:
+    """The path of a prompt set the pack ships, named ``treegrpo/<file>`` (as the Prompt List lists it and a config's
+    ``prompts_file`` may name it), or None when ``name`` names none."""
+    if not isinstance(name, str) or not name.startswith(SHIPPED_PREFIX):
+        return None
+    path = os.path.join(SHIPPED_DIR, name[len(SHIPPED_PREFIX):])
+    return path if os.path.dirname(path) == SHIPPED_DIR and os.path.isfile(path) else None
+
+
 def read_prompt_file(path: str, max_prompts: int = 100000) -> list[str]:
     """The prompts in ``path`` in file order, each on one line (inner whitespace collapsed), blank ones dropped:
     ``.txt`` one prompt a line; ``.csv`` the ``prompt`` (or ``text``, ``caption``) column, else the first column;
@@ -87,9 +108,7 @@ def read_prompt_file(path: str, max_prompts: int = 100000) -> list[str]:
     if ext not in PROMPT_FILE_TYPES:
         raise PromptFileError(f"prompt file {path!r}: use a .txt (one prompt a line), .csv (a 'prompt' column) or "
                               ".jsonl ({\"prompt\": ...} a line) file")
-    text = _text(path)
-    raw = text.splitlines() if ext == ".txt" else _from_csv(text, path) if ext == ".csv" else _from_jsonl(text, path)
-    prompts = [_one_line(p) for p in raw if p.strip()]
+    prompts = parse_prompts(_text(path), path)
     if not prompts:
         raise PromptFileError(f"prompt file {path!r} holds no prompts; write one prompt a line")
     if len(prompts) > max_prompts:

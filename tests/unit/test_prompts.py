@@ -41,6 +41,29 @@ def test_prompt_files_in_three_formats(tmp_path):
         read_prompt_file(str(tmp_path / "big.txt"), max_prompts=10)
 
 
+def test_a_configs_prompts_file_is_read_as_the_prompt_list_reads_it(tmp_path):
+    """``TrainConfig.prompts_file`` (the command line's ``--prompts-file``) reads .csv and .jsonl by their format,
+    as the Prompt List node does, not line by line; names a shipped set as the node lists it; and refuses a
+    malformed file naming the line before any model loads."""
+    from treegrpo.config import ConfigError, TrainConfig
+    from treegrpo.prompts import SHIPPED_DIR
+
+    files = {"p.csv": 'id,prompt\n1,"a red circle, big"\n2,a blue  square\n',
+             "p.jsonl": '{"prompt": "a red circle, big"}\n\n"a blue square"\n',
+             "p.txt": "\ufeffa red circle, big\n\n  a blue square \n"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+        got = TrainConfig(prompts_file=str(tmp_path / name)).load_prompts()
+        assert got == ["a red circle, big", "a blue square"] == read_prompt_file(str(tmp_path / name)), (name, got)
+    shipped = TrainConfig(prompts_file="treegrpo/text_rendering.txt").load_prompts()
+    assert shipped == read_prompt_file(f"{SHIPPED_DIR}/text_rendering.txt") and len(shipped) == 40
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "a cat"}\n{"caption": 3}\n')
+    with pytest.raises(ConfigError, match=r"TrainConfig\.prompts_file: prompt file .*bad\.jsonl', line 2: an object"):
+        TrainConfig(prompts_file=str(tmp_path / "bad.jsonl")).load_prompts()
+    with pytest.raises(ConfigError, match="cannot read 'treegrpo/no_such_set.txt'"):
+        TrainConfig(prompts_file="treegrpo/no_such_set.txt").load_prompts()
+
+
 def test_heldout_split_is_seeded_and_disjoint():
     prompts = [f"p{i}" for i in range(20)] + ["p3"]
     train, held = split_heldout(prompts, 5, seed=1)

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ..prompts import PROMPT_FILE_TYPES, PromptFileError
-
-SHIPPED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "prompt_sets")
-SHIPPED_PREFIX = "treegrpo/"
+from ..prompts import PROMPT_FILE_TYPES, SHIPPED_DIR as SHIPPED, SHIPPED_PREFIX, PromptFileError, shipped_prompt_file
 
 
 def _input_dir() -> str:
@@ -33,8 +30,8 @@ def resolve_prompt_file(name: str) -> str:
     refused with what to do."""
     if not isinstance(name, str) or not name:
         raise PromptFileError("file: choose a prompt file (put a .txt, .csv or .jsonl file in ComfyUI's input/ folder)")
-    if name.startswith(SHIPPED_PREFIX) and os.path.isfile(os.path.join(SHIPPED, name[len(SHIPPED_PREFIX):])):
-        return os.path.join(SHIPPED, name[len(SHIPPED_PREFIX):])
+    if shipped_prompt_file(name):
+        return shipped_prompt_file(name)
     root = os.path.realpath(_input_dir())
     path = os.path.realpath(os.path.join(root, name))
     if os.path.commonpath([root, path]) != root:
