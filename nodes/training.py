@@ -201,8 +201,8 @@ class Train(PackNode):
                 io.Combo.Input("existing_run", options=list(EXISTING_RUN), default="resume", optional=True,
                                tooltip="when run_name already trained: resume it (same settings only), start a new "
                                        "numbered run beside it (run_name-2, -3, ...; the old one stays), or overwrite "
-                                       "it (its files, and its LoRAs in models/loras/treegrpo/<run_name>/, are moved to a "
-                                       "previous-<time>/ folder beside them, nothing deleted)"),
+                                       "it (its files, and its LoRAs in models/loras/treegrpo/<run_name>/, are "
+                                       "moved to a previous-<time>/ folder beside them, nothing deleted)"),
                 widget(io.Float, "kl_beta", "KL weight to the base model (LoRA off): keeps the LoRA near the base "
                        "model so it does not learn to fool the reward; 0 = off", optional=True, min=0.0, max=10.0,
                        step=0.001),
@@ -212,7 +212,8 @@ class Train(PackNode):
                                      "only those"),
                 io.Combo.Input("preset", options=list(PRESET_CHOICES), default="custom", optional=True,
                                tooltip="the leaves' ODE tail after the window, never more steps than the schedule "
-                                       "leaves after it; custom = tail_solver and tail_steps as set. At 20 steps, window 1-3, branch 2: " + presets_help(
+                                       "leaves after it; custom = tail_solver and tail_steps as set. At 20 steps, "
+                                       "window 1-3, branch 2: " + presets_help(
                                            TreeConfig(steps=20, window_start=1, window_width=3, branch=2))),
                 widget(io.Int, "artist_away_s", "after a question went unanswered, the next ones wait only this long "
                        "(seconds) until you answer again, so a run left alone does not stall artist_timeout_s on every "

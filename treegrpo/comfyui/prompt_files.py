@@ -30,8 +30,9 @@ def resolve_prompt_file(name: str) -> str:
     refused with what to do."""
     if not isinstance(name, str) or not name:
         raise PromptFileError("file: choose a prompt file (put a .txt, .csv or .jsonl file in ComfyUI's input/ folder)")
-    if shipped_prompt_file(name):
-        return shipped_prompt_file(name)
+    shipped = shipped_prompt_file(name)
+    if shipped:
+        return shipped
     root = os.path.realpath(_input_dir())
     path = os.path.realpath(os.path.join(root, name))
     if os.path.commonpath([root, path]) != root:
