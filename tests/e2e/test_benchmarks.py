@@ -796,18 +796,18 @@ def test_bench_rows_counts_each_methods_rows_in_closed_form(tmp_path):
 
 
 def test_bench_core_counts_the_samplers_calls_and_pairs_its_time_with_the_bare_models(tmp_path):
-    """benchmarks/bench_core.py without the demo, 3 rounds: every tree shape's NFE equals the formula, and the
+    """benchmarks/bench_core.py without the demo, 2 rounds: every tree shape's NFE equals the formula, and the
     overhead is the median of the per-round ratios (sampler and bare model timed in turn)."""
     import statistics
 
     import bench_core
 
-    out = bench_core.main(["--skip-demo", "--repeat", "3", "--out", str(tmp_path / "core.json")])
+    out = bench_core.main(["--skip-demo", "--repeat", "2", "--out", str(tmp_path / "core.json")])
     assert json.load(open(tmp_path / "core.json")) == json.loads(json.dumps(out))
     assert [(r["T"], r["s"], r["w"], r["k"]) for r in out["sampler"]] == [(10, 1, 3, 2), (10, 2, 2, 3), (16, 2, 4, 2),
                                                                           (10, 0, 1, 8)]
     for r in out["sampler"]:
-        assert r["nfe"] == r["nfe_formula"] and r["rounds"] == 3 and r["calls"] == r["T"], r
+        assert r["nfe"] == r["nfe_formula"] and r["rounds"] == 2 and r["calls"] == r["T"], r
         q1, q3 = r["overhead_quartiles"]
         assert q1 <= r["overhead"] <= q3 and r["sampler_s"] > 0 and r["raw_forward_s"] > 0, r
     paired = bench_core.paired_times([lambda: None, lambda: sum(range(1000))], 4)
