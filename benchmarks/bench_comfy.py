@@ -2,7 +2,8 @@
 
 Reads the Train node of ``workflows/treegrpo_demo_cpu.json`` (or ``--workflow``), runs that graph in a real ComfyUI
 0.3.75 booted in this process (the tests' harness), then the same settings through ``treegrpo.run_training``
-on the demo backend, each for the same iterations and evaluation schedule, and reports:
+on the demo backend in a child process (as the command line runs), each for the same iterations and evaluation
+schedule, and reports:
 
 - time per training iteration (the trainer's own ``t_iter``: sampling, decoding, scoring, update), ComfyUI ÷ CLI
   (target ≤ 1.2), and the Train node's whole execution time (evaluations and previews included);
@@ -18,6 +19,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -80,11 +82,34 @@ def run_seed(rt, api: dict, nid: str, seed: int, tmp: str, skip_cli: bool) -> di
     log = json.load(open(os.path.join(rt.base_dir, "output", "treegrpo", w["run_name"], "log.json")))
     out = {"seed": seed, "comfy": dict(summary(log["train"], log["eval"]), node_wall_s=node_wall)}
     if not skip_cli:
-        t0 = time.perf_counter()
-        tr, _ = run_training(cli_config(w, os.path.join(tmp, f"cli_s{seed}")), progress=False)
-        out["cli"] = dict(summary(tr.history, tr.evals), wall_s=time.perf_counter() - t0)
+        rec = run_cli_child(w, os.path.join(tmp, f"cli_s{seed}"))
+        out["cli"] = dict(summary(rec["history"], rec["evals"]), wall_s=rec["wall_s"])
         out["time_per_iteration_ratio"] = out["comfy"]["s_per_iter"] / out["cli"]["s_per_iter"]
     return out
+
+
+def run_cli_child(w: dict, out: str) -> dict:
+    """The CLI side in a child process of this file, as a user runs the command line: a process whose torch work
+    all runs on one thread. (Run here, after ComfyUI's prompt-worker thread has computed, the process would hold two
+    OpenMP thread pools, more threads than cores, and libgomp then throttles both: 1.8x slower on the demo.)"""
+    os.makedirs(out, exist_ok=True)
+    spec = os.path.join(out, "train_node.json")
+    atomic_write_json(spec, w)
+    subprocess.run([sys.executable, os.path.abspath(__file__), "--cli-child", spec], check=True, cwd=ROOT)
+    with open(os.path.join(out, "cli_child.json"), encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def cli_child(spec: str) -> int:
+    """The child's side of :func:`run_cli_child`: train, write the history, evaluations and wall time."""
+    with open(spec, encoding="utf-8") as fh:
+        w = json.load(fh)
+    out = os.path.dirname(spec)
+    t0 = time.perf_counter()
+    tr, _ = run_training(cli_config(w, out), progress=False)
+    atomic_write_json(os.path.join(out, "cli_child.json"),
+                      {"history": tr.history, "evals": tr.evals, "wall_s": time.perf_counter() - t0})
+    return 0
 
 
 def mean_std(xs: list[float]) -> str:
@@ -100,7 +125,10 @@ def main(argv=None) -> int:
                     help="override a Train node widget (JSON value), e.g. --set prompts_per_iteration=16")
     ap.add_argument("--skip-cli", action="store_true", help="only the ComfyUI runs (choosing workflow defaults)")
     ap.add_argument("--out", default=os.path.join(HERE, "results", "comfy.json"))
+    ap.add_argument("--cli-child", metavar="SPEC", help=argparse.SUPPRESS)
     ns = ap.parse_args(argv)
+    if ns.cli_child:
+        return cli_child(ns.cli_child)
 
     import comfy_harness as ch
 

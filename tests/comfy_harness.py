@@ -485,7 +485,8 @@ class ComfyRuntime:
         self.boot_seconds = 0.0
         self._cache_type = cache_type
         self._owner = threading.get_ident()
-        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="comfy-prompt-worker")
+        self._last: concurrent.futures.Future | None = None   # the prompt submitted last (prompts run in order)
+        self._threads: list[threading.Thread] = []
         self._exec_lock = threading.Lock()
 
     # -- boot -----------------------------------------------------------------------------------------------
@@ -669,8 +670,14 @@ class ComfyRuntime:
     def submit(self, prompt: dict, prompt_id: str | None = None, extra_data: dict | None = None,
                partial_execution_targets: list[str] | None = None, check: bool = True, strict: bool = True,
                client_id: str | None = "comfy_harness") -> "concurrent.futures.Future[ExecutionResult]":
-        """Validate here, then run ``PromptExecutor.execute`` on the prompt-worker thread (like the server's
-        prompt_worker).  Returns a Future; use it with :meth:`interrupt` to test interruption.
+        """Validate here, then run ``PromptExecutor.execute`` on a prompt-worker thread (like the server's
+        prompt_worker), after the prompts submitted before it.  Returns a Future; use it with :meth:`interrupt` to
+        test interruption.
+        Each prompt gets a thread that ends with it: a worker thread kept alive would keep its own OpenMP pool
+        beside this process's main one, more OpenMP threads than cores, and libgomp then throttles its spin-waits in
+        both, making every later torch test in the process about 1.8x slower (tests/unit/test_trainer.py and
+        test_update.py: 28 s alone, 49 s beside a second pool; benchmarks/bench_comfy.py runs its CLI side in a
+        child process for the same reason).
         ComfyUI accepts a prompt when at least one output node validates and silently drops the others;
         ``strict`` (default) raises ComfyValidationError if any node has errors.
         ``client_id`` is put in extra_data as the web UI does: ComfyUI 0.3.75 only copies the UI output of
@@ -684,7 +691,24 @@ class ComfyRuntime:
         extra_data = dict(extra_data or {})
         if client_id is not None:
             extra_data.setdefault("client_id", client_id)
-        return self._worker.submit(self._execute_now, prompt, prompt_id, extra_data, v.outputs, check)
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        before = self._last
+
+        def run() -> None:
+            if before is not None:
+                concurrent.futures.wait([before])
+            if not fut.set_running_or_notify_cancel():
+                return
+            try:
+                fut.set_result(self._execute_now(prompt, prompt_id, extra_data, v.outputs, check))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller through the Future
+                fut.set_exception(e)
+
+        self._last = fut
+        th = threading.Thread(target=run, name=f"comfy-prompt-worker-{prompt_id[:8]}", daemon=True)
+        self._threads = [t for t in self._threads if t.is_alive()] + [th]
+        th.start()
+        return fut
 
     def execute(self, prompt: dict, prompt_id: str | None = None, extra_data: dict | None = None,
                 partial_execution_targets: list[str] | None = None, check: bool = True, strict: bool = True,
@@ -750,8 +774,9 @@ class ComfyRuntime:
         return out
 
     def close(self) -> None:
-        """Stop the worker thread.  ComfyUI itself cannot be un-imported: the process keeps it."""
-        self._worker.shutdown(wait=True)
+        """Wait for the prompts' threads.  ComfyUI itself cannot be un-imported: the process keeps it."""
+        for th in self._threads:
+            th.join()
 
 
 def boot_comfy(pack_dir: str | os.PathLike | None = REPO_ROOT, base_dir: str | os.PathLike | None = None, *,
@@ -1151,6 +1176,23 @@ def server_interrupt(port: int) -> None:
 
 def object_info(port: int, node_class: str | None = None) -> dict:
     return _http(port, "/object_info" + (f"/{node_class}" if node_class else ""))
+
+
+class _ObjectInfoNode:
+    """Just enough of a node class for :func:`workflow_to_api`, built from a server's ``/object_info`` entry."""
+
+    def __init__(self, info: dict):
+        self._inputs = {k: v for k, v in info["input"].items() if k in ("required", "optional")}
+        self.RETURN_TYPES = tuple(info.get("output") or ())
+        self.DISPLAY_NAME = info.get("display_name")
+
+    def INPUT_TYPES(self):
+        return {sec: {name: tuple(spec) for name, spec in d.items()} for sec, d in self._inputs.items()}
+
+
+def node_classes_from_server(port: int) -> dict:
+    """The node classes a server lists (``/object_info``, what the web UI reads), for :func:`workflow_to_api`."""
+    return {name: _ObjectInfoNode(info) for name, info in object_info(port).items()}
 
 
 class EventClient:

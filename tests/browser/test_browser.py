@@ -444,7 +444,7 @@ def test_widgets_refuse_nonsense_typed_by_a_user(page, ui_server):
     page.screenshot("03_validation_error_on_the_node")   # the Train node outlined in red
 
     # the same graph as an API prompt with values no widget would let through
-    api = ch.workflow_to_api(json.loads(DEMO.read_text()), _node_classes_from_object_info(ui_server))
+    api = ch.workflow_to_api(json.loads(DEMO.read_text()), ch.node_classes_from_server(ui_server.port))
     tid = next(k for k, v in api.items() if v["class_type"] == "TreeGRPOTrain")
     for bad, kind in (({"iterations": -5}, "value_smaller_than_min"), ({"noise_level": 5.0}, "value_bigger_than_max"),
                       ({"branch": 1000}, "custom_validation_failed")):
@@ -482,20 +482,6 @@ def test_the_reward_loader_lists_only_the_files_of_the_chosen_reward(page, ui_se
     page.screenshot("reward_loader_file_list")
 
 
-class _ObjectInfoNode:
-    """Just enough of a node class for ``comfy_harness.workflow_to_api``, built from the server's /object_info."""
-
-    def __init__(self, info: dict):
-        self._inputs = {k: v for k, v in info["input"].items() if k in ("required", "optional")}
-        self.RETURN_TYPES = tuple(info.get("output") or ())
-        self.DISPLAY_NAME = info.get("display_name")
-
-    def INPUT_TYPES(self):
-        return {sec: {name: tuple(spec) for name, spec in d.items()} for sec, d in self._inputs.items()}
-
-
-def _node_classes_from_object_info(srv) -> dict:
-    return {name: _ObjectInfoNode(info) for name, info in ch.object_info(srv.port).items()}
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -862,3 +862,22 @@ def test_bench_ocr_scores_every_picture_by_the_rewards_rule(tmp_path):
     assert s["fits"] == sum(r["fits"] for r in rows) and s["exact"] == sum(r["reward"] == 1.0 for r in rows)
     assert s["fits_below_0.9"] == sum(r["reward"] < 0.9 for r in rows if r["fits"])
     assert set(s["seconds_per_picture"]) == {"256", "384", "512"}
+
+
+def test_bench_soak_watches_a_run_queued_through_the_real_server(tmp_path):
+    """benchmarks/bench_soak.py shortened: the demo workflow queued through a real ComfyUI server with a websocket
+    open, the server's memory sampled while it trains, and the run's files and LoRAs counted at the end."""
+    import bench_soak
+
+    out = tmp_path / "soak.json"
+    assert bench_soak.main(["--iterations", "4", "--eval-every", "2", "--save-every", "2", "--sample-s", "0.2",
+                            "--workdir", str(tmp_path / "w"), "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["status"] == "success" and r["logged_iterations"] == 4 and r["evaluations"] == 3   # at 0, 2, 4
+    assert r["lora_folder"]["files"] == 4        # the LoRA at iterations 2 and 4, the best, the final one
+    evals = sorted(p.name for p in (tmp_path / "w" / "server" / "output" / "treegrpo" / "soak" / "evals").iterdir())
+    assert evals == ["eval_000000.png", "eval_000002.png", "eval_000004.png"]
+    assert r["run_folder"]["files"] >= 8 and r["run_folder"]["bytes"] > 0
+    assert r["samples"] > 0 and r["rss_mb"]["peak"] >= r["rss_mb"]["end"] > 100   # a booted ComfyUI: > 100 MB
+    assert r["ws_messages"] > 0 and r["s_per_it_median"]["first_tenth"] > 0
+    assert bench_soak.slope_per_1000([(0, 1.0), (500, 2.0), (1000, 3.0)]) == pytest.approx(2.0)
