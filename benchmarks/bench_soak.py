@@ -127,7 +127,8 @@ def run(ns) -> dict:
     log = json.loads((out_dir / "log.json").read_text())
     t_iter = [h["t_iter"] for h in log["train"]]
     return {
-        "workdir": str(base), "iterations": n, "eval_every": ns.eval_every, "save_every": ns.save_every, "status": entry["status"]["status_str"],
+        "workdir": str(base), "iterations": n, "eval_every": ns.eval_every, "save_every": ns.save_every,
+        "status": entry["status"]["status_str"],
         "wall_s": wall, "samples": len(samples),
         "rss_mb": {"after_first_tenth": after_warmup[0][2] if after_warmup else None,
                    "end": samples[-1][2] if samples else None, "peak": max(s[2] for s in samples) if samples else None,
@@ -155,7 +156,8 @@ def main(argv=None) -> int:
     ns = ap.parse_args(argv)
     res = run(ns)
     r, t = res["rss_mb"], res["s_per_it_median"]
-    print(f"{res['iterations']} iterations, {res['wall_s']:.0f} s, {res['status']}; the server's folder: {res['workdir']}")
+    print(f"{res['iterations']} iterations, {res['wall_s']:.0f} s, {res['status']}; "
+          f"the server's folder: {res['workdir']}")
     print(f"RSS MB: after the first tenth {r['after_first_tenth']:.0f}, end {r['end']:.0f}, peak {r['peak']:.0f}; "
           f"slope over the second half {r['slope_second_half_per_1000_it']:+.1f} MB / 1000 it")
     print(f"s/it (median): first tenth {t['first_tenth']:.3f}, last tenth {t['last_tenth']:.3f}")
