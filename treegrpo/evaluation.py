@@ -9,7 +9,7 @@ from typing import Optional
 import torch
 
 from .advantages import check_rewards, weighted_raw
-from .hacking import best_index, hacking_warnings, image_signals
+from .hacking import best_index, hacking_checks, image_signals, warning_changes
 from .tree import sample_ode, sample_ode_window_kl
 from .video import first_frames, score_over_frames
 
@@ -74,19 +74,24 @@ class Evaluation:
         return out
 
     def record_evaluation(self) -> dict:
-        """Evaluate, log, warn about reward hacking (:func:`treegrpo.hacking.hacking_warnings`) and keep the best
-        LoRA (``signals.keep_best``); returns the record."""
+        """Evaluate, log, warn about reward hacking and keep the best LoRA (``signals.keep_best``); returns the
+        record. The warnings of :func:`treegrpo.hacking.hacking_checks` go into every record that fails a check;
+        the log and ``warnings`` get what :func:`treegrpo.hacking.warning_changes` says (a warning when its check
+        starts failing, a line once it has passed for a while)."""
         rec = self.evaluate(return_images=self.keep_eval_images)
         self.last_eval_images = rec.pop("images", None)   # (B, 3, H, W) for an eval callback; not in the logs
         self.evals.append(rec)
         sc = self.cfg.signals
-        found = hacking_warnings(self.evals, judge_drop=sc.judge_drop, diversity_floor=sc.diversity_floor,
-                                 hf_ceiling=sc.hf_ceiling)
+        limits = dict(judge_drop=sc.judge_drop, diversity_floor=sc.diversity_floor, hf_ceiling=sc.hf_ceiling)
+        found = hacking_checks(self.evals, **limits)
         if found:
-            rec["warnings"] = found
-            for w in found:
-                self.warnings.append(f"iteration {self.iteration}: {w}")
-                self.log(f"TreeGRPO warning (iteration {self.iteration}): {w}")
+            rec["warnings"] = list(found.values())
+        started, ended = warning_changes(self.evals, **limits)
+        for w in started:     # said when its check starts failing, not at each evaluation while it fails
+            self.warnings.append(f"iteration {self.iteration}: {w}")
+            self.log(f"TreeGRPO warning (iteration {self.iteration}): {w}")
+        for line in ended:
+            self.log(f"TreeGRPO (iteration {self.iteration}): {line}")
         if sc.keep_best and best_index(self.evals) == len(self.evals) - 1:
             self.save_best()
         for cb in self.callbacks:

@@ -67,37 +67,77 @@ def image_signals(images: torch.Tensor, per_prompt: int) -> dict[str, float]:
             "eval_near_white": float(near_white(images).mean())}
 
 
-def hacking_warnings(evals: list[dict], *, judge_drop: float, diversity_floor: float,
-                     hf_ceiling: float) -> list[str]:
-    """Warnings about the newest of ``evals`` (a run's evaluation records, the first one the base model's):
+def hacking_checks(evals: list[dict], *, judge_drop: float, diversity_floor: float,
+                   hf_ceiling: float) -> dict[str, str]:
+    """The checks that fail on the newest of ``evals`` (a run's evaluation records, the first one the base
+    model's), as ``{check: warning}`` with the checks of :data:`CHECKS`:
 
-    - a held-out judge (``eval_judge``) at least ``judge_drop`` below its best while the training reward
-      (``eval_reward``) is above its value at that best: the LoRA is learning to fool the training reward;
-    - diversity below ``diversity_floor`` × the first evaluation's: samples of a prompt collapse to one image;
-    - high-frequency energy above ``hf_ceiling`` × the first evaluation's: a texture the base model lacks.
+    - ``judge``: a held-out judge (``eval_judge``) at least ``judge_drop`` below its best while the training
+      reward (``eval_reward``) is above its value at that best: the LoRA is learning to fool the training reward;
+    - ``diversity``: diversity below ``diversity_floor`` × the first evaluation's: samples of a prompt collapse to
+      one image;
+    - ``texture``: high-frequency energy above ``hf_ceiling`` × the first evaluation's: a texture the base model
+      lacks.
     A threshold of 0 turns its check off."""
     if len(evals) < 2:
-        return []
+        return {}
     first, now = evals[0], evals[-1]
-    out = []
+    out = {}
     judged = [e for e in evals if e.get("eval_judge") is not None]
     if judge_drop > 0 and len(judged) >= 2:
         best = max(judged, key=lambda e: e["eval_judge"])
         if now.get("eval_judge") is not None and best is not now and \
                 now["eval_judge"] <= best["eval_judge"] - judge_drop and now["eval_reward"] > best["eval_reward"]:
-            out.append(f"held-out judge fell from {best['eval_judge']:.3f} (iteration {best['iteration']}) to "
-                       f"{now['eval_judge']:.3f} while the training reward rose from {best['eval_reward']:.3f} to "
-                       f"{now['eval_reward']:.3f}: the LoRA is fooling the training reward (the best checkpoint "
-                       "is kept; raise optim.kl_beta or lower the learning rate)")
+            out["judge"] = (f"held-out judge fell from {best['eval_judge']:.3f} (iteration {best['iteration']}) to "
+                            f"{now['eval_judge']:.3f} while the training reward rose from {best['eval_reward']:.3f} "
+                            f"to {now['eval_reward']:.3f}: the LoRA is fooling the training reward (the best "
+                            "checkpoint is kept; raise optim.kl_beta or lower the learning rate)")
     base_div = first.get("eval_diversity") or 0.0
     if diversity_floor > 0 and base_div > 0 and now.get("eval_diversity", base_div) < diversity_floor * base_div:
-        out.append(f"diversity fell to {now['eval_diversity']:.4f}, below {diversity_floor:g} x the base model's "
-                   f"{base_div:.4f}: the samples of a prompt are collapsing to one image")
+        out["diversity"] = (f"diversity fell to {now['eval_diversity']:.4f}, below {diversity_floor:g} x the base "
+                            f"model's {base_div:.4f}: the samples of a prompt are collapsing to one image")
     base_hf = first.get("eval_hf_energy") or 0.0
     if hf_ceiling > 0 and base_hf > 0 and now.get("eval_hf_energy", 0.0) > hf_ceiling * base_hf:
-        out.append(f"high-frequency energy rose to {now['eval_hf_energy']:.4f}, above {hf_ceiling:g} x the base "
-                   f"model's {base_hf:.4f}: a texture (grid, noise) the base model does not draw")
+        out["texture"] = (f"high-frequency energy rose to {now['eval_hf_energy']:.4f}, above {hf_ceiling:g} x the "
+                          f"base model's {base_hf:.4f}: a texture (grid, noise) the base model does not draw")
     return out
+
+
+#: What each check of :func:`hacking_checks` watches, as the log names it.
+CHECKS = {"judge": "the held-out judge against the training reward", "diversity": "diversity",
+          "texture": "high-frequency energy"}
+
+#: Evaluations a check must pass in a row before the log says so and would warn again (the signals of a small
+#: evaluation set cross their thresholds back and forth; 5 keeps most runs of the budget benchmarks at one or two
+#: warnings a check).
+QUIET_EVALUATIONS = 5
+
+
+def hacking_warnings(evals: list[dict], *, judge_drop: float, diversity_floor: float,
+                     hf_ceiling: float) -> list[str]:
+    """The warnings of :func:`hacking_checks` about the newest of ``evals``, in the order judge, diversity,
+    texture."""
+    return list(hacking_checks(evals, judge_drop=judge_drop, diversity_floor=diversity_floor,
+                               hf_ceiling=hf_ceiling).values())
+
+
+def warning_changes(evals: list[dict], *, quiet: int = QUIET_EVALUATIONS,
+                    **limits: float) -> tuple[list[str], list[str]]:
+    """What a run's log says about the newest of ``evals`` (``limits``: those of :func:`hacking_checks`):
+
+    - the warnings of the checks that fail now and passed at each of the ``quiet`` evaluations before (a check that
+      keeps failing, or fails again soon after, is said once);
+    - a line for each check that failed ``quiet`` evaluations ago and has passed at every evaluation since.
+    Pure: read from the records alone, so a resumed run goes on saying what it would have said."""
+    first = max(0, len(evals) - 1 - quiet)
+    failed = [hacking_checks(evals[:j + 1], **limits) for j in range(first, len(evals))]
+    now, before = failed[-1], failed[:-1]
+    started = [w for k, w in now.items() if not any(k in f for f in before)]
+    ended = []
+    if len(before) == quiet:
+        ended = [f"{CHECKS[k]} has passed its check at the last {quiet} evaluations"
+                 for k in before[0] if not any(k in f for f in failed[1:])]
+    return started, ended
 
 
 def best_index(evals: list[dict], key: Optional[str] = None) -> Optional[int]:

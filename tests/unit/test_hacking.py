@@ -80,6 +80,28 @@ def test_the_warning_fires_on_collapsed_diversity_and_a_new_texture():
                                     hf_ceiling=0) == []
 
 
+def test_a_check_that_keeps_failing_is_said_once_and_its_end_after_the_quiet_evaluations():
+    """Diversity (base 0.2, floor 0.1) fails at evaluations 2-4, passes at 5, fails at 6 (within the quiet
+    stretch: not said again), then passes from 7 on: the warning at 2, its end at 6 + 5 = 11; it fails again at 12
+    and is said again. High-frequency energy fails at 3 only. Each evaluation is read as a resumed run reads it:
+    from the records alone."""
+    div = [0.2, 0.15, 0.05, 0.06, 0.07, 0.12, 0.08] + [0.15] * 5 + [0.05]
+    hf = [0.1] * 3 + [0.2] + [0.1] * 9
+    evals = _run([0.5] * len(div), diversity=div, hf=hf)
+    limits = dict(judge_drop=0.03, diversity_floor=0.5, hf_ceiling=1.5)
+    said = {i: hacking.warning_changes(evals[:i + 1], quiet=5, **limits) for i in range(len(evals))}
+    started = {i: s for i, (s, _) in said.items() if s}
+    ended = {i: e for i, (_, e) in said.items() if e}
+    assert sorted(started) == [2, 3, 12]
+    assert [w[:26] for w in started[2]] == ["diversity fell to 0.0500, "] and started[12][0].startswith("diversity")
+    assert started[3] == [hacking.hacking_warnings(evals[:4], **limits)[1]]      # texture, on top of diversity
+    assert ended == {8: ["high-frequency energy has passed its check at the last 5 evaluations"],
+                     11: ["diversity has passed its check at the last 5 evaluations"]}
+    # every failing evaluation still carries its warnings (the record is the state; the log says the changes)
+    assert [i for i in range(len(evals)) if hacking.hacking_checks(evals[:i + 1], **limits)] == [2, 3, 4, 6, 12]
+    assert hacking.warning_changes(evals[:1], **limits) == ([], [])
+
+
 def test_best_index_prefers_the_held_out_judge():
     evals = _run([0.5, 0.6, 0.9], judges=[0.5, 0.7, 0.6])
     assert hacking.best_index(evals) == 1
@@ -127,7 +149,10 @@ def test_the_best_checkpoint_is_the_one_with_the_best_held_out_score(tmp_path):
     expected = [e["iteration"] for e in trainer.evals[2:] if e["eval_reward"] > trainer.evals[1]["eval_reward"]]
     warned = [e["iteration"] for e in trainer.evals if any("held-out judge fell" in w for w in e.get("warnings", []))]
     assert warned == expected and expected, [(e["iteration"], e["eval_reward"]) for e in trainer.evals]
-    assert sum("held-out judge fell" in w for w in logged) == len(expected)
+    # the log says it when it starts, not again within the quiet evaluations after a failing one
+    flags = ["held-out judge fell" in " ".join(e.get("warnings", [])) for e in trainer.evals]
+    starts = [i for i, f in enumerate(flags) if f and not any(flags[max(0, i - hacking.QUIET_EVALUATIONS):i])]
+    assert sum("held-out judge fell" in w for w in logged) == len(starts) >= 1
     for e in trainer.evals:   # every signal is logged at every evaluation
         assert {"eval_diversity", "eval_hf_energy", "eval_saturation", "eval_near_black", "eval_near_white",
                 "eval_kl", "eval_judge", "judge/scripted"} <= set(e)
