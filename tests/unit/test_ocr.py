@@ -115,3 +115,29 @@ def test_a_rapidocr_without_its_models_is_refused_before_anything_is_downloaded(
         OCRReward()
     with pytest.raises(ValueError, match="threads must be a whole number"):
         OCRReward(threads=-1)
+
+
+def test_on_a_cuda_device_onnx_runtime_is_asked_for_that_card_and_reads_on_the_cpu_without_it(monkeypatch, ocr):
+    """The run's device reaches RapidOCR: on ``cuda:1`` its ONNX Runtime settings ask for the CUDA provider on card
+    1 (convolutions chosen by heuristic); this machine's onnxruntime has no CUDA provider, so RapidOCR reads on the
+    CPU and the reward equals the CPU reward's. On the CPU nothing of CUDA is set."""
+    import rapidocr
+
+    from treegrpo.rewards.ocr import OCRReward, engine_device_params
+
+    assert engine_device_params("cpu") == {} and engine_device_params(torch.device("cpu")) == {}
+    assert engine_device_params("cuda") == {"EngineConfig.onnxruntime.use_cuda": True,
+                                            "EngineConfig.onnxruntime.cuda_ep_cfg.device_id": 0,
+                                            "EngineConfig.onnxruntime.cuda_ep_cfg.cudnn_conv_algo_search":
+                                                "HEURISTIC"}
+    seen, real = [], rapidocr.RapidOCR
+    monkeypatch.setattr(rapidocr, "RapidOCR", lambda params: seen.append(params) or real(params=params))
+    on_gpu = OCRReward(device="cuda:1")
+    assert seen[0]["EngineConfig.onnxruntime.use_cuda"] is True
+    assert seen[0]["EngineConfig.onnxruntime.cuda_ep_cfg.device_id"] == 1
+    assert on_gpu.engine.cfg.EngineConfig.onnxruntime.cuda_ep_cfg.device_id == 1     # RapidOCR took it
+    images = torch.stack([drawn("OPEN", FACES[0], 32, 256), drawn("COFFEE", FACES[1], 32, 256)])
+    prompts = ['a sign that says "OPEN"', 'a sign that says "COFFEE"']
+    assert torch.equal(on_gpu(images, prompts), ocr(images, prompts))
+    OCRReward(device="cpu")
+    assert not any(k.startswith("EngineConfig.onnxruntime.use_cuda") for k in seen[1])

@@ -2,9 +2,9 @@
 
 The prompt names the text in double quotes (straight ``"…"`` or curly ``“…”``), as Flow-GRPO's OCR prompts do:
 ``a storefront sign that says "OPEN"``; several quoted spans are one text, joined by a space. RapidOCR (PP-OCRv6
-text detection and recognition, ONNX on the CPU; the models ship inside its wheel, nothing is downloaded) reads the
-image; the text found is its boxes' texts in the order it returns them (top to bottom, left to right), boxes below
-``min_score`` confidence left out.
+text detection and recognition in ONNX Runtime: on the run's GPU where onnxruntime-gpu is installed, else on the CPU;
+the models ship inside its wheel, nothing is downloaded) reads the image; the text found is its boxes' texts in
+the order it returns them (top to bottom, left to right), boxes below ``min_score`` confidence left out.
 
 Both texts are compared after :func:`normalise`: lower case, every whitespace character removed (an OCR model
 splits or joins words at will: "Hello World" is often read "HelloWorld"). With t the wanted text and r the text
@@ -74,6 +74,19 @@ def bgr_array(image: torch.Tensor):
     return np.ascontiguousarray(arr[:, :, ::-1])
 
 
+def engine_device_params(device) -> dict:
+    """RapidOCR's settings for the run's ``device``: on a CUDA device, ONNX Runtime's CUDA provider on that card
+    (used where onnxruntime-gpu is installed; RapidOCR reads on the CPU otherwise), its convolution algorithm
+    chosen by heuristic, not timed for every shape (the recogniser's input width changes with each text line);
+    nothing on any other device."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return {}
+    return {"EngineConfig.onnxruntime.use_cuda": True,
+            "EngineConfig.onnxruntime.cuda_ep_cfg.device_id": dev.index or 0,
+            "EngineConfig.onnxruntime.cuda_ep_cfg.cudnn_conv_algo_search": "HEURISTIC"}
+
+
 @register("ocr")
 class OCRReward:
     """Reward = how much of the prompt's quoted text a real OCR model reads in the image (see the module).
@@ -116,6 +129,7 @@ class OCRReward:
         params = {f"{part}.model_path": f for part, f in files.items()}
         params.update({"Global.log_level": "error", "Global.text_score": float(min_score),
                        "EngineConfig.onnxruntime.intra_op_num_threads": int(threads) or -1})
+        params.update(engine_device_params(device))
         self.engine = RapidOCR(params=params)
         self.min_score = float(min_score)
 
