@@ -35,8 +35,9 @@ class RewardModelLoader(PackNode):
                                tooltip="reward model type"),
                 io.Combo.Input("file", options=reward_files(), default=NO_FILE,
                                tooltip="weight file in models/reward_models (the demo and JPEG rewards need none); "
-                                       "for a model folder (PickScore, ImageReward, aesthetic) any file inside it. The list shows the "
-                                       "files that can be the chosen reward. "
+                                       "for a model folder (PickScore, ImageReward, aesthetic, HPSv3, the VLM "
+                                       "judge) any file inside it. The list shows the files that can be the chosen "
+                                       "reward. "
                                        "What each reward needs, where it comes from and its licence:\n"
                                        + reward_files_help()),
                 io.String.Input("options", default="{}", multiline=True, optional=True,
