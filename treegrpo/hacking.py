@@ -107,10 +107,9 @@ def hacking_checks(evals: list[dict], *, judge_drop: float, diversity_floor: flo
 CHECKS = {"judge": "the held-out judge against the training reward", "diversity": "diversity",
           "texture": "high-frequency energy"}
 
-#: Evaluations a check must pass in a row before the log says so and would warn again. The signals of a small
-#: evaluation set cross their thresholds back and forth: over the 374 stored budget-benchmark runs (81 evaluations
-#: each, benchmarks/results/budget*) 7,994 failing evaluations make 1,126 warnings at 5, and 57-90 % of the runs
-#: a check warns in hear it once or twice.
+#: Evaluations a check must pass in a row before the log says so and would warn again: the signals of a small
+#: evaluation set cross their thresholds back and forth (what 5 does on the stored runs: benchmarks/README.md,
+#: "A run left to train").
 QUIET_EVALUATIONS = 5
 
 
