@@ -2,8 +2,9 @@
 
 The prompt names the text in double quotes (straight ``"…"`` or curly ``“…”``), as Flow-GRPO's OCR prompts do:
 ``a storefront sign that says "OPEN"``; several quoted spans are one text, joined by a space. RapidOCR (PP-OCRv6
-text detection and recognition in ONNX Runtime: on the run's GPU where onnxruntime-gpu is installed, else on the CPU;
-the models ship inside its wheel, nothing is downloaded) reads the image; the text found is its boxes' texts in
+text detection and recognition in ONNX Runtime: on the run's GPU where onnxruntime-gpu is installed and the run is
+given one, as ``treegrpo train`` does; ComfyUI's Reward Model Loader builds it on the CPU, outside the VRAM ComfyUI
+manages; the models ship inside its wheel, nothing is downloaded) reads the image; the text found is its boxes' texts in
 the order it returns them (top to bottom, left to right), boxes below ``min_score`` confidence left out.
 
 Both texts are compared after :func:`normalise`: lower case, every whitespace character removed (an OCR model
