@@ -11,7 +11,9 @@ memory every ``--sample-s`` seconds. Reports what grows with the run's length:
 - **time**: the median s/iteration (the trainer's own ``t_iter`` in ``log.json``) over the first and the last tenth
   of the run (work that scales with the history slows the last tenth);
 - **disk**: files and bytes in the run folder and the LoRA folder, per 1000 iterations;
-- **messages**: websocket messages the page received, per iteration.
+- **messages**: websocket messages the page received, per iteration;
+- **warnings**: the evaluations that fail a reward-hacking check, and the warning and "passed" lines the server's
+  console printed (a check is said when it starts failing, not at every evaluation).
 
 Usage: ``python benchmarks/bench_soak.py [--iterations 2000] [--eval-every 20] [--save-every 0]
 [--out benchmarks/results/soak.json]``
@@ -115,6 +117,7 @@ def run(ns) -> dict:
         stop.set()
         srv.stop()
     wall = time.monotonic() - t0
+    console = Path(srv.log_path).read_text(errors="replace")
     n = ns.iterations
     out_dir, lora_dir = base / "server" / "output" / "treegrpo" / run_name, base / "server" / "models" / "loras" / \
         "treegrpo" / run_name
@@ -139,6 +142,9 @@ def run(ns) -> dict:
         "lora_folder": {"files": lora_files, "bytes": lora_bytes},
         "evaluations": len(log["eval"]), "logged_iterations": len(log["train"]),
         "eval_reward": [log["eval"][0]["eval_reward"], log["eval"][-1]["eval_reward"]],
+        "warnings": {"evaluations_failing_a_check": sum(1 for e in log["eval"] if e.get("warnings")),
+                     "console_warning_lines": len(re.findall(r"TreeGRPO warning \(iteration \d+\)", console)),
+                     "console_passed_lines": len(re.findall(r"has passed its check at the last", console))},
         "ws_messages": messages, "ws_messages_per_it": messages / n,
         "rss_trace": [(it, round(mb, 1)) for _, it, mb in samples[:: max(1, len(samples) // 200)]],
     }

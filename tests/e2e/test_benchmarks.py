@@ -880,4 +880,6 @@ def test_bench_soak_watches_a_run_queued_through_the_real_server(tmp_path):
     assert r["run_folder"]["files"] >= 8 and r["run_folder"]["bytes"] > 0
     assert r["samples"] > 0 and r["rss_mb"]["peak"] >= r["rss_mb"]["end"] > 100   # a booted ComfyUI: > 100 MB
     assert r["ws_messages"] > 0 and r["s_per_it_median"]["first_tenth"] > 0
+    w = r["warnings"]     # a warning line at most for each of the 3 checks an evaluation fails
+    assert 0 <= w["console_warning_lines"] <= 3 * w["evaluations_failing_a_check"] and w["console_passed_lines"] == 0
     assert bench_soak.slope_per_1000([(0, 1.0), (500, 2.0), (1000, 3.0)]) == pytest.approx(2.0)
