@@ -14,9 +14,9 @@ from .demo.config import demo_run_config_dict
 HEADER = """# Configuration reference
 
 Every field of the training config: a key of the JSON (or YAML) file, the flag `treegrpo train --section.field` (and
-at the top level `--field` with hyphens: `--prompts-per-iter`), and where a widget exists the Train node's default. `treegrpo train --help` prints the
-same help text; `treegrpo config` prints a whole validated config (the demo's without `--config`; its values where
-they differ from the default are in the column "demo"). Generated from
+at the top level `--field` with hyphens: `--prompts-per-iter`), and where a widget exists the Train node's default.
+`treegrpo train --help` prints the same help text; `treegrpo config` prints a whole validated config (the demo's
+without `--config`; its values where they differ from the default are in the column "demo"). Generated from
 `treegrpo/config.py` by `python -m treegrpo.config_reference`: edit the help there, not here.
 """
 
