@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+from typing import Optional
 
 import torch
 
@@ -106,10 +107,27 @@ RELATIVE_SIGNALS = (("eval_diversity", "diversity"), ("eval_hf_energy", "high-fr
                     ("eval_saturation", "saturation"))
 
 
+def signals_title(evals: list[dict], width: int = 110) -> Optional[tuple[str, str]]:
+    """The title of `signals_image`: (text, colour), or None for a run that never warned. What the newest evaluation
+    fails (its first warning, cut to `width` characters, and how many more) in red; where it passes after earlier
+    warnings, the iteration of the last one in grey, so a check that has recovered no longer reads as failing."""
+    if not evals:
+        return None
+    now = evals[-1].get("warnings", [])
+    if now:
+        text = now[0] if len(now[0]) <= width else now[0][:width] + "..."
+        more = f" (+{len(now) - 1} more)" if len(now) > 1 else ""
+        return "warning: " + text + more, "firebrick"
+    last = next((e for e in reversed(evals) if e.get("warnings")), None)
+    if last is None:
+        return None
+    return f"the hacking checks pass now (last warning at iteration {last['iteration']})", "dimgrey"
+
+
 def signals_image(evals: list[dict], width: int = 768, height: int = 320) -> torch.Tensor:
     """A run's evaluations as a ComfyUI IMAGE (1, H, W, 3): left, the training reward and the held-out judge per
     iteration; right, the hacking signals relative to the base model (1 = unchanged), the near-black + near-white
-    share and the window KL; the newest warning as the title."""
+    share and the window KL; `signals_title` as the title."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -131,10 +149,9 @@ def signals_image(evals: list[dict], width: int = 768, height: int = 320) -> tor
         b.plot(it, [e.get("eval_kl", float("nan")) for e in evals], marker=".", ls=":", label="KL to base")
     b.axhline(1.0, color="grey", lw=0.5)
     b.set_xlabel("iteration"), b.set_ylabel("vs. base model"), b.grid(alpha=0.3), b.legend(fontsize=7)
-    warned = [w for e in evals for w in e.get("warnings", [])]
-    if warned:
-        fig.suptitle("warning: " + warned[-1][:110] + ("..." if len(warned[-1]) > 110 else ""), fontsize=8,
-                     color="firebrick")
+    title = signals_title(evals)
+    if title is not None:
+        fig.suptitle(title[0], fontsize=8, color=title[1])
     fig.tight_layout()
     return _fig_to_image(fig)
 

@@ -158,3 +158,17 @@ def test_the_best_checkpoint_is_the_one_with_the_best_held_out_score(tmp_path):
                 "eval_kl", "eval_judge", "judge/scripted"} <= set(e)
     assert trainer.evals[0]["eval_kl"] == pytest.approx(0.0, abs=1e-9)      # LoRA up-weights start at zero
     assert trainer.evals[-1]["eval_kl"] > 0
+
+
+def test_signals_title_is_the_newest_evaluations_state():
+    from treegrpo.report import signals_title
+    judge = "the held-out judge fell 0.12 below its best while the training reward rose"
+    long = "x" * 150
+    ok = {"iteration": 0}
+    assert signals_title([]) is None and signals_title([ok, {"iteration": 10}]) is None
+    assert signals_title([ok, {"iteration": 10, "warnings": [judge]}]) == ("warning: " + judge, "firebrick")
+    text, colour = signals_title([ok, {"iteration": 10, "warnings": [long, judge, judge]}])
+    assert text == "warning: " + "x" * 110 + "... (+2 more)" and colour == "firebrick"
+    # a check that passes again no longer reads as failing: the title names the last warning's iteration in grey
+    evals = [ok, {"iteration": 10, "warnings": [judge]}, {"iteration": 20, "warnings": [judge]}, {"iteration": 30}]
+    assert signals_title(evals) == ("the hacking checks pass now (last warning at iteration 20)", "dimgrey")
