@@ -30,6 +30,9 @@ def _set_numpy_state(st: list) -> None:
 class RunFiles:
     """The Trainer's LoRA files, checkpoints and logs (rank 0 writes; other ranks return without writing)."""
 
+    #: the iteration of the checkpoint written or read last (None: none yet)
+    checkpointed_iteration: Optional[int] = None
+
     @property
     def best_lora_path(self) -> str:
         return os.path.join(self.out, f"{self.cfg.run_name}_best.safetensors")
@@ -88,6 +91,7 @@ class RunFiles:
             return None
         path = ckpt.write_checkpoint(self.out, self.cfg.run_name, self.iteration, self.checkpoint_state(),
                                      self.cfg.keep_checkpoints)
+        self.checkpointed_iteration = self.iteration
         for cb in self.callbacks:
             cb.on_checkpoint(self, path)
         return path
@@ -111,6 +115,7 @@ class RunFiles:
         with torch.inference_mode(False):
             self.optimizer.load_state_dict(opt)  # the lr is re-set from (iteration, train_time)
         self.iteration = int(state["iteration"])
+        self.checkpointed_iteration = self.iteration
         self.history = json.loads(state["history"])
         self.evals = json.loads(state["evals"])
         self.train_time = float(state["train_time"])

@@ -114,6 +114,12 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
             check_base_model(meta, self.base_model_name, cfg.lora.init_from)
             self.lora.load(from_state_dict(t, meta))
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+        #: the LoRA has taken an optimiser step of an iteration that :meth:`record` has not closed: its state belongs
+        #: to no iteration, so no checkpoint is written from it
+        self.mid_update = False
+        self.optimizer.register_step_post_hook(lambda *_: setattr(self, "mid_update", True))
+        #: a stop (or interrupt) that came after the update's first optimiser step: raised once the iteration closes
+        self._deferred_stop: Optional[BaseException] = None
         self.memory_plan: Optional[memory.Plan] = None
         self.memory_planned = False    # plan_memory ran to its end (a plan, or none is needed)
         self.memory_budget: Optional[float] = None   # bytes; None: cfg.memory.budget_gb, else the GPU's
@@ -164,11 +170,19 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
             raise TrainingInterrupted("training stopped by request")
 
     def _cb(self) -> None:
-        if self.step_callback:
-            self.step_callback()
-        for cb in self.callbacks:
-            cb.on_step(self)
-        self._check_stop()
+        """After every denoiser call batch and update step: the progress hooks, then the stop check. A stop that comes
+        after the update's first optimiser step waits for the update to end (at most ``updates_per_batch`` − 1
+        passes), so the checkpoint written on stopping holds a whole iteration."""
+        try:
+            if self.step_callback:
+                self.step_callback()
+            for cb in self.callbacks:
+                cb.on_step(self)
+            self._check_stop()
+        except BaseException as e:
+            if not self.mid_update:
+                raise
+            self._deferred_stop = self._deferred_stop or e
 
     # ------------------------------------------------------------------ phase 1: sample
     def sample(self) -> TreeBatch:
@@ -298,6 +312,10 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
             logging.warning("TreeGRPO %s, iteration %d: %s", self.cfg.run_name, self.iteration, w)
         self.iteration += 1
         self.history.append(stats)
+        self.mid_update = False
+        if self._deferred_stop is not None:
+            stop, self._deferred_stop = self._deferred_stop, None
+            raise stop
         return stats
 
     def train_step(self) -> dict:
@@ -323,6 +341,16 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
         if cfg.checkpoint_every and self.iteration % cfg.checkpoint_every == 0:
             self.save_checkpoint()
             self.write_logs()
+
+    def save_stopped(self) -> None:
+        """The run's files when it stops early or fails: the checkpoint of its last whole iteration (none when the
+        update had already stepped: the one on disk stays) and the logs."""
+        if self.mid_update:
+            self.log(f"TreeGRPO {self.cfg.run_name}: stopped inside iteration {self.iteration}'s update; "
+                     "its checkpoint is not written (the newest one on disk is kept)")
+        else:
+            self.save_checkpoint()
+        self.write_logs()
 
     def train(self, iterations: Optional[int] = None, resume: bool = False) -> dict:
         """Run until ``iterations`` (default ``cfg.iterations``) or the time budget; returns a summary.
@@ -367,17 +395,21 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
                     bar.set_postfix(**({"it": self.iteration} if budget else {}), reward=f"{stats['reward']:.3f}",
                                     loss=f"{stats['loss']:.2e}")
                 self.after_iteration(stats)
+            if bar:
+                bar.close()
+                bar = None
+            if self.iteration != self.checkpointed_iteration:
+                self.save_checkpoint()    # the end is checkpointed whatever checkpoint_every says
+            for cb in self.callbacks:
+                cb.on_train_end(self)
+            if self.evaluating and (not self.evals or self.evals[-1]["iteration"] != self.iteration):
+                self.record_evaluation()
         except BaseException:
-            self.save_checkpoint()
-            self.write_logs()
+            self.save_stopped()
             raise
         finally:
             if bar:
                 bar.close()
-        for cb in self.callbacks:
-            cb.on_train_end(self)
-        if self.evaluating and (not self.evals or self.evals[-1]["iteration"] != self.iteration):
-            self.record_evaluation()
         self.write_logs()
         best = best_index(self.evals)
         return {"iterations": self.iteration, "train_time": self.train_time, "total_nfe": self.total_nfe,

@@ -327,3 +327,108 @@ def test_an_lr_factor_schedule_sets_each_iterations_lr_across_resume(tmp_path):
     log = json.load(open(tmp_path / "log.json"))
     assert [h["lr"] for h in log["train"]] == pytest.approx([1e-3, 2e-3, 1e-3, 5e-4])
     assert [g["lr"] for g in tr.optimizer.param_groups] == pytest.approx([5e-4] * len(tr.optimizer.param_groups))
+
+
+def _trainer(cfg, **kw):
+    from treegrpo.backends import load_policy
+    from treegrpo.trainer import Trainer
+    policy, name = load_policy(cfg)
+    return Trainer(cfg, policy, build_rewards(cfg, torch.device("cpu")), progress=False, base_model_name=name, **kw)
+
+
+def _same_lora(a_path, b_path):
+    a, b = read_lora_file(str(a_path))[0], read_lora_file(str(b_path))[0]
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("every", [0, 2])
+def test_the_end_of_a_run_is_checkpointed_and_a_failure_after_the_loop_loses_nothing(tmp_path, every):
+    """3 iterations with a checkpoint every 2 (or 0: only at the end): the end's checkpoint is written whatever
+    checkpoint_every says. A Ctrl-C in an end-of-run callback (the artist's check at the end, a user's hook) comes
+    after it: resuming writes the LoRA of the uninterrupted run, bit for bit, without training again."""
+    from treegrpo.callbacks import TrainerCallback
+
+    whole = _cfg(tmp_path / "a", iterations=3, prompts_per_iter=2, checkpoint_every=every, run_name="r")
+    tr, _ = run_training(whole, progress=False)
+    found = sorted(os.listdir(tmp_path / "a" / "checkpoints"))
+    assert found[-1] == "r-0000003.pt" and len(found) == (2 if every else 1), found
+
+    class CtrlC(TrainerCallback):
+        def on_train_end(self, trainer):
+            raise KeyboardInterrupt
+
+    cut = _cfg(tmp_path / "b", iterations=3, prompts_per_iter=2, checkpoint_every=every, run_name="r")
+    with pytest.raises(KeyboardInterrupt):
+        _trainer(cut, callbacks=[CtrlC()]).train()
+    assert sorted(os.listdir(tmp_path / "b" / "checkpoints"))[-1] == "r-0000003.pt"
+    assert not (tmp_path / "b" / "r.safetensors").exists()
+    again, _ = run_training(cut, resume=True, progress=False)
+    assert again.iteration == 3 and len(again.history) == 3
+    assert _same_lora(tmp_path / "a" / "r.safetensors", tmp_path / "b" / "r.safetensors")
+
+
+def test_a_stop_inside_a_two_pass_update_waits_for_the_update_and_resumes_bit_for_bit(tmp_path):
+    """updates_per_batch 2: a stop asked for after the first optimiser step of iteration 1 (ComfyUI's Cancel, a
+    callback's should_stop) lets the second pass finish; the checkpoint then holds 2 whole iterations and the resumed
+    run ends on the uninterrupted run's LoRA bytes (without the wait its weights and Adam state held 1.5 iterations
+    under iteration 1's name)."""
+    from treegrpo.callbacks import TrainerCallback
+    from treegrpo.trainer import TrainingInterrupted
+
+    optim = {"updates_per_batch": 2}
+    run_training(_cfg(tmp_path / "a", iterations=4, prompts_per_iter=2, run_name="r", optim=optim), progress=False)
+
+    class StopAfterAStep(TrainerCallback):
+        asked_mid_update = False
+
+        def should_stop(self, trainer):
+            if trainer.iteration == 1 and trainer.mid_update:
+                StopAfterAStep.asked_mid_update = True
+                return True
+            return trainer.iteration >= 2 and StopAfterAStep.asked_mid_update
+
+    cfg = _cfg(tmp_path / "b", iterations=4, prompts_per_iter=2, run_name="r", optim=optim)
+    tr = _trainer(cfg, callbacks=[StopAfterAStep()])
+    with pytest.raises(TrainingInterrupted):
+        tr.train()
+    assert StopAfterAStep.asked_mid_update and tr.iteration == 2 and len(tr.history) == 2
+    ck = torch.load(tr.latest_checkpoint(), weights_only=True)
+    assert ck["iteration"] == 2 and tr.latest_checkpoint().endswith("r-0000002.pt")
+    assert {float(s["step"]) for s in ck["optimizer"]["state"].values()} == {4.0}      # 2 iterations × 2 passes
+    run_training(cfg, resume=True, progress=False)
+    assert _same_lora(tmp_path / "a" / "r.safetensors", tmp_path / "b" / "r.safetensors")
+
+
+def test_a_failure_after_the_updates_first_step_keeps_the_checkpoint_on_disk(tmp_path, monkeypatch):
+    """A non-finite gradient in the second pass of iteration 1's update (after its first step changed the LoRA):
+    the state belongs to no iteration, so the newest checkpoint on disk (iteration 1's) is kept as it was and
+    nothing is written under a later name."""
+    from treegrpo import update
+
+    real, calls = update.optimizer_step, {"n": 0}
+
+    def second_pass_of_iteration_1_fails(*a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise FloatingPointError("non-finite gradient norm (nan) in the GRPO update")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(update, "optimizer_step", second_pass_of_iteration_1_fails)
+    cfg = _cfg(tmp_path, iterations=3, prompts_per_iter=2, checkpoint_every=1, run_name="r",
+               optim={"updates_per_batch": 2})
+    tr = _trainer(cfg)
+    kept = {}
+    tr.callbacks.append(type("Keep", (), {**{k: (lambda *a: None) for k in
+                                            ("on_train_begin", "on_step", "on_iteration_end", "on_evaluate",
+                                             "on_train_end")},
+                                         "should_stop": lambda self, t: False,
+                                         "on_checkpoint": lambda self, t, p: kept.update({p: open(p, "rb").read()})})())
+    logged = []
+    tr.log = logged.append
+    with pytest.raises(FloatingPointError):
+        tr.train()
+    assert calls["n"] == 4 and tr.iteration == 1
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["r-0000001.pt"]
+    path = str(tmp_path / "checkpoints" / "r-0000001.pt")
+    assert open(path, "rb").read() == kept[path]
+    assert any("inside iteration 1's update" in line for line in logged)

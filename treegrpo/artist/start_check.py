@@ -307,8 +307,7 @@ class StartCheck(TrainerCallback):
             back = self.approved_again(trainer, rec)
             self.restore(trainer, back)
             rec["restored"] = back.iteration
-            if trainer.cfg.checkpoint_every:   # a run resumed later goes on from the state it ended on
-                trainer.save_checkpoint()
+            trainer.save_checkpoint()   # a run resumed later goes on from the state it ended on
             msg = (f"the artist did not prefer iteration {trainer.iteration}'s pictures to the base model's at the end: "
                    "the run ends on " + ("the base model (no state of this run was preferred to it)"
                                          if back is self.guard.initial
