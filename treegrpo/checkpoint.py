@@ -96,15 +96,20 @@ def optimizer_state_in_order(state: dict, saved_names: list[str], names: list[st
             "param_groups": [dict(groups[0], params=list(range(len(names))))]}
 
 
-#: what a run writes into its folder beside its LoRAs and checkpoints (the folder's own when run.json names the run)
-RUN_FOLDER_FILES = ("log.json", "log.csv", "summary.json", "reward_curve.png", "samples_before_after.png")
+#: what a run writes into its folder beside its LoRAs and checkpoints (the folder's own when run.json names the run):
+#: logs, figures, and the artist's answers and checks (their pictures in ``artist/``)
+RUN_FOLDER_FILES = ("log.json", "log.csv", "summary.json", "reward_curve.png", "samples_before_after.png",
+                    "artist_labels.jsonl", "artist_checks.jsonl")
 
 
 def run_files(output_dir: str, run_name: str) -> list[str]:
-    """What a run of ``run_name`` left in ``output_dir``: its LoRA files (the last, the PEFT copy, the best), and
-    where the folder is that run's (``run.json``) its logs, summary, figures and evaluation grids
-    (``evals/eval_<iteration>.png``); then its checkpoints."""
+    """What a run of ``run_name`` left in ``output_dir``: its LoRA files (the last, the PEFT copy, the best, those
+    the artist's end check did not prefer), and where the folder is that run's (``run.json``) its logs, summary,
+    figures, evaluation grids (``evals/eval_<iteration>.png``) and the artist's answers with their pictures
+    (``artist/``); then its checkpoints."""
     names = (f"{run_name}.safetensors", f"{run_name}_diffusers.safetensors", f"{run_name}_best.safetensors")
+    names += tuple(sorted(os.path.basename(p) for p in glob.glob(
+        os.path.join(glob.escape(output_dir), glob.escape(run_name) + "-not-preferred-*.safetensors"))))
     try:
         owner = json.load(open(os.path.join(output_dir, "run.json"), encoding="utf-8")).get("run_name")
     except (OSError, ValueError, AttributeError):
@@ -114,6 +119,8 @@ def run_files(output_dir: str, run_name: str) -> list[str]:
     found = [os.path.join(output_dir, n) for n in names if os.path.isfile(os.path.join(output_dir, n))]
     if owner == run_name:
         found += sorted(glob.glob(os.path.join(glob.escape(output_dir), "evals", "eval_*.png")))
+        found += sorted(p for p in glob.glob(os.path.join(glob.escape(output_dir), "artist", "**"), recursive=True)
+                        if os.path.isfile(p))
     return found + checkpoint_paths(output_dir, run_name)
 
 

@@ -531,7 +531,7 @@ def test_a_fresh_run_never_replaces_a_finished_one(tmp_path, capsys):
 
 def test_a_run_started_afresh_moves_every_file_of_the_earlier_one_aside(tmp_path):
     """Everything an earlier run of the name left in its folder (the last, PEFT and best LoRAs, logs, summary,
-    figures, evaluation grids, checkpoints) moves to ``previous-<time>/`` keeping its place, also where a resume
+    figures, evaluation grids, the artist's answers, checkpoints) moves to ``previous-<time>/`` keeping its place, also where a resume
     finds no checkpoint to continue; another run's LoRA in the folder is left alone. With a checkpoint, a resume
     moves nothing."""
     import types
@@ -552,8 +552,11 @@ def test_a_run_started_afresh_moves_every_file_of_the_earlier_one_aside(tmp_path
 
     out = tmp_path / "out"
     theirs = ["r.safetensors", "r_diffusers.safetensors", "r_best.safetensors", "log.json", "log.csv", "summary.json",
-              "reward_curve.png", "samples_before_after.png", "evals/eval_000000.png", "evals/eval_000004.png"]
-    for rel in theirs + ["s.safetensors", "notes.txt"]:
+              "reward_curve.png", "samples_before_after.png", "evals/eval_000000.png", "evals/eval_000004.png",
+              # the artist's answers and checks with their pictures, the LoRA the end's check did not prefer
+              "artist_labels.jsonl", "artist_checks.jsonl", "artist/ab12cd34_0_t0/leaf_0.png",
+              "artist/ab12cd34_9_check/side_1.png", "r-not-preferred-9.safetensors"]
+    for rel in theirs + ["s.safetensors", "notes.txt", "s-not-preferred-3.safetensors"]:
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
         (out / rel).write_text(rel)
     ckpt.claim_output_dir(str(out), "r", "m")
@@ -565,6 +568,7 @@ def test_a_run_started_afresh_moves_every_file_of_the_earlier_one_aside(tmp_path
     for rel in theirs:
         assert (moved / rel).read_text() == rel and not (out / rel).exists(), rel
     assert (out / "s.safetensors").exists() and (out / "notes.txt").exists()
+    assert (out / "s-not-preferred-3.safetensors").exists()
     ckpt.write_checkpoint(str(out), "r", 3, {"x": 1}, keep=2)
     (out / "r.safetensors").write_text("now")
     run.begin(resume=True)
@@ -591,6 +595,25 @@ def test_the_lora_folder_of_an_earlier_run_is_moved_aside_not_overwritten(tmp_pa
     (folder / "r.safetensors").write_text("again")
     second = archive_loras(str(folder))
     assert second != moved and (Path(second) / "r.safetensors").read_text() == "again"
+
+
+def test_the_taste_model_of_an_earlier_run_is_moved_aside_not_overwritten(tmp_path, monkeypatch):
+    """A fresh run of a name whose artist run wrote models/reward_models/<run_name>_taste.safetensors (perhaps a
+    reward in another workflow) moves it into ``previous-<time>/`` there, where the loader still lists it; another
+    run's taste model stays."""
+    import sys
+    import types
+
+    from treegrpo.comfyui.watch import archive_taste
+
+    monkeypatch.setitem(sys.modules, "folder_paths", types.SimpleNamespace(models_dir=str(tmp_path)))
+    root = tmp_path / "reward_models"
+    assert archive_taste("r") is None                           # none written
+    (root / "r_taste.safetensors").write_text("earlier")
+    (root / "s_taste.safetensors").write_text("another run's")
+    moved = archive_taste("r")
+    assert os.path.dirname(moved) == str(root) and (Path(moved) / "r_taste.safetensors").read_text() == "earlier"
+    assert sorted(os.listdir(root)) == sorted([os.path.basename(moved), "s_taste.safetensors"])
 
 
 def test_export_checks_its_output_before_reading(tmp_path, capsys):

@@ -66,11 +66,27 @@ def archive_loras(folder: str) -> Optional[str]:
         old = sorted(e.path for e in os.scandir(folder) if e.is_file() and e.name.endswith(".safetensors"))
     except FileNotFoundError:
         return None
-    if not old:
+    return move_aside(old, folder)
+
+
+def archive_taste(run_name: str) -> Optional[str]:
+    """Move the taste model an earlier run of this name wrote (``models/reward_models/<run_name>_taste.safetensors``,
+    perhaps a reward in another workflow) into ``models/reward_models/previous-<time>/``, where the Reward Model
+    Loader still lists it, before a fresh run learns its own; returns that folder, or None."""
+    from .artist.taste import taste_file
+
+    path = taste_file(run_name)
+    return move_aside([path] if os.path.isfile(path) else [], os.path.dirname(path))
+
+
+def move_aside(files: list[str], parent: str) -> Optional[str]:
+    """Move ``files`` (each directly in ``parent``) into a new ``<parent>/previous-<time>/``; returns it, or None
+    when there is nothing to move."""
+    if not files:
         return None
-    dest = ckpt.previous_folder(folder)
+    dest = ckpt.previous_folder(parent)
     os.makedirs(dest)
-    for p in old:
+    for p in files:
         os.replace(p, os.path.join(dest, os.path.basename(p)))
     return dest
 
@@ -98,12 +114,16 @@ class RunWatcher(TrainerCallback):
 
     def on_train_begin(self, trainer) -> None:
         """A run started afresh (not resumed from a checkpoint) first moves the LoRAs an earlier run of its name
-        left in the LoRA folder aside (:func:`archive_loras`)."""
+        left in the LoRA folder aside (:func:`archive_loras`), and its taste model (:func:`archive_taste`)."""
         if trainer.rank == 0 and getattr(trainer, "started_fresh", False):
             moved = archive_loras(self.loras)
             if moved:
                 self.log(f"TreeGRPO {trainer.cfg.run_name}: the LoRAs of an earlier run of this name were moved to "
                          f"{moved}")
+            moved = archive_taste(trainer.cfg.run_name)
+            if moved:
+                self.log(f"TreeGRPO {trainer.cfg.run_name}: the taste model of an earlier run of this name was moved "
+                         f"to {moved}")
 
     def on_iteration_end(self, trainer, stats: dict) -> None:
         self.on_iteration(stats)
