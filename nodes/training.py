@@ -292,7 +292,7 @@ class Train(PackNode):
             lr_factor_schedule=schedule_value("lr_factor_schedule", lr_factor_schedule), kl_beta=kl_beta, seed=seed,
             run_name=run_name, eval_every=eval_every, eval_prompts=held_out, memory_budget_gb=memory_budget_gb,
             gradient_checkpointing=gradient_checkpointing, offload_rewards=offload_rewards, tiled_decode=tiled_decode,
-            frames=frames, reward_frames=reward_frames, frame_stride=frame_stride)
+            frames=frames, reward_frames=reward_frames, frame_stride=frame_stride, artist=bool(artist_every))
         artist = dict(every=artist_every, mode=artist_mode, timeout_s=artist_timeout_s, ask=artist_ask,
                       away_s=artist_away_s, check_every=artist_check_every) if artist_every else None
         trainer, curve, grid = run_train_node(

@@ -789,3 +789,20 @@ def test_every_float_setting_refuses_nan_and_infinity(tmp_path):
             d = base(tmp_path, **{(f"{sec}.{name}" if sec else name): bad})
             with pytest.raises(ConfigError, match=rf"\.{name}: must be a finite number"):
                 TrainConfig.from_dict(d)
+
+
+def test_a_train_node_run_that_asks_the_artist_is_checkpointed_every_iteration():
+    """The Train node checkpoints every 25 iterations (every iteration for a shorter run); a run that asks the artist
+    every iteration, so a crash (ComfyUI killed, the machine off) costs at most the answers of the iteration it cut
+    instead of up to 24 iterations of them asked again."""
+    from treegrpo.comfyui.train_node import train_node_config
+    from treegrpo.config import TreeConfig
+
+    kw = dict(prompts=["a red circle"], negative="", reward_specs=[{"name": "demo_adherence", "weight": 1.0}],
+              judges=[], cfg=1.0, tree=TreeConfig(), prompts_per_iteration=2, lora_rank=4, lora_alpha=4.0,
+              targets=["attn"], learning_rate=1e-3, lr_factor_schedule=[], kl_beta=None, seed=0, run_name="r",
+              eval_every=0, eval_prompts=[], memory_budget_gb=0.0, gradient_checkpointing="auto",
+              offload_rewards=None, tiled_decode=None, frames=None, reward_frames=None, frame_stride=None)
+    assert train_node_config(iterations=200, **kw).checkpoint_every == 25
+    assert train_node_config(iterations=10, **kw).checkpoint_every == 10
+    assert train_node_config(iterations=200, artist=True, **kw).checkpoint_every == 1

@@ -51,11 +51,12 @@ def train_node_config(*, prompts: list[str], negative: str, reward_specs: list[d
                       kl_beta: Optional[float], seed: int, run_name: str, eval_every: int, eval_prompts: list[str],
                       memory_budget_gb: float, gradient_checkpointing, offload_rewards: Optional[str],
                       tiled_decode: Optional[str], frames: Optional[int], reward_frames: Optional[int],
-                      frame_stride: Optional[int]) -> TrainConfig:
+                      frame_stride: Optional[int], artist: bool = False) -> TrainConfig:
     """The Train node's widgets (parsed: prompt lines, LoRA targets, the tree with its preset applied, schedules) as
     the run's config. Unset optional widgets (None, 0, "") take the config's defaults; ``kl_beta`` None (a workflow
     saved before the widget) keeps the default; evaluation uses 2 fixed noises per prompt; a checkpoint is written
-    every 25 iterations (every iteration for a shorter run)."""
+    every 25 iterations (every iteration for a shorter run, and where the ``artist`` answers: a crash then costs
+    no more than the answers of the iteration it cut)."""
     return TrainConfig(
         backend="comfy", prompts=prompts, negative_prompt=negative, guidance_scale=cfg, rewards=reward_specs, tree=tree,
         eval_rewards=[{"name": n, "weight": 1.0} for n in judges],
@@ -66,7 +67,7 @@ def train_node_config(*, prompts: list[str], negative: str, reward_specs: list[d
         eval_prompts=eval_prompts,
         iterations=iterations,
         prompts_per_iter=prompts_per_iteration, seed=seed, eval_every=eval_every,
-        eval_seeds=2, checkpoint_every=max(1, min(25, iterations)), run_name=run_name,
+        eval_seeds=2, checkpoint_every=1 if artist else max(1, min(25, iterations)), run_name=run_name,
         memory=MemoryConfig(budget_gb=memory_budget_gb or 0.0,
                             checkpointing=checkpointing_choice(gradient_checkpointing),
                             offload_rewards=offload_rewards or "auto",
