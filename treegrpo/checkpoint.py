@@ -18,6 +18,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import warnings
 import time
 from typing import Optional
@@ -157,6 +158,8 @@ def archive_run(output_dir: str, run_name: str) -> Optional[str]:
         to = os.path.join(dest, os.path.relpath(p, output_dir))
         os.makedirs(os.path.dirname(to), exist_ok=True)
         os.replace(p, to)
+    if (folder_owner(output_dir) or {}).get("run_name") == run_name:   # which model they were trained on
+        shutil.copy2(os.path.join(output_dir, "run.json"), os.path.join(dest, "run.json"))
     return dest
 
 
@@ -248,17 +251,41 @@ class RunLock:
             self.fh.close()   # closing the file releases the lock
 
 
-def claim_output_dir(output_dir: str, run_name: str, base_model: str) -> None:
-    """Record the run in ``<output_dir>/run.json``; refuse a folder that holds another run's files."""
+def folder_owner(output_dir: str) -> Optional[dict]:
+    """``<output_dir>/run.json`` (``run_name``, ``base_model``): the run the folder belongs to; None when there is
+    none, ``{}`` when it cannot be read."""
     path = os.path.join(output_dir, "run.json")
-    me = {"run_name": run_name, "base_model": base_model}
-    if os.path.exists(path):
-        try:
-            other = json.load(open(path, encoding="utf-8"))
-        except (OSError, ValueError):
-            other = {}
-        if other.get("run_name") != me["run_name"] or other.get("base_model") != me["base_model"]:
-            raise ValueError(f"output_dir {output_dir!r} holds run {other.get('run_name')!r} on "
-                             f"{other.get('base_model')!r}; this is run {run_name!r} on {base_model!r}. "
-                             "Choose another output_dir (or run_name) so that nothing is overwritten")
-    atomic_write_json(path, me)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            other = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return other if isinstance(other, dict) else {}
+
+
+def check_output_dir(output_dir: str, run_name: str, base_model: Optional[str], *, fresh: bool = False,
+                     hint: Optional[str] = None) -> None:
+    """Refuse ``output_dir`` when its ``run.json`` names another run; or the same run on another base model, unless
+    the run starts afresh (``fresh``: its earlier files are moved aside, :func:`archive_run`). ``base_model`` None:
+    not known yet (the command line's check before loading), only the run is compared. ``hint``: what to do instead
+    of a changed base model (the Train node's words; default the command line's)."""
+    other = folder_owner(output_dir)
+    if other is None:
+        return
+    if other.get("run_name") != run_name:
+        raise ValueError(f"output_dir {output_dir!r} holds run {other.get('run_name')!r} on "
+                         f"{other.get('base_model')!r}; this is run {run_name!r}. Choose another output_dir (or "
+                         "run_name) so that nothing is overwritten")
+    if not fresh and base_model is not None and other.get("base_model") != base_model:
+        raise ValueError(f"run {run_name!r} in {output_dir!r} was trained on {other.get('base_model')!r}, not on "
+                         f"{base_model!r}: a run cannot continue on another base model. " +
+                         (hint or "Start it again with --overwrite (its files are moved to previous-<time>/, nothing "
+                                  "is deleted), or choose another run_name or output_dir"))
+
+
+def claim_output_dir(output_dir: str, run_name: str, base_model: str, *, fresh: bool = False) -> None:
+    """Record the run in ``<output_dir>/run.json`` after :func:`check_output_dir`."""
+    check_output_dir(output_dir, run_name, base_model, fresh=fresh)
+    atomic_write_json(os.path.join(output_dir, "run.json"), {"run_name": run_name, "base_model": base_model})

@@ -71,6 +71,7 @@ def prepare(cfg: TrainConfig, resume: bool = False, allow_changes: bool = False,
         raise ConfigError(str(e)) from None
     out = cfg.output_dir
     check_output_dir(out)
+    ckpt.check_output_dir(out, cfg.run_name, None)      # a folder of another run; its base model once loaded
     if cfg.lora.init_from and not os.path.isfile(cfg.lora.init_from):
         raise ConfigError(f"LoraConfig.init_from: no LoRA file at {cfg.lora.init_from!r}")
     if resume:

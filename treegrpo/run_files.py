@@ -151,13 +151,15 @@ class RunFiles:
         self.started_fresh = not found
         if self.rank != 0:
             return
-        ckpt.claim_output_dir(self.out, self.cfg.run_name, self.base_model_name)
         if found:   # the newest readable one: a damaged latest falls back to the one before
+            ckpt.claim_output_dir(self.out, self.cfg.run_name, self.base_model_name)
             self.load_checkpoint(*ckpt.read_latest_checkpoint(found, self.cfg.run_name))
-        else:
+        else:       # the earlier run of this name aside (also one on another base model), then the folder is ours
+            ckpt.check_output_dir(self.out, self.cfg.run_name, self.base_model_name, fresh=True)
             moved = ckpt.archive_run(self.out, self.cfg.run_name)
             if moved:
                 self.log(f"an earlier run {self.cfg.run_name!r} was moved to {moved}")
+            ckpt.claim_output_dir(self.out, self.cfg.run_name, self.base_model_name, fresh=True)
 
     def write_logs(self) -> None:
         """``log.csv`` (one row per iteration) and ``log.json`` (training and evaluation records)."""

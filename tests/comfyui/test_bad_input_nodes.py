@@ -192,6 +192,28 @@ def test_a_train_node_run_continued_with_other_settings_is_refused_untouched(rt)
     assert len(json.loads((folder / "log.json").read_text())["train"]) == 2
 
 
+def test_a_train_node_run_of_another_base_model_is_refused_to_resume_and_overwritten_on_request(rt):
+    """The same run_name queued with another checkpoint (its folder's run.json names the model it trained on): with
+    existing_run 'resume' the node stops before any sampling, says why and names its two ways on, and changes no
+    file; with 'overwrite' it trains, the earlier run's files and run.json in ``previous-<time>/``."""
+    run = "bad_input_other_model"
+    rt.execute(train(run_name=run, iterations=1))
+    folder = Path(rt.base_dir) / "output" / "treegrpo" / run
+    owner = json.loads((folder / "run.json").read_text())
+    (folder / "run.json").write_text(json.dumps(dict(owner, base_model="SDXL/SDXL/2567463684")))  # its model then
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.name != ".treegrpo.lock"}
+    since = len(rt.progress)
+    msg = _execution_error(rt, train(run_name=run, iterations=2))
+    assert "was trained on 'SDXL/SDXL/2567463684'" in msg and "existing_run to 'new'" in msg and "'overwrite'" in msg
+    assert not _sampling_started(rt, since)
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.name != ".treegrpo.lock"} == before
+    rt.execute(train(run_name=run, iterations=1, existing_run="overwrite"))
+    (moved,) = folder.glob("previous-*")
+    assert json.loads((moved / "run.json").read_text())["base_model"] == "SDXL/SDXL/2567463684"
+    assert json.loads((folder / "run.json").read_text()) == owner
+    assert len(json.loads((folder / "log.json").read_text())["train"]) == 1
+
+
 def test_the_node_catalogue_with_the_cli_one_is_wide():
     import test_bad_input as cli_cases
     cli = len(cli_cases.CONFIG_CASES) + len(cli_cases.FILE_CASES)

@@ -806,3 +806,47 @@ def test_a_train_node_run_that_asks_the_artist_is_checkpointed_every_iteration()
     assert train_node_config(iterations=200, **kw).checkpoint_every == 25
     assert train_node_config(iterations=10, **kw).checkpoint_every == 10
     assert train_node_config(iterations=200, artist=True, **kw).checkpoint_every == 1
+
+
+def test_a_run_on_another_base_model_starts_afresh_but_never_resumes(tmp_path):
+    """The same run name on another base model (a Train node pointed at another checkpoint): resuming it is refused
+    with what to do (before any model work on the Train node, which knows the model's name at once; --overwrite on
+    the command line); started afresh, the earlier run's files and its run.json move to ``previous-<time>/`` and the
+    folder becomes the new run's. A folder of another run name is refused either way."""
+    import json
+    import types
+
+    from treegrpo.run_files import RunFiles
+
+    class Run(RunFiles):
+        rank = 0
+
+        def __init__(self, out, model):
+            self.out, self.base_model_name = str(out), model
+            self.cfg, self.loaded = types.SimpleNamespace(run_name="r"), []
+
+        def log(self, msg):
+            pass
+
+        def load_checkpoint(self, path, state=None):
+            self.loaded.append(path)
+
+    out = tmp_path / "out"
+    out.mkdir()
+    ckpt.claim_output_dir(str(out), "r", "SDXL/UNet/2567")
+    ckpt.write_checkpoint(str(out), "r", 3, {"x": 1}, keep=2)
+    (out / "r.safetensors").write_text("sdxl run")
+    with pytest.raises(ValueError, match=r"trained on 'SDXL/UNet/2567', not on 'Flux/Flux/11901'.*--overwrite"):
+        Run(out, "Flux/Flux/11901").begin(resume=True)
+    with pytest.raises(ValueError, match=r"not on 'Flux/Flux/11901'.*Set existing_run to 'new'"):
+        ckpt.check_output_dir(str(out), "r", "Flux/Flux/11901", hint="Set existing_run to 'new'")
+    ckpt.check_output_dir(str(out), "r", None)                  # the model not known yet: only the run is compared
+    assert (out / "r.safetensors").read_text() == "sdxl run"    # nothing moved by a refusal
+    run = Run(out, "Flux/Flux/11901")
+    run.begin(resume=False)                                     # overwrite / a fresh start: the earlier run aside
+    (moved,) = out.glob("previous-*")
+    assert (moved / "r.safetensors").read_text() == "sdxl run" and (moved / "checkpoints" / "r-0000003.pt").exists()
+    assert json.loads((moved / "run.json").read_text()) == {"run_name": "r", "base_model": "SDXL/UNet/2567"}
+    assert json.loads((out / "run.json").read_text()) == {"run_name": "r", "base_model": "Flux/Flux/11901"}
+    with pytest.raises(ValueError, match=r"holds run 'r' on 'Flux/Flux/11901'; this is run 's'"):
+        ckpt.check_output_dir(str(out), "s", None, fresh=True)

@@ -201,11 +201,15 @@ def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict
         logging.info("TreeGRPO: run %r already trained; existing_run 'new' trains %r beside it", cfg.run_name, name)
         cfg = dataclasses.replace(cfg, run_name=name)
     out = runtime.run_folder(cfg.run_name)
-    # before any model work: a run of this name trained with other settings is not continued silently
+    # before any model work: a run of this name trained with other settings or on another base model is not
+    # continued silently
+    hint = ("set existing_run to 'new' (a fresh numbered run; this one stays) or 'overwrite' (its files are moved to "
+            "previous-<time>/)")
     if resume:
-        ckpt.check_resume(out, dataclasses.replace(cfg, output_dir=out), required=False,
-                          override_hint="set existing_run to 'new' (a fresh numbered run; this one stays) or "
-                                        "'overwrite' (its files are moved to previous-<time>/)")
+        ckpt.check_resume(out, dataclasses.replace(cfg, output_dir=out), required=False, override_hint=hint)
+    ckpt.check_output_dir(out, cfg.run_name, runtime.model_name(model),
+                          fresh=not (resume and ckpt.checkpoint_paths(out, cfg.run_name)),
+                          hint=hint[0].upper() + hint[1:])
     policy = ComfyPolicy(model, prompts, conds, latent_shape, vae=vae, lora_cfg=cfg.lora, scheduler=scheduler,
                          seed=cfg.seed, gradient_checkpointing=cfg.memory.checkpointing == "on", video=cfg.video)
     bar = runtime.comfy_progress(cfg.iterations)
