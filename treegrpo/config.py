@@ -786,8 +786,18 @@ def read_config_file(path: str) -> dict:
     except OSError as e:
         raise ConfigError(f"--config {path!r}: cannot read it ({e.strerror})") from None
     if path.endswith((".yaml", ".yml")):
-        import yaml  # optional
-        data = yaml.safe_load(text)
+        try:
+            import yaml  # optional
+        except ImportError:
+            raise ConfigError(f"--config {path!r} is YAML and PyYAML is not installed: pip install pyyaml, or write "
+                              "the config as JSON") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            raise ConfigError(f"--config {path!r} is not valid YAML: {getattr(e, 'problem', None) or e}{where}") \
+                from None
     else:
         try:
             data = json.loads(text, object_pairs_hook=_no_duplicate_keys)

@@ -239,6 +239,20 @@ def test_a_bad_config_file(tmp_path, capsys, monkeypatch, content, fragment):
     assert fragment in _run(["config", "--config", str(tmp_path / "c.json")], capsys)
 
 
+def test_a_bad_yaml_config_file(tmp_path, capsys, monkeypatch):
+    """A YAML config that does not parse names the file, the problem and its line; without PyYAML the line says what
+    to install or to write JSON (both were tracebacks)."""
+    import sys
+
+    _no_model(monkeypatch)
+    path = write(tmp_path, "c.yaml", "prompts:\n  - a red circle\ntree: {branch: 2\n")
+    for argv in (["train", "--config", path], ["config", "--config", path]):
+        msg = _run(argv, capsys)
+        assert "c.yaml' is not valid YAML" in msg and "line 4" in msg, msg
+    monkeypatch.setitem(sys.modules, "yaml", None)             # PyYAML not installed
+    assert "pip install pyyaml, or write the config as JSON" in _run(["config", "--config", path], capsys)
+
+
 def test_every_config_field_is_a_flag():
     """The flag groups come from the config's own sections: every field of TrainConfig and of each section
     parses as a flag (``--field`` / ``--section.field``), video's included."""
