@@ -332,10 +332,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train from a JSON config file (default: the demo config)")
     t.add_argument("--config", default=None, help="JSON file with TrainConfig fields")
-    t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint of this run")
+    start = t.add_mutually_exclusive_group()   # continue a run, or move it aside and start again: one of them
+    start.add_argument("--resume", action="store_true", help="continue from the latest checkpoint of this run")
     t.add_argument("--allow-changes", action="store_true",
                    help="with --resume: continue although training settings differ from the checkpoint's")
-    t.add_argument("--overwrite", action="store_true",
+    start.add_argument("--overwrite", action="store_true",
                    help="start again where an earlier run of the same name left its files (they are moved to "
                         "output_dir/previous-<time>/)")
     t.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -864,3 +864,12 @@ def test_a_run_on_another_base_model_starts_afresh_but_never_resumes(tmp_path):
     assert json.loads((out / "run.json").read_text()) == {"run_name": "r", "base_model": "Flux/Flux/11901"}
     with pytest.raises(ValueError, match=r"holds run 'r' on 'Flux/Flux/11901'; this is run 's'"):
         ckpt.check_output_dir(str(out), "s", None, fresh=True)
+
+
+def test_resume_and_overwrite_together_are_refused(tmp_path, capsys, monkeypatch):
+    """``--resume --overwrite`` asks to continue a run and to move it aside: refused by the parser (it resumed)."""
+    _no_model(monkeypatch)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["train", "--resume", "--overwrite", "--output-dir", str(tmp_path / "out")])
+    assert e.value.code == 2 and "--overwrite: not allowed with argument --resume" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
