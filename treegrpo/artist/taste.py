@@ -316,15 +316,16 @@ class TasteModel:
         """``path`` (.safetensors): the heads, the standardisation and the config (in the metadata), atomically."""
         from safetensors.torch import save_file
 
+        from ..io import atomic_write
+
         if self.thetas is None:
             raise ValueError("the taste model has not learned anything yet (no answered tree with a preference)")
         meta = {"format": FORMAT, "version": VERSION, "features": self.features,
                 "feature_dim": str(self.feature_dim), "answers": str(self.answers), "groups": json.dumps(list(self.groups)),
                 "config": json.dumps(asdict(self.config)), "info": json.dumps({**self.info, **(extra or {})})}
-        tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
-        save_file({"thetas": self.thetas.float().contiguous(), "mean": self.mean.float().contiguous(),
-                   "std": self.std.float().contiguous()}, tmp, metadata=meta)
-        os.replace(tmp, path)
+        tensors = {"thetas": self.thetas.float().contiguous(), "mean": self.mean.float().contiguous(),
+                   "std": self.std.float().contiguous()}
+        atomic_write(os.fspath(path), lambda tmp: save_file(tensors, tmp, metadata=meta))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "TasteModel":

@@ -16,6 +16,7 @@ import torch
 
 from .. import checkpoint as ckpt
 from ..callbacks import TrainerCallback
+from ..io import atomic_write
 from ..progress import IterationClock, format_duration, iteration_line
 
 #: the Train node's ``existing_run`` choices: what a queued prompt does when its run_name already trained
@@ -197,8 +198,7 @@ class RunWatcher(TrainerCallback):
             return
         os.makedirs(self.loras, exist_ok=True)
         dest = os.path.join(self.loras, os.path.basename(src))
-        shutil.copyfile(src, dest + ".tmp")
-        os.replace(dest + ".tmp", dest)
+        atomic_write(dest, lambda tmp: shutil.copyfile(src, tmp))
         self._best_mtime = mtime
 
     # ------------------------------------------------------------------ at the end
