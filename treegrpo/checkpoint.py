@@ -251,6 +251,13 @@ class RunLock:
             self.fh.close()   # closing the file releases the lock
 
 
+def check_not_in_use(output_dir: str) -> None:
+    """Refuse at once (:class:`CheckpointError`, as :class:`RunLock`) a folder another run is training in, before
+    any model loads; the run's own lock is taken when it begins."""
+    if os.path.isdir(output_dir):
+        RunLock(output_dir).release()
+
+
 def folder_owner(output_dir: str) -> Optional[dict]:
     """``<output_dir>/run.json`` (``run_name``, ``base_model``): the run the folder belongs to; None when there is
     none, ``{}`` when it cannot be read."""

@@ -72,6 +72,7 @@ def prepare(cfg: TrainConfig, resume: bool = False, allow_changes: bool = False,
     out = cfg.output_dir
     check_output_dir(out)
     ckpt.check_output_dir(out, cfg.run_name, None)      # a folder of another run; its base model once loaded
+    ckpt.check_not_in_use(out)
     if cfg.lora.init_from and not os.path.isfile(cfg.lora.init_from):
         raise ConfigError(f"LoraConfig.init_from: no LoRA file at {cfg.lora.init_from!r}")
     if resume:

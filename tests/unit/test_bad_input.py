@@ -501,9 +501,9 @@ def test_sample_checks_its_output_and_the_lora_before_any_model(tmp_path, capsys
     assert not (tmp_path / "x.png").exists()
 
 
-def test_a_second_run_into_a_folder_in_use_is_refused(tmp_path, capsys):
-    """Another process training into the same output_dir holds its lock: this run stops at once, naming it; once
-    that process is gone (killed, even), the folder is free again."""
+def test_a_second_run_into_a_folder_in_use_is_refused(tmp_path, capsys, monkeypatch):
+    """Another process training into the same output_dir holds its lock: this run stops at once, before loading any
+    model, naming it; once that process is gone (killed, even), the folder is free again."""
     out = tmp_path / "out"
     out.mkdir()
     holder = subprocess.Popen([sys.executable, "-c", (
@@ -514,7 +514,9 @@ def test_a_second_run_into_a_folder_in_use_is_refused(tmp_path, capsys):
     try:
         assert holder.stdout.readline().strip() == "locked"
         cfg = write(tmp_path, "c.json", base(tmp_path))
-        err = _run(["train", "--config", cfg, "--quiet"], capsys)
+        with monkeypatch.context() as m:
+            _no_model(m)
+            err = _run(["train", "--config", cfg, "--quiet"], capsys)
         assert "is in use by a run that is still training (pid" in err
     finally:
         holder.kill()

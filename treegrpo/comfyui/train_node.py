@@ -210,6 +210,7 @@ def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict
     ckpt.check_output_dir(out, cfg.run_name, runtime.model_name(model),
                           fresh=not (resume and ckpt.checkpoint_paths(out, cfg.run_name)),
                           hint=hint[0].upper() + hint[1:])
+    ckpt.check_not_in_use(out)      # another ComfyUI training into this folder
     policy = ComfyPolicy(model, prompts, conds, latent_shape, vae=vae, lora_cfg=cfg.lora, scheduler=scheduler,
                          seed=cfg.seed, gradient_checkpointing=cfg.memory.checkpointing == "on", video=cfg.video)
     bar = runtime.comfy_progress(cfg.iterations)
