@@ -91,3 +91,50 @@ def test_the_last_console_line_gives_the_whole_runs_time(comfyui_pack, tmp_path,
     w.finish()
     assert "it 15/15" in lines[-2] and "0s left" in lines[-2]
     assert lines[-1].startswith("TreeGRPO clock: done, iteration 15/15 after 31s;"), lines[-1]
+
+
+def test_a_tree_answered_before_a_crash_is_not_asked_again(comfyui_pack, tmp_path):
+    """The iteration a crash cut, drawn again by the resumed run (the same run, iteration, seed and pictures): the
+    trees the artist answered take those answers without a question and no second record; a tree whose pictures
+    differ (another noise) and one nobody answered are asked again."""
+    from treegrpo.comfyui.artist.questions import ArtistBoard, ask_trees
+
+    board, client = ArtistBoard(), "tab-1"
+    g = torch.Generator().manual_seed(0)
+    images = torch.rand(8, 8, 8, 3, generator=g)
+    asked = []
+
+    def artist(stop_after):            # answers trees 0 and 1 (leaf 1 and leaf 0 the favourite), not tree 2 or 3
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(asked) < stop_after:
+            for q in board.pending(client)["questions"]:
+                if q["id"] in [a["id"] for a in asked]:
+                    continue
+                asked.append(q)
+                if q["tree"] in (0, 1):
+                    board.answer(q["id"], q["nonce"], {"mode": "favourites", "good": [1 - q["tree"]]})
+            time.sleep(0.01)
+
+    kw = dict(folder=str(tmp_path), iteration=3, seed=0, run_name="crash", mode="favourites", timeout_s=1.0,
+              away_grace_s=1.0, board=board, client_id=client)
+    th = threading.Thread(target=artist, args=(4,))
+    th.start()
+    first, first_exclude = ask_trees(_batch(), images, **kw)
+    th.join()
+    assert sorted(q["tree"] for q in asked) == [0, 1, 2, 3]
+    # the resumed run: the same pictures, except tree 1's second leaf (another noise)
+    again_images = images.clone()
+    again_images[3] = torch.rand(8, 8, 3, generator=g)
+    asked.clear()
+    th = threading.Thread(target=artist, args=(3,))
+    th.start()
+    got = {}
+    again, again_exclude = ask_trees(_batch(), again_images, answers=got, **kw)
+    th.join()
+    assert sorted(q["tree"] for q in asked) == [1, 2, 3]    # tree 0 was not asked again
+    assert again[0:2].tolist() == first[0:2].tolist() == [0.0, 1.0] and got[0].good == (1,)
+    labels = [json.loads(ln) for ln in (tmp_path / "artist_labels.jsonl").read_text().splitlines()]
+    assert [(r["tree"], r["answered_by"]) for r in labels] == [(0, "artist"), (1, "artist"), (2, "skipped"),
+                                                               (3, "skipped"), (1, "artist"), (2, "skipped"),
+                                                               (3, "skipped")]
+    assert first_exclude.tolist() == again_exclude.tolist() == [False, False, True, True]

@@ -363,6 +363,9 @@ def test_a_resumed_runs_taste_model_learns_its_checks_again(tmp_path):
     (tmp_path / "artist_checks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs) + "{damaged\n")
     m = from_labels(tmp_path, enc, TasteConfig(heads=1))
     assert m.answers == 2                                      # checks 0 and 1; 2 had no pick, 3 lost a picture
+    # resumed at iteration 5 (its checkpoint written after that iteration's check): the check at 10 came later
+    assert from_labels(tmp_path, enc, TasteConfig(heads=1), iteration=5).answers == 1
+    assert from_labels(tmp_path, enc, TasteConfig(heads=1), iteration=4).answers == 0
     q = lambda x: x.mul(255).round().div(255)                  # noqa: E731 -- the PNG's 8 bits
     for t, (first, second), pick in zip(m.trees, sides[:2], (1, 0)):
         assert t.pairs == [(pick, 1 - pick)]

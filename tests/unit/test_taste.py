@@ -240,13 +240,15 @@ def test_a_run_learns_its_taste_again_from_its_labels(tmp_path):
             leaves.append(rel)
         best = int(shape_area(imgs[4 * t:4 * t + 4]).argmax())
         outcome = "answered" if t < 4 else ("skip" if t == 4 else "timeout")
-        recs.append({"tree": t, "leaves": leaves, "outcome": outcome,
+        recs.append({"tree": t, "iteration": t, "leaves": leaves, "outcome": outcome,
                      "answer": Answer("favourites", good=(best,)).to_dict() if t < 5 else None})
     text = "\n".join(json.dumps(r) for r in recs) + '\n{"tree": 9, "lea'
     (tmp_path / "artist_labels.jsonl").write_text(text)
     m = from_labels(tmp_path, DemoEncoder())
     assert m.answers == 4 and m.thetas is not None and m.feature_dim == 179 and m.groups == (128, 48, 3)
     assert from_labels(tmp_path / "nothing", DemoEncoder()).answers == 0
+    # a run resumed at iteration 2 (its checkpoint's): the answers about iterations 2 and later came after it
+    assert from_labels(tmp_path, DemoEncoder(), iteration=2).answers == 2
 
 
 def test_a_taste_on_a_reward_models_image_tower(tmp_path):

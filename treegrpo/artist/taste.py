@@ -617,10 +617,13 @@ def read_labels(path: str | os.PathLike) -> list[tuple[dict, "object"]]:
 
 
 def from_labels(folder: str | os.PathLike, encoder, config: Optional[TasteConfig] = None,
-                features: str = "demo") -> TasteModel:
+                features: str = "demo", iteration: Optional[int] = None) -> TasteModel:
     """A taste model learnt from a run's ``artist_labels.jsonl`` (the answered trees whose leaf images are kept
     beside it, in ``artist/``; :func:`read_labels`) and its ``artist_checks.jsonl`` (each check a side was picked
-    in, its two pictures kept there too): what a resumed run starts from."""
+    in, its two pictures kept there too): what a resumed run starts from. ``iteration``: the one the run resumes at
+    (its checkpoint's); answers about that iteration or later, and checks after it, came after the checkpoint (a crash
+    cut the iteration) and are left out: the resumed run takes them again when it draws those trees
+    (:mod:`treegrpo.artist.replay`)."""
     import numpy as np
     from PIL import Image
 
@@ -633,7 +636,13 @@ def from_labels(folder: str | os.PathLike, encoder, config: Optional[TasteConfig
     def image(p):
         return torch.from_numpy(np.asarray(Image.open(p).convert("RGB"), dtype=np.float32) / 255.0)
 
+    def later(rec, first_after):    # a record the checkpoint does not include
+        it = rec.get("iteration")
+        return iteration is not None and isinstance(it, int) and it >= first_after
+
     for rec, answer in (read_labels(path) if os.path.isfile(path) else []):
+        if later(rec, iteration or 0):
+            continue
         leaves = [os.path.join(os.fspath(folder), p) for p in rec.get("leaves", [])]
         if len(leaves) < 2 or not all(os.path.isfile(p) for p in leaves):
             continue
@@ -644,6 +653,8 @@ def from_labels(folder: str | os.PathLike, encoder, config: Optional[TasteConfig
         imgs = torch.stack([image(p) for p in leaves]).movedim(-1, 1)
         model.add(encoder(imgs), pairs, refit=False)
     for rec in _read_jsonl(os.path.join(os.fspath(folder), "artist_checks.jsonl")):
+        if later(rec, (iteration or 0) + 1):
+            continue
         sides = [os.path.join(os.fspath(folder), p) for p in rec.get("sides") or []]
         pick, n = rec.get("pick"), len(rec.get("prompts") or [])
         if pick not in (0, 1) or n < 1 or len(sides) != 2 or not all(os.path.isfile(p) for p in sides):

@@ -25,6 +25,7 @@ import uuid
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ...artist.answers import LABELS_VERSION, Answer
+from ...artist.replay import answers_given, earlier_answer, to_levels
 from ...artist.start_check import NO_ANSWER, side_picture
 from ...config import ArtistConfig, from_label
 
@@ -239,10 +240,7 @@ def _save_png(image, path: str) -> None:
     import numpy as np
     from PIL import Image
 
-    import torch
-
-    arr = image.clamp(0, 1).mul(255).round().to(torch.uint8).cpu().numpy()
-    Image.fromarray(np.ascontiguousarray(arr)).save(path)
+    Image.fromarray(np.ascontiguousarray(to_levels(image).numpy())).save(path)
 
 
 def ask_artist(tree, images, *, mode: str, timeout_s: float, on_timeout: str = ON_TIMEOUT[0], reward_model=None,
@@ -284,7 +282,9 @@ def ask_trees(batch, images, *, folder: str, iteration: int, seed, run_name: str
     An artist who walked away: after a question of this tab timed out, the next ones wait only ``away_grace_s``
     (when that is shorter) until the tab answers again; the dialog shows how many trees fell back meanwhile.
     Each record says who scored the tree (``answered_by``: ``artist``, ``reward model``, ``timeout_by`` — e.g. the
-    taste model — or ``skipped``). Every answer is appended to ``<folder>/artist_labels.jsonl`` with the leaf images kept in ``<folder>/artist/``."""
+    taste model — or ``skipped``). Every answer is appended to ``<folder>/artist_labels.jsonl`` with the leaf images
+    kept in ``<folder>/artist/``. A tree the artist answered about before a crash cut this iteration (the same run,
+    iteration, seed, tree, mode and pictures: :mod:`treegrpo.artist.replay`) takes that answer without asking."""
     import math
 
     import torch
@@ -313,8 +313,23 @@ def ask_trees(batch, images, *, folder: str, iteration: int, seed, run_name: str
     prompt_id = prompt_id or uuid.uuid4().hex
     rewards = base.detach().float().cpu().clone() if base is not None else torch.full((n,), 0.5)
     exclude = torch.zeros(b.n_trees, dtype=torch.bool)
+    given = answers_given(os.path.join(folder, LABELS_FILE), run_name=run_name, iteration=iteration, seed=seed,
+                          mode=mode)
     for t in (range(b.n_trees) if trees is None else trees):
         idx = (leaf_tree == t).nonzero().flatten().tolist()
+        before = earlier_answer(given, folder, t, [images[i] for i in idx]) if given else None
+        if before is not None:     # answered before a crash cut this iteration: the same pictures, not asked twice
+            answer = before[1]
+            if answers is not None:
+                answers[t] = answer
+            r = answer_rewards(answer, len(idx))
+            if r is None:
+                exclude[t] = True
+            else:
+                rewards[idx] = r
+            logging.info("TreeGRPO artist: tree %d of iteration %d was answered before the run stopped; that answer "
+                         "is used again (%s)", t, iteration, LABELS_FILE)
+            continue
         stem = f"{prompt_id[:8]}_{iteration}_{t}"
         refs, kept = [], []
         label_dir = os.path.join(folder, "artist", stem)

@@ -72,7 +72,7 @@ def train_node_taste(encoder, mode: str, timeout_s: float, config: Optional[Tast
 
     def online(ctx) -> OnlineTaste:
         if "taste" not in state:
-            model = from_labels(ctx.output_dir, encoder, config, features=encoder.name)
+            model = from_labels(ctx.output_dir, encoder, config, features=encoder.name, iteration=ctx.iteration)
             state["taste"] = OnlineTaste(model, encoder, trees_seen=ctx.trees_before, asked=model.answers)
             state["path"] = taste_file(ctx.run_name)
         return state["taste"]
