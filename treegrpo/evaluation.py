@@ -47,13 +47,15 @@ class Evaluation:
         gen = torch.Generator().manual_seed(987654321)
         noise = torch.randn((len(all_p), *self.policy.latent_shape()), generator=gen)
         kl = None
+        stop = self.interrupt_check       # a Cancel or Ctrl-C during a long evaluation stops it at the next step
         if self.cfg.signals.kl_estimate:
             x, kl = self.policy.run(lambda: sample_ode_window_kl(self.policy, all_p, noise, self.cfg.tree,
-                                                                 self.cfg.guidance_scale, self.sigmas()),
+                                                                 self.cfg.guidance_scale, self.sigmas(),
+                                                                 callback=stop),
                                     max_batch=len(all_p))
         else:
             x = self.policy.run(lambda: sample_ode(self.policy, all_p, noise, self.cfg.tree.steps,
-                                                   self.cfg.guidance_scale, sigmas=self.sigmas()),
+                                                   self.cfg.guidance_scale, callback=stop, sigmas=self.sigmas()),
                                 max_batch=len(all_p))
         images = self.policy.decode(x)
         raw = self.score_images(images, all_p)

@@ -153,7 +153,9 @@ class RunFiles:
             return
         if found:   # the newest readable one: a damaged latest falls back to the one before
             ckpt.claim_output_dir(self.out, self.cfg.run_name, self.base_model_name)
-            self.load_checkpoint(*ckpt.read_latest_checkpoint(found, self.cfg.run_name))
+            path, state = ckpt.read_latest_checkpoint(found, self.cfg.run_name)
+            self.load_checkpoint(path, state)
+            self.log(f"TreeGRPO {self.cfg.run_name}: resumed from {path} after iteration {state['iteration']}")
         else:       # the earlier run of this name aside (also one on another base model), then the folder is ours
             ckpt.check_output_dir(self.out, self.cfg.run_name, self.base_model_name, fresh=True)
             moved = ckpt.archive_run(self.out, self.cfg.run_name)

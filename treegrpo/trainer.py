@@ -169,6 +169,13 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
         if (self.stop is not None and self.stop()) or any(cb.should_stop(self) for cb in self.callbacks):
             raise TrainingInterrupted("training stopped by request")
 
+    def interrupt_check(self) -> None:
+        """The stop check of a step outside training (an evaluation's sampling): ComfyUI's interrupt (through
+        ``step_callback``), a stop request, a callback's ``should_stop``; no progress hooks."""
+        if self.step_callback:
+            self.step_callback()
+        self._check_stop()
+
     def _cb(self) -> None:
         """After every denoiser call batch and update step: the progress hooks, then the stop check. A stop that comes
         after the update's first optimiser step waits for the update to end (at most ``updates_per_batch`` − 1
@@ -349,7 +356,10 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
             self.log(f"TreeGRPO {self.cfg.run_name}: stopped inside iteration {self.iteration}'s update; "
                      "its checkpoint is not written (the newest one on disk is kept)")
         else:
-            self.save_checkpoint()
+            path = self.save_checkpoint()
+            if path and self.iteration:
+                self.log(f"TreeGRPO {self.cfg.run_name}: stopped after iteration {self.iteration}, saved in {path}; "
+                         "the same run resumed goes on from there")
         self.write_logs()
 
     def train(self, iterations: Optional[int] = None, resume: bool = False) -> dict:

@@ -363,12 +363,13 @@ def _sample_ode_groups(policy: Policy, cfg: TreeConfig, den, counter, sigmas, no
 
 @torch.no_grad()
 def sample_ode_window_kl(policy: Policy, prompts: list[str], noise: torch.Tensor, cfg: TreeConfig,
-                         guidance: float = 1.0, sigmas: Optional[torch.Tensor] = None
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
+                         guidance: float = 1.0, sigmas: Optional[torch.Tensor] = None,
+                         callback: Optional[Callable[[], None]] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The Euler samples of :func:`sample_ode` (same floats) and, along the way, an estimate of the KL from the
     trained policy to the reference (LoRA off): at each SDE-window step ``s .. s+w−1`` the KL between the two SDE
     transitions out of the current state, ``‖μ_θ − μ_ref‖²/(2·std²)`` reduced like the log-probs, summed over the
-    window. Returns (latents (B, ...), kl (B,)); ``w`` extra denoiser calls with the LoRA disabled."""
+    window. Returns (latents (B, ...), kl (B,)); ``w`` extra denoiser calls with the LoRA disabled. ``callback``:
+    called after every step (progress, interrupt)."""
     sig = schedule(policy, cfg.steps, sigmas)
     den = Denoiser(policy, policy.encode_prompts(prompts), guidance, NFECounter())
     kernel = SDEKernel(policy.prediction, cfg.noise_level, cfg.eta, cfg.logprob_reduction,
@@ -386,6 +387,8 @@ def sample_ode_window_kl(policy: Policy, prompts: list[str], noise: torch.Tensor
             mean, std = kernel.mean_std(x, x0, s, sn)
             kl += kl_to_reference(mean, kernel.mean_std(x, x0_ref, s, sn)[0], std, kernel.reduction)
         x = ode_step(x, x0, sig[i], sig[i + 1])
+        if callback:
+            callback()
     return x, kl
 
 

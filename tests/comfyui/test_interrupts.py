@@ -36,6 +36,20 @@ def test_interrupting_the_train_node_checkpoints_and_the_next_queue_resumes(comf
     log = json.loads((folder / "log.json").read_text())
     assert [h["iteration"] for h in log["train"]] == list(range(done + 1))   # resumed: one more iteration ran
     assert entry["outputs"]["save"]["text"][0].startswith("saved ")
+    console = srv.log_text()                 # the console says where the run stopped and where it went on from
+    assert f"TreeGRPO {run}: stopped after iteration {done}, saved in " in console, console[-3000:]
+    assert f"TreeGRPO {run}: resumed from " in console and f"after iteration {done}" in console
+    # the before/after grid's left half is the base model's evaluation (iteration 0, before the interrupt), not
+    # the resumed session's first one
+    before = _pixels(folder / "evals" / "eval_000000.png")
+    both = _pixels(folder / "samples_before_after.png")
+    assert both[:, :before.shape[1]].tolist() == before.tolist()
+
+
+def _pixels(path):
+    import numpy as np
+    from PIL import Image
+    return np.asarray(Image.open(path).convert("RGB"))
 
 
 def test_interrupting_a_step_node_drops_that_iteration_and_the_run_continues(comfyui_server):

@@ -875,3 +875,35 @@ def test_resume_and_overwrite_together_are_refused(tmp_path, capsys, monkeypatch
         cli.main(["train", "--resume", "--overwrite", "--output-dir", str(tmp_path / "out")])
     assert e.value.code == 2 and "--overwrite: not allowed with argument --resume" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_train_node_knows_before_any_work_whether_it_can_write_its_folders(tmp_path):
+    """The Train node checks its run folder and its LoRA folder before any model work (a LoRA folder it could not
+    write failed after all the training): a path through a file, and a folder of another user, are named; a folder
+    still to be made under a writable one is fine, and the check creates nothing."""
+    import shutil
+
+    from treegrpo.comfyui.train_node import cannot_write
+
+    (tmp_path / "f").write_text("x")
+    assert "is a file" in cannot_write(str(tmp_path / "f" / "loras" / "run"))
+    assert cannot_write(str(tmp_path)) is None
+    assert cannot_write(str(tmp_path / "a" / "b")) is None and not (tmp_path / "a").exists()
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to check as another user")
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(prefix="treegrpo-perm-"))     # pytest's own folders are closed to other users
+    try:
+        top.chmod(0o755)
+        theirs = top / "loras"
+        theirs.mkdir(mode=0o755)
+        code = ("import sys; sys.path.insert(0, %r); from treegrpo.comfyui.train_node import cannot_write; "
+                "print(cannot_write(%r))") % (str(ROOT), str(theirs / "treegrpo" / "run"))
+        out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+                              code], capture_output=True, text=True)
+    finally:
+        shutil.rmtree(top)
+    if out.returncode != 0:     # this checkout or its Python closed to other users: nothing to check here
+        pytest.skip(f"the other user cannot run this Python here: {out.stderr.strip()[-200:]}")
+    assert out.stdout.strip() == f"no permission to write in {str(theirs)!r}"

@@ -432,3 +432,41 @@ def test_a_failure_after_the_updates_first_step_keeps_the_checkpoint_on_disk(tmp
     path = str(tmp_path / "checkpoints" / "r-0000001.pt")
     assert open(path, "rb").read() == kept[path]
     assert any("inside iteration 1's update" in line for line in logged)
+
+
+def test_a_stop_during_an_evaluation_ends_it_at_the_next_sampling_step(tmp_path):
+    """A Cancel (ComfyUI's interrupt through step_callback) or a stop request that comes while an evaluation samples
+    stops it at its next denoiser step, not after the whole evaluation (minutes on a real model with many held-out
+    prompts); the iteration before it is checkpointed and the evaluation is not recorded."""
+    from treegrpo.trainer import TrainingInterrupted
+
+    cfg = _cfg(tmp_path, iterations=3, prompts_per_iter=2, eval_every=1, run_name="r")
+    steps = {"eval": 0}
+
+    class Cancel(Exception):
+        pass
+
+    def comfy_interrupt():                  # ComfyUI's check: raises once its flag is set
+        if steps.get("cancel"):
+            steps["eval"] += 1
+            raise Cancel
+
+    tr = _trainer(cfg, step_callback=comfy_interrupt)
+    tr.callbacks.append(type("CancelAfterIteration1", (), {
+        **{k: (lambda *a: None) for k in ("on_train_begin", "on_step", "on_evaluate", "on_checkpoint",
+                                          "on_train_end")},
+        "should_stop": lambda self, t: False,
+        "on_iteration_end": lambda self, t, stats: steps.update(cancel=stats["iteration"] == 1)})())
+    with pytest.raises(Cancel):
+        tr.train()
+    assert tr.iteration == 2 and steps["eval"] == 1
+    assert [e["iteration"] for e in tr.evals] == [0, 1]      # the evaluation at iteration 2 was cut at its first step
+    assert tr.latest_checkpoint().endswith("r-0000002.pt")
+
+    stop = {"now": False}
+    cfg = _cfg(tmp_path / "b", iterations=3, prompts_per_iter=2, eval_every=1, run_name="r")
+    tr = _trainer(cfg, stop=lambda: stop["now"])
+    tr.iteration_callback = lambda stats: stop.update(now=stats["iteration"] == 0)
+    with pytest.raises(TrainingInterrupted):
+        tr.train()
+    assert tr.iteration == 1 and [e["iteration"] for e in tr.evals] == [0]

@@ -179,6 +179,22 @@ def run_train_node(model, clip, vae, tc: TrainConfig, rewards: dict, judges: dic
     return trainer, curve, grid
 
 
+def cannot_write(folder: str) -> Optional[str]:
+    """Why this process cannot write files in ``folder`` (it, or the nearest folder above it that exists, where it is
+    still to be made), or None when it can; creates nothing."""
+    path = os.path.abspath(folder)
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    if not os.path.isdir(path):
+        return f"{path!r} is a file"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"no permission to write in {path!r}"
+    return None
+
+
 def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict, cfg: TrainConfig,
                latent_shape: tuple, *, scheduler: str = "simple", judges: Optional[dict] = None,
                artist: Optional[Callable] = None, existing_run: str = "resume", save_every: int = 0,
@@ -194,13 +210,20 @@ def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict
     every denoiser/update step and answered with a checkpoint (by the Trainer) before the exception propagates."""
     import comfy.model_management
 
-    from .watch import RunWatcher, choose_run
+    from .watch import RunWatcher, choose_run, loras_folder
 
     name, resume = choose_run(cfg.run_name, existing_run, runtime.run_folder)
     if name != cfg.run_name:
         logging.info("TreeGRPO: run %r already trained; existing_run 'new' trains %r beside it", cfg.run_name, name)
         cfg = dataclasses.replace(cfg, run_name=name)
     out = runtime.run_folder(cfg.run_name)
+    for folder, what in ((out, "the run's folder (checkpoints, logs)"),
+                         (loras_folder(cfg.run_name), "the LoRA folder (where LoraLoader lists the run's LoRAs)")):
+        why = cannot_write(folder)
+        if why:
+            raise ValueError(f"TreeGRPO Train cannot write {what} {folder!r}: {why}. Make it writable for the user "
+                             "ComfyUI runs as, or start ComfyUI with --output-directory / --extra-model-paths-config "
+                             "pointing somewhere it can write; nothing has been trained yet")
     # before any model work: a run of this name trained with other settings or on another base model is not
     # continued silently
     hint = ("set existing_run to 'new' (a fresh numbered run; this one stays) or 'overwrite' (its files are moved to "

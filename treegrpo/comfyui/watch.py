@@ -174,10 +174,10 @@ class RunWatcher(TrainerCallback):
         grid = None
         if images is not None and t.rank == 0:
             grid = eval_grid(images, t.cfg.eval_seeds)
-            if self.first_grid is None:
+            if len(t.evals) == 1:      # the base model's (a resumed run's first evaluation here is a later one)
                 self.first_grid = grid
             self.last_grid = grid
-            path = os.path.join(t.out, "evals", f"eval_{t.iteration:06d}.png")
+            path = eval_grid_path(t.out, t.iteration)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             from ..report import to_pil
             to_pil(grid).save(path)
@@ -204,7 +204,8 @@ class RunWatcher(TrainerCallback):
     # ------------------------------------------------------------------ at the end
     def finish(self) -> str:
         """The final LoRA into the LoRA folder (returned), the best one, ``reward_curve.png`` and
-        ``samples_before_after.png`` (the first evaluation's grid left, the last's right) in the run folder."""
+        ``samples_before_after.png`` (the base model's grid left — the run's first evaluation, also when it was
+        resumed —, the last one's right) in the run folder."""
         t = self.trainer
         path = os.path.join(self.loras, f"{t.cfg.run_name}.safetensors")
         if t.rank != 0:
@@ -215,9 +216,11 @@ class RunWatcher(TrainerCallback):
         try:
             if t.evals:
                 to_pil(signals_image(t.evals)[0].movedim(-1, 0)).save(os.path.join(t.out, "reward_curve.png"))
-            if self.first_grid is not None and self.last_grid is not None:
-                to_pil(side_by_side(self.first_grid, self.last_grid)).save(
-                    os.path.join(t.out, "samples_before_after.png"))
+            first = self.first_grid
+            if first is None and t.evals:   # resumed: the base model's grid from the run's first session, kept
+                first = read_grid(eval_grid_path(t.out, t.evals[0]["iteration"]))
+            if first is not None and self.last_grid is not None:
+                to_pil(side_by_side(first, self.last_grid)).save(os.path.join(t.out, "samples_before_after.png"))
         except Exception as e:  # noqa: BLE001 - the LoRA is saved; a drawing failure is only logged
             _reraise_interrupt(e)
             logging.warning("TreeGRPO: could not draw the run's figures (%s: %s)", type(e).__name__, e)
@@ -239,6 +242,24 @@ def _reraise_interrupt(e: Exception) -> None:
     from comfy.model_management import InterruptProcessingException
     if isinstance(e, InterruptProcessingException):
         raise e
+
+
+def eval_grid_path(run_folder: str, iteration: int) -> str:
+    """Where the evaluation grid of ``iteration`` is kept: ``<run folder>/evals/eval_<iteration>.png``."""
+    return os.path.join(run_folder, "evals", f"eval_{iteration:06d}.png")
+
+
+def read_grid(path: str) -> Optional[torch.Tensor]:
+    """A kept evaluation grid as (3, H, W) float in [0, 1]; None when it is not there (moved, deleted)."""
+    import numpy as np
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            arr = np.array(im.convert("RGB"), dtype=np.float32) / 255.0
+    except (OSError, ValueError):
+        return None
+    return torch.from_numpy(arr).permute(2, 0, 1)
 
 
 def eval_grid(images: torch.Tensor, per_prompt: int, size: int = 128) -> torch.Tensor:
