@@ -51,12 +51,22 @@ def schedule_at(sched: list, iteration: int, default):
     return [v for start, v in sched if start <= iteration][-1] if sched else default
 
 
+#: the longest run name, in bytes of UTF-8: the longest file named after it (a temporary copy of
+#: ``<run>-not-preferred-<iteration>.safetensors``) adds 48 bytes, and file systems allow 255
+RUN_NAME_BYTES = 120
+
+
 def check_run_name(name: str) -> str:
     """A run name is a file name: letters, digits, '-', '_' or '.', not starting with '.' (so neither '..' nor a
-    hidden file); returns it, else raises ConfigError."""
+    hidden file), at most :data:`RUN_NAME_BYTES` bytes of UTF-8; returns it, else raises ConfigError."""
     if not (isinstance(name, str) and name and all(ch.isalnum() or ch in "-_." for ch in name)
             and not name.startswith(".")):
         raise ConfigError(f"TrainConfig.run_name: use letters, digits, '-', '_' or '.' (not first), got {name!r}")
+    size = len(name.encode("utf-8"))
+    if size > RUN_NAME_BYTES:
+        raise ConfigError(f"TrainConfig.run_name: {size} bytes is too long for the file names made from it; use at "
+                          f"most {RUN_NAME_BYTES} (as many Latin letters, fewer of other scripts), got "
+                          f"{name[:40]!r}...")
     return name
 
 

@@ -431,7 +431,8 @@ def latents_advice(wl: Workload, latent_bytes: int, available: float, trees_per_
     trees = int(available // per_tree)
     if trees >= trees_per_prompt:
         prompts = trees // trees_per_prompt
-        return (f"lower prompts_per_iter to at most {prompts:,} (--prompts-per-iter; {trees_per_prompt} tree"
+        return (f"lower prompts_per_iter to at most {prompts:,} (the Train node's prompts_per_iteration, "
+                f"--prompts-per-iter on the command line; {trees_per_prompt} tree"
                 f"{'s' if trees_per_prompt > 1 else ''} per prompt): the latents of more do not fit, before any "
                 "activation")
     if trees >= 1:
@@ -441,7 +442,8 @@ def latents_advice(wl: Workload, latent_bytes: int, available: float, trees_per_
         one = Workload(trees=1, branching=wl.branching[:width])
         if one.stored_latents * latent_bytes <= available:
             return (f"use 1 prompt per iteration and a window of {width} step{'s' if width > 1 else ''} "
-                    f"(--tree.window_width {width}: {math.prod(one.branching):,} leaves per tree), or a smaller "
+                    f"(window_width {width}, --tree.window_width on the command line: "
+                    f"{math.prod(one.branching):,} leaves per tree), or a smaller "
                     "branch")
     one = Workload(trees=1, branching=wl.branching[:1])
     side = math.sqrt(available / (one.stored_latents * latent_bytes))

@@ -90,6 +90,8 @@ CONFIG_CASES = [
     ("diffusers_no_model", {"backend": "diffusers"}, "the diffusers backend needs a model path"),
     ("run_name_slash", {"run_name": "a/b"}, "TrainConfig.run_name"),
     ("run_name_empty", {"run_name": ""}, "TrainConfig.run_name"),
+    ("run_name_too_long", {"run_name": "a" * 121}, "121 bytes is too long for the file names made from it"),
+    ("run_name_too_long_unicode", {"run_name": "é" * 61}, "122 bytes is too long"),
     ("window_schedule", {"tree.window_schedule": "sometimes"}, "TreeConfig.window_schedule: must be one of"),
     ("tail_solver", {"tree.tail_solver": "rk4"}, "TreeConfig.tail_solver"),
     ("window_past_end", {"tree.window_start": 9, "tree.window_width": 3}, "TreeConfig"),
@@ -306,6 +308,7 @@ def test_a_batch_too_large_for_memory_is_refused_before_the_model_loads(tmp_path
     cfg = write(tmp_path, "c.json", base(tmp_path, prompts_per_iter=4000))   # under the 4096-tree cap
     err = _run(["train", "--config", cfg], capsys)
     assert "92,000 latents of 3 KiB for its 4,000 trees" in err and "lower prompts_per_iter to at most 28" in err, err
+    assert "the Train node's prompts_per_iteration, --prompts-per-iter on the command line" in err   # both front ends
     # one prompt of 4 trees is already too many for 150 kB: at most 2 trees
     monkeypatch.setattr(memory, "available_ram", lambda: 150e3)
     cfg = write(tmp_path, "c.json", base(tmp_path, prompts_per_iter=1, trees_per_prompt=4))
@@ -314,7 +317,8 @@ def test_a_batch_too_large_for_memory_is_refused_before_the_model_loads(tmp_path
     monkeypatch.setattr(memory, "available_ram", lambda: 2e6)
     cfg = write(tmp_path, "c.json", base(tmp_path, prompts_per_iter=1, **{"tree.branch": 8, "tree.window_width": 4,
                                                                           "tree.max_leaves": 4096}))
-    assert "a window of 2 steps (--tree.window_width 2: 64 leaves per tree)" in _run(["train", "--config", cfg], capsys)
+    assert "a window of 2 steps (window_width 2, --tree.window_width on the command line: 64 leaves per tree)" in \
+        _run(["train", "--config", cfg], capsys)
     assert not (tmp_path / "out" / "checkpoints").exists()
 
 
