@@ -253,8 +253,9 @@ class RunLock:
 
 def check_not_in_use(output_dir: str) -> None:
     """Refuse at once (:class:`CheckpointError`, as :class:`RunLock`) a folder another run is training in, before
-    any model loads; the run's own lock is taken when it begins."""
-    if os.path.isdir(output_dir):
+    any model loads; the run's own lock is taken when it begins. Under torchrun / accelerate only the first process
+    looks (the others would take the probe's lock from each other)."""
+    if os.path.isdir(output_dir) and os.environ.get("RANK", "0") == "0":
         RunLock(output_dir).release()
 
 

@@ -114,12 +114,12 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
             check_base_model(meta, self.base_model_name, cfg.lora.init_from)
             self.lora.load(from_state_dict(t, meta))
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
-        #: the LoRA has taken an optimiser step of an iteration that :meth:`record` has not closed: its state belongs
-        #: to no iteration, so no checkpoint is written from it
+        #: an optimiser step of an iteration that :meth:`record` has not closed has begun: the LoRA and the optimiser
+        #: state belong to no iteration until it closes, or until :meth:`undo_update` puts back the copy of them taken
+        #: before that step (on the CPU)
         self.mid_update = False
-        self.optimizer.register_step_post_hook(lambda *_: setattr(self, "mid_update", True))
-        #: a stop (or interrupt) that came after the update's first optimiser step: raised once the iteration closes
-        self._deferred_stop: Optional[BaseException] = None
+        self._before_update: Optional[tuple[list[torch.Tensor], list[dict]]] = None
+        self.optimizer.register_step_pre_hook(lambda *_: self._keep_state_before_update())
         self.memory_plan: Optional[memory.Plan] = None
         self.memory_planned = False    # plan_memory ran to its end (a plan, or none is needed)
         self.memory_budget: Optional[float] = None   # bytes; None: cfg.memory.budget_gb, else the GPU's
@@ -177,19 +177,45 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
         self._check_stop()
 
     def _cb(self) -> None:
-        """After every denoiser call batch and update step: the progress hooks, then the stop check. A stop that comes
-        after the update's first optimiser step waits for the update to end (at most ``updates_per_batch`` − 1
-        passes), so the checkpoint written on stopping holds a whole iteration."""
-        try:
-            if self.step_callback:
-                self.step_callback()
-            for cb in self.callbacks:
-                cb.on_step(self)
-            self._check_stop()
-        except BaseException as e:
-            if not self.mid_update:
-                raise
-            self._deferred_stop = self._deferred_stop or e
+        if self.step_callback:
+            self.step_callback()
+        for cb in self.callbacks:
+            cb.on_step(self)
+        self._check_stop()
+
+    def _keep_state_before_update(self) -> None:
+        """Before an optimiser step: at the iteration's first, a CPU copy of the LoRA parameters and the optimiser
+        state (a few times the LoRA's size), for :meth:`undo_update`."""
+        if self.mid_update:
+            return
+        params = [p.detach().to("cpu", copy=True) for p in self.params]
+        state = [{k: (v.detach().to("cpu", copy=True) if torch.is_tensor(v) else v)
+                  for k, v in self.optimizer.state.get(p, {}).items()} for p in self.params]
+        self._before_update = (params, state)
+        self.mid_update = True
+
+    def undo_update(self) -> bool:
+        """Put the LoRA and the optimiser state back as they were before the unclosed iteration's first optimiser step
+        (an update cut by Ctrl-C, Cancel, a non-finite gradient, running out of memory); returns whether anything was
+        put back. A run stopped there is checkpointed at its last whole iteration and resumes bit for bit."""
+        if not self.mid_update or self._before_update is None:
+            self.mid_update = False
+            return False
+        params, state = self._before_update
+        with torch.no_grad():
+            for p, kept, st in zip(self.params, params, state):
+                p.copy_(kept)
+                if not st:
+                    self.optimizer.state.pop(p, None)
+                    continue
+                now = self.optimizer.state[p]
+                for k, v in st.items():
+                    if torch.is_tensor(v) and torch.is_tensor(now.get(k)):
+                        now[k].copy_(v)
+                    else:
+                        now[k] = v.clone() if torch.is_tensor(v) else v
+        self.mid_update, self._before_update = False, None
+        return True
 
     # ------------------------------------------------------------------ phase 1: sample
     def sample(self) -> TreeBatch:
@@ -290,6 +316,11 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
         try:
             upd = self.policy.run(lambda: update(self.policy, batch, self.optimizer, self.cfg.optim, **kw),
                                   max_batch=self.cfg.optim.microbatch)
+        except BaseException:   # cut after a step (Cancel, Ctrl-C, a NaN or OOM in a later pass): not half-applied
+            if self.undo_update():
+                self.log(f"TreeGRPO {self.cfg.run_name}: the update of iteration {self.iteration + 1} did not finish; "
+                         f"the LoRA goes back to iteration {self.iteration}'s")
+            raise
         finally:
             self.policy.model.eval()
         batch.stats["t_update"] = batch.stats.get("t_assign", 0.0) + time.perf_counter() - t0
@@ -313,16 +344,14 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
         self.total_nfe += stats["nfe"]
         stats["total_nfe"] = self.total_nfe
         if not math.isfinite(stats["loss"]):
+            self.undo_update()
             raise FloatingPointError(f"non-finite loss at iteration {self.iteration}")
         for w in stats.get("taste_warnings") or ():
             self.warnings.append(f"iteration {self.iteration}: {w}")
             logging.warning("TreeGRPO %s, iteration %d: %s", self.cfg.run_name, self.iteration, w)
         self.iteration += 1
         self.history.append(stats)
-        self.mid_update = False
-        if self._deferred_stop is not None:
-            stop, self._deferred_stop = self._deferred_stop, None
-            raise stop
+        self.mid_update, self._before_update = False, None
         return stats
 
     def train_step(self) -> dict:
@@ -350,16 +379,15 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
             self.write_logs()
 
     def save_stopped(self) -> None:
-        """The run's files when it stops early or fails: the checkpoint of its last whole iteration (none when the
-        update had already stepped: the one on disk stays) and the logs."""
-        if self.mid_update:
-            self.log(f"TreeGRPO {self.cfg.run_name}: stopped inside iteration {self.iteration}'s update; "
-                     "its checkpoint is not written (the newest one on disk is kept)")
-        else:
-            path = self.save_checkpoint()
-            if path and self.iteration:
-                self.log(f"TreeGRPO {self.cfg.run_name}: stopped after iteration {self.iteration}, saved in {path}; "
-                         "the same run resumed goes on from there")
+        """The run's files when it stops early or fails: the checkpoint of its last whole iteration (an update it
+        cut is undone first, :meth:`undo_update`) and the logs."""
+        if self.undo_update():
+            self.log(f"TreeGRPO {self.cfg.run_name}: stopped inside the update of iteration {self.iteration + 1}; "
+                     f"the LoRA goes back to iteration {self.iteration}'s")
+        path = self.save_checkpoint()
+        if path and self.iteration:
+            self.log(f"TreeGRPO {self.cfg.run_name}: stopped after iteration {self.iteration}, saved in {path}; "
+                     "the same run resumed goes on from there")
         self.write_logs()
 
     def train(self, iterations: Optional[int] = None, resume: bool = False) -> dict:

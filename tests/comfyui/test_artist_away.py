@@ -138,3 +138,26 @@ def test_a_tree_answered_before_a_crash_is_not_asked_again(comfyui_pack, tmp_pat
                                                                (3, "skipped"), (1, "artist"), (2, "skipped"),
                                                                (3, "skipped")]
     assert first_exclude.tolist() == again_exclude.tolist() == [False, False, True, True]
+
+
+def test_a_fresh_run_that_asks_the_artist_is_checkpointed_before_its_first_question(comfyui_pack, tmp_path):
+    """A crash during the first iteration's questions (the most of a run: the taste model starts cold) must find a
+    checkpoint to resume, or the run would start afresh and move the answers aside instead of using them again."""
+    from treegrpo import cli
+    from treegrpo.backends import load_policy
+    from treegrpo.comfyui.watch import RunWatcher
+    from treegrpo.config import TrainConfig
+    from treegrpo.run import build_rewards, build_trainer
+
+    for asks in (True, False):
+        d = cli.demo_config_dict()
+        d.update(output_dir=str(tmp_path / str(asks)), run_name="artist_fresh", iterations=1, prompts_per_iter=2,
+                 eval_every=0, checkpoint_every=1)
+        cfg = TrainConfig.from_dict(d)
+        policy, name = load_policy(cfg)
+        tr = build_trainer(cfg, policy, build_rewards(cfg, torch.device("cpu")), progress=False, base_model_name=name,
+                           leaf_scorer=(lambda *a: None) if asks else None)
+        tr.begin(resume=True)                         # nothing to resume: a fresh start
+        RunWatcher(tr, 1, SimpleNamespace(update=lambda *a: None), log=lambda m: None).on_train_begin(tr)
+        found = sorted(p.name for p in (tmp_path / str(asks)).glob("checkpoints/*.pt"))
+        assert found == (["artist_fresh-0000000.pt"] if asks else []), (asks, found)

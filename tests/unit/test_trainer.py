@@ -367,11 +367,11 @@ def test_the_end_of_a_run_is_checkpointed_and_a_failure_after_the_loop_loses_not
     assert _same_lora(tmp_path / "a" / "r.safetensors", tmp_path / "b" / "r.safetensors")
 
 
-def test_a_stop_inside_a_two_pass_update_waits_for_the_update_and_resumes_bit_for_bit(tmp_path):
+def test_a_stop_inside_a_two_pass_update_undoes_it_and_resumes_bit_for_bit(tmp_path):
     """updates_per_batch 2: a stop asked for after the first optimiser step of iteration 1 (ComfyUI's Cancel, a
-    callback's should_stop) lets the second pass finish; the checkpoint then holds 2 whole iterations and the resumed
-    run ends on the uninterrupted run's LoRA bytes (without the wait its weights and Adam state held 1.5 iterations
-    under iteration 1's name)."""
+    callback's should_stop) stops at once; the update is undone, so the checkpoint holds 1 whole iteration (weights and
+    Adam state; before, it held 1.5 iterations under iteration 1's name) and the resumed run ends on the uninterrupted
+    run's LoRA bytes."""
     from treegrpo.callbacks import TrainerCallback
     from treegrpo.trainer import TrainingInterrupted
 
@@ -379,59 +379,63 @@ def test_a_stop_inside_a_two_pass_update_waits_for_the_update_and_resumes_bit_fo
     run_training(_cfg(tmp_path / "a", iterations=4, prompts_per_iter=2, run_name="r", optim=optim), progress=False)
 
     class StopAfterAStep(TrainerCallback):
-        asked_mid_update = False
+        asked = False
 
         def should_stop(self, trainer):
-            if trainer.iteration == 1 and trainer.mid_update:
-                StopAfterAStep.asked_mid_update = True
+            if trainer.iteration == 1 and trainer.mid_update and not StopAfterAStep.asked:
+                StopAfterAStep.asked = True
                 return True
-            return trainer.iteration >= 2 and StopAfterAStep.asked_mid_update
+            return False
 
     cfg = _cfg(tmp_path / "b", iterations=4, prompts_per_iter=2, run_name="r", optim=optim)
     tr = _trainer(cfg, callbacks=[StopAfterAStep()])
+    logged = []
+    tr.log = logged.append
     with pytest.raises(TrainingInterrupted):
         tr.train()
-    assert StopAfterAStep.asked_mid_update and tr.iteration == 2 and len(tr.history) == 2
+    assert StopAfterAStep.asked and tr.iteration == 1 and len(tr.history) == 1 and not tr.mid_update
+    assert any("the update of iteration 2 did not finish" in line for line in logged), logged
     ck = torch.load(tr.latest_checkpoint(), weights_only=True)
-    assert ck["iteration"] == 2 and tr.latest_checkpoint().endswith("r-0000002.pt")
-    assert {float(s["step"]) for s in ck["optimizer"]["state"].values()} == {4.0}      # 2 iterations × 2 passes
+    assert ck["iteration"] == 1 and tr.latest_checkpoint().endswith("r-0000001.pt")
+    assert {float(s["step"]) for s in ck["optimizer"]["state"].values()} == {2.0}      # 1 iteration × 2 passes
     run_training(cfg, resume=True, progress=False)
     assert _same_lora(tmp_path / "a" / "r.safetensors", tmp_path / "b" / "r.safetensors")
 
 
-def test_a_failure_after_the_updates_first_step_keeps_the_checkpoint_on_disk(tmp_path, monkeypatch):
-    """A non-finite gradient in the second pass of iteration 1's update (after its first step changed the LoRA):
-    the state belongs to no iteration, so the newest checkpoint on disk (iteration 1's) is kept as it was and
-    nothing is written under a later name."""
+@pytest.mark.parametrize("cut", ["nan_in_the_second_pass", "ctrl_c_after_a_step"])
+def test_an_update_cut_after_its_step_is_undone_and_the_run_resumes_bit_for_bit(tmp_path, monkeypatch, cut):
+    """Cut after the update of iteration 1 stepped: a non-finite gradient in its second pass, or the command line's
+    Ctrl-C (a KeyboardInterrupt wherever the main thread is) right after its one step. The LoRA and the optimiser go
+    back to iteration 1's end, that is checkpointed — with checkpoint_every 0 too, where nothing would be left —
+    and the resumed run ends on the uninterrupted run's LoRA bytes."""
     from treegrpo import update
 
+    passes = 2 if cut == "nan_in_the_second_pass" else 1
+    optim = {"updates_per_batch": passes}
+    run_training(_cfg(tmp_path / "a", iterations=3, prompts_per_iter=2, run_name="r", optim=optim), progress=False)
     real, calls = update.optimizer_step, {"n": 0}
 
-    def second_pass_of_iteration_1_fails(*a, **kw):
+    def cut_in_iteration_1(*a, **kw):
         calls["n"] += 1
-        if calls["n"] == 4:
+        if cut == "nan_in_the_second_pass" and calls["n"] == 4:     # iteration 1's second pass, before its step
             raise FloatingPointError("non-finite gradient norm (nan) in the GRPO update")
-        return real(*a, **kw)
+        out = real(*a, **kw)
+        if cut == "ctrl_c_after_a_step" and calls["n"] == 2:        # iteration 1's one step has changed the LoRA
+            raise KeyboardInterrupt
+        return out
 
-    monkeypatch.setattr(update, "optimizer_step", second_pass_of_iteration_1_fails)
-    cfg = _cfg(tmp_path, iterations=3, prompts_per_iter=2, checkpoint_every=1, run_name="r",
-               optim={"updates_per_batch": 2})
+    monkeypatch.setattr(update, "optimizer_step", cut_in_iteration_1)
+    cfg = _cfg(tmp_path / "b", iterations=3, prompts_per_iter=2, checkpoint_every=0, run_name="r", optim=optim)
     tr = _trainer(cfg)
-    kept = {}
-    tr.callbacks.append(type("Keep", (), {**{k: (lambda *a: None) for k in
-                                            ("on_train_begin", "on_step", "on_iteration_end", "on_evaluate",
-                                             "on_train_end")},
-                                         "should_stop": lambda self, t: False,
-                                         "on_checkpoint": lambda self, t, p: kept.update({p: open(p, "rb").read()})})())
-    logged = []
-    tr.log = logged.append
-    with pytest.raises(FloatingPointError):
+    with pytest.raises((FloatingPointError, KeyboardInterrupt)):
         tr.train()
-    assert calls["n"] == 4 and tr.iteration == 1
-    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["r-0000001.pt"]
-    path = str(tmp_path / "checkpoints" / "r-0000001.pt")
-    assert open(path, "rb").read() == kept[path]
-    assert any("inside iteration 1's update" in line for line in logged)
+    assert tr.iteration == 1 and not tr.mid_update
+    assert sorted(os.listdir(tmp_path / "b" / "checkpoints")) == ["r-0000001.pt"]
+    ck = torch.load(str(tmp_path / "b" / "checkpoints" / "r-0000001.pt"), weights_only=True)
+    assert {float(s["step"]) for s in ck["optimizer"]["state"].values()} == {float(passes)}
+    monkeypatch.setattr(update, "optimizer_step", real)
+    run_training(cfg, resume=True, progress=False)
+    assert _same_lora(tmp_path / "a" / "r.safetensors", tmp_path / "b" / "r.safetensors")
 
 
 def test_a_stop_during_an_evaluation_ends_it_at_the_next_sampling_step(tmp_path):

@@ -115,7 +115,8 @@ class RunWatcher(TrainerCallback):
 
     def on_train_begin(self, trainer) -> None:
         """A run started afresh (not resumed from a checkpoint) first moves the LoRAs an earlier run of its name
-        left in the LoRA folder aside (:func:`archive_loras`), and its taste model (:func:`archive_taste`)."""
+        left in the LoRA folder aside (:func:`archive_loras`), and its taste model (:func:`archive_taste`); a run that
+        asks the artist is checkpointed at iteration 0."""
         if trainer.rank == 0 and getattr(trainer, "started_fresh", False):
             moved = archive_loras(self.loras)
             if moved:
@@ -125,6 +126,8 @@ class RunWatcher(TrainerCallback):
             if moved:
                 self.log(f"TreeGRPO {trainer.cfg.run_name}: the taste model of an earlier run of this name was moved "
                          f"to {moved}")
+            if trainer.leaf_scorer is not None:   # the artist answers from the first iteration on: a crash in it
+                trainer.save_checkpoint()         # resumes this run, and its answers are used again
 
     def on_iteration_end(self, trainer, stats: dict) -> None:
         self.on_iteration(stats)
