@@ -569,7 +569,8 @@ class TrainConfig:
     checkpoint_every: int = _f(50, "write a checkpoint every N iterations (0 = only at the end); --resume continues from the latest")
     keep_checkpoints: int = _f(2, "checkpoints kept on disk")
     output_dir: str = _f("treegrpo_out", "folder for the LoRA, logs, plots and checkpoints")
-    run_name: str = _f("treegrpo", "name of the run (file names, checkpoint identity)")
+    run_name: str = _f("treegrpo", "name of the run (file names, checkpoint identity): letters, digits, -, _ and ., "
+                                   "at most 120 bytes")
     device: str = _f("auto", "auto | cpu | cuda[:N]")
     max_prompts: int = _f(100000, "refuse prompt lists longer than this")
     time_budget_s: float = _f(0.0, "stop after this many seconds of training (0 = no limit)")
