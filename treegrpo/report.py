@@ -29,6 +29,16 @@ def to_pil(grid: torch.Tensor):
     return Image.fromarray(arr)
 
 
+def read_picture(path: str) -> torch.Tensor:
+    """A picture file as (H, W, 3) float32 in [0, 1] (what :func:`to_pil` and the artist's kept leaves wrote);
+    OSError or ValueError when it cannot be read."""
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(path) as im:
+        return torch.from_numpy(np.asarray(im.convert("RGB"), dtype=np.float32) / 255.0)
+
+
 def before_after_grid(before: torch.Tensor, after: torch.Tensor, prompts: list[str], per_prompt: int, path: str,
                       scale: int = 4) -> str:
     """Rows: prompts; left block: base model, right block: with the LoRA. Labels drawn with matplotlib."""

@@ -58,19 +58,17 @@ def same_pictures(folder: str, kept: list, images: list[torch.Tensor]) -> bool:
     """Whether the pictures kept under ``folder`` (``kept``: paths relative to it, one per leaf) are ``images``
     ((H, W, 3) float in [0, 1], the tree's leaves now, in order): as many, each within
     :data:`SAME_PICTURE_LEVELS` of it on average."""
-    import numpy as np
-    from PIL import Image
+    from ..report import read_picture
 
     if len(kept) != len(images):
         return False
     for rel, image in zip(kept, images):
         try:
-            with Image.open(os.path.join(folder, rel)) as im:
-                old = torch.from_numpy(np.array(im.convert("RGB"), dtype=np.float32))
+            old = read_picture(os.path.join(folder, rel))
         except (OSError, ValueError, TypeError):
             return False
-        now = to_levels(image).float()
-        if old.shape != now.shape or float((old - now).abs().mean()) > SAME_PICTURE_LEVELS:
+        now = to_levels(image).float() / 255.0
+        if old.shape != now.shape or 255.0 * float((old - now).abs().mean()) > SAME_PICTURE_LEVELS:
             return False
     return True
 

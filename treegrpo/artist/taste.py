@@ -624,17 +624,12 @@ def from_labels(folder: str | os.PathLike, encoder, config: Optional[TasteConfig
     (its checkpoint's); answers about that iteration or later, and checks after it, came after the checkpoint (a crash
     cut the iteration) and are left out: the resumed run takes them again when it draws those trees
     (:mod:`treegrpo.artist.replay`)."""
-    import numpy as np
-    from PIL import Image
-
+    from ..report import read_picture
     from .answers import pairwise_wins
     from .start_check import side_pictures
 
     path = os.path.join(os.fspath(folder), "artist_labels.jsonl")
     model = TasteModel(config=config or TasteConfig(), features=features, groups=tuple(getattr(encoder, "groups", ())))
-
-    def image(p):
-        return torch.from_numpy(np.asarray(Image.open(p).convert("RGB"), dtype=np.float32) / 255.0)
 
     def later(rec, first_after):    # a record the checkpoint does not include
         it = rec.get("iteration")
@@ -650,7 +645,7 @@ def from_labels(folder: str | os.PathLike, encoder, config: Optional[TasteConfig
             pairs = pairwise_wins(answer, len(leaves))
         except ValueError:
             continue
-        imgs = torch.stack([image(p) for p in leaves]).movedim(-1, 1)
+        imgs = torch.stack([read_picture(p) for p in leaves]).movedim(-1, 1)
         model.add(encoder(imgs), pairs, refit=False)
     for rec in _read_jsonl(os.path.join(os.fspath(folder), "artist_checks.jsonl")):
         if later(rec, (iteration or 0) + 1):
@@ -660,7 +655,7 @@ def from_labels(folder: str | os.PathLike, encoder, config: Optional[TasteConfig
         if pick not in (0, 1) or n < 1 or len(sides) != 2 or not all(os.path.isfile(p) for p in sides):
             continue
         try:
-            first, second = (side_pictures(image(p), n) for p in sides)
+            first, second = (side_pictures(read_picture(p), n) for p in sides)
         except ValueError:
             continue
         model.add(check_features(encoder, first, second), [(pick, 1 - pick)], refit=False)

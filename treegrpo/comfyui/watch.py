@@ -254,15 +254,12 @@ def eval_grid_path(run_folder: str, iteration: int) -> str:
 
 def read_grid(path: str) -> Optional[torch.Tensor]:
     """A kept evaluation grid as (3, H, W) float in [0, 1]; None when it is not there (moved, deleted)."""
-    import numpy as np
-    from PIL import Image
+    from ..report import read_picture
 
     try:
-        with Image.open(path) as im:
-            arr = np.array(im.convert("RGB"), dtype=np.float32) / 255.0
+        return read_picture(path).permute(2, 0, 1)
     except (OSError, ValueError):
         return None
-    return torch.from_numpy(arr).permute(2, 0, 1)
 
 
 def eval_grid(images: torch.Tensor, per_prompt: int, size: int = 128) -> torch.Tensor:
