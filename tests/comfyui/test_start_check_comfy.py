@@ -106,3 +106,42 @@ def test_an_unanswered_check_changes_nothing_and_an_away_artist_waits_the_grace_
     assert pick == NO_ANSWER                        # not "no preference": nobody answered
     rec = json.loads((tmp_path / CHECKS_FILE).read_text())
     assert rec["outcome"] == "timeout" and rec["waited_s"] == 1.0 and rec["answer"] is None
+
+
+def test_a_check_answered_before_the_run_stopped_is_not_asked_again(comfyui_pack, tmp_path):
+    """ComfyUI killed while the artist looked at a check: the resumed run (another prompt) repeats the iteration and
+    draws the same pictures, the sides maybe in the other order; the answer given is used, in that order, without a
+    question or a second record, and the taste model learns it only when the checkpoint it resumed from did not
+    include it (a check after the checkpoint's iteration)."""
+    from types import SimpleNamespace
+
+    from treegrpo.artist.start_check import NO_ANSWER
+    from treegrpo.comfyui.artist.questions import CHECKS_FILE, ArtistBoard, ask_check
+    from treegrpo.comfyui.train_node import start_check
+    from treegrpo.config import ArtistConfig
+
+    board, client = ArtistBoard(), "tab-1"
+    first, second = torch.rand(4, 3, 8, 8), torch.rand(4, 3, 8, 8)
+    th, _ = _answering(board, client, [{"mode": "favourites", "good": [0]}])
+    assert ask_check(first, second, ["p"] * 4, 6, folder=str(tmp_path), run_name="r", timeout_s=30, board=board,
+                     client_id=client, prompt_id="killed00") == 0
+    th.join()
+    kw = dict(folder=str(tmp_path), run_name="r", timeout_s=5, away_grace_s=1, board=board, client_id=client,
+              prompt_id="resumed0")
+    replayed = []
+    assert ask_check(second, first, ["p"] * 4, 6, replayed=replayed, **kw) == 1    # the other order: the other side
+    assert replayed[0]["prompt_id"] == "killed00" and board.pending(client)["questions"] == []
+    assert len((tmp_path / CHECKS_FILE).read_text().splitlines()) == 1              # no second record
+    assert ask_check(first, second, ["p"] * 4, 6, again=True, **kw) == NO_ANSWER     # the second look: never given
+    assert ask_check(first, second, ["p"] * 4, 7, **kw) == NO_ANSWER                 # another iteration
+    # through the Train node's check: learnt again only when the resumed taste model did not read it back
+    learnt = []
+    check = start_check(ArtistConfig(every=1, timeout_s=5, away_s=1, check_every=2), 0,
+                        learn=lambda a, b, pick: learnt.append(pick), board=board, client_id=client,
+                        prompt_id="resumed1")
+    for began_at, want in ((5, [0]), (6, [])):      # resumed after iteration 5 (a crash cut 6), after 6 (the end)
+        learnt.clear()
+        check.begin(SimpleNamespace(cfg=SimpleNamespace(output_dir=str(tmp_path), run_name="r"), iteration=began_at,
+                                    lora=SimpleNamespace(weights=lambda: {}),
+                                    optimizer=SimpleNamespace(state_dict=lambda: {})))
+        assert check.ask(first, second, ["p"] * 4, 6) == 0 and learnt == want

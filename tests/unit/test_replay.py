@@ -1,5 +1,5 @@
 """The artist's answers given before a crash (treegrpo.artist.replay): which records count as an answer about the
-same tree, and when the kept pictures are the tree's pictures now."""
+same tree or check, and when the kept pictures are the tree's (the check's sides, in either order) pictures now."""
 import json
 
 import numpy as np
@@ -7,7 +7,8 @@ import torch
 from PIL import Image
 
 from treegrpo.artist.answers import Answer
-from treegrpo.artist.replay import SAME_PICTURE_LEVELS, answers_given, earlier_answer, same_pictures, to_levels
+from treegrpo.artist.replay import (SAME_PICTURE_LEVELS, answers_given, checks_given, earlier_answer, earlier_check,
+                                   same_pictures, to_levels)
 
 
 def _record(**over):
@@ -54,3 +55,33 @@ def test_the_kept_pictures_are_the_trees_pictures_within_a_level(tmp_path):
     assert earlier_answer(given, str(tmp_path), 1, other) is None
     assert earlier_answer(given, str(tmp_path), 2, leaves) is None
     assert np.asarray(Image.open(tmp_path / kept[0])).dtype == np.uint8
+
+
+def _check(**over):
+    rec = {"version": 1, "prompt_id": "before", "run_name": "r", "iteration": 4, "again": False, "outcome": "answered",
+           "pick": 1, "sides": ["artist/c/side_0.png", "artist/c/side_1.png"], "answer": {"mode": "favourites"}}
+    rec.update(over)
+    return rec
+
+
+def test_a_check_answered_by_an_earlier_prompt_about_the_same_look_is_used_in_the_order_shown_now(tmp_path):
+    recs = [_check(pick=0), _check(iteration=3), _check(again=True), _check(run_name="s"),
+            _check(prompt_id="now"), _check(outcome="timeout", answer=None, pick=None), _check(pick=2),
+            _check(sides=["artist/c/side_0.png"]), _check(pick=None)]
+    path = tmp_path / "artist_checks.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs) + '{"iteration": 4, "cut')
+    given = checks_given(str(path), run_name="r", iteration=4, again=False, prompt_id="now")
+    assert [r["pick"] for r in given] == [None, 0]       # newest first; a timeout, this prompt's own: not answers
+    assert [r["again"] for r in checks_given(str(path), run_name="r", iteration=4, again=True,
+                                             prompt_id="now")] == [True]
+    assert checks_given(str(tmp_path / "none.jsonl"), run_name="r", iteration=4, again=False, prompt_id="x") == []
+    g = torch.Generator().manual_seed(1)
+    sides = [torch.rand(6, 10, 3, generator=g) for _ in range(2)]
+    (tmp_path / "artist" / "c").mkdir(parents=True)
+    for i, side in enumerate(sides):
+        Image.fromarray(to_levels(side).numpy()).save(tmp_path / "artist" / "c" / f"side_{i}.png")
+    picked = [_check(pick=1)]
+    assert earlier_check(picked, str(tmp_path), sides) == (picked[0], 1)            # the same order: its pick
+    assert earlier_check(picked, str(tmp_path), sides[::-1]) == (picked[0], 0)      # drawn the other way round
+    assert earlier_check([_check(pick=None)], str(tmp_path), sides[::-1])[1] is None   # no preference stays
+    assert earlier_check(picked, str(tmp_path), [sides[0], torch.rand(6, 10, 3, generator=g)]) is None

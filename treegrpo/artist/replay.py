@@ -4,7 +4,9 @@ A run resumed from its checkpoint repeats the iteration a crash cut (ComfyUI kil
 noises, so it draws the same trees the artist may already have answered about. Each answer is in
 ``artist_labels.jsonl`` with the tree's leaf pictures kept beside it (``artist/``); an answer is used again when its
 record names this run, iteration, seed, tree and mode, the artist gave it, and the kept pictures are the pictures of
-the tree now (:func:`same_pictures`).
+the tree now (:func:`same_pictures`). A check against the start (:mod:`.start_check`, ``artist_checks.jsonl``) the
+crash cut is the same: an answer an earlier prompt got about this run, iteration and look whose two kept sides are
+the sides now, in either order (which side comes first is drawn anew; :func:`earlier_check`).
 """
 from __future__ import annotations
 
@@ -27,17 +29,8 @@ def answers_given(path: str, *, run_name: str, iteration: int, seed, mode: str) 
     (seed ``seed``, question mode ``mode``) in the labels file ``path``; the newest per tree. Lines that cannot be
     read (a last line cut by a crash, a record of another format) are passed over: asking again is the safe side."""
     out: dict[int, tuple[dict, Answer]] = {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except (OSError, UnicodeDecodeError):
-        return out
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if not (isinstance(rec, dict) and rec.get("answered_by") == "artist" and rec.get("run_name") == run_name
+    for rec in _records(path):
+        if not (rec.get("answered_by") == "artist" and rec.get("run_name") == run_name
                 and rec.get("iteration") == iteration and rec.get("seed") == seed and rec.get("mode") == mode
                 and isinstance(rec.get("tree"), int) and isinstance(rec.get("leaves"), list)):
             continue
@@ -47,6 +40,51 @@ def answers_given(path: str, *, run_name: str, iteration: int, seed, mode: str) 
             continue
         out[rec["tree"]] = (rec, answer)
     return out
+
+
+def _records(path: str) -> list[dict]:
+    """The records of the JSON-lines file ``path`` in order; lines that cannot be read are passed over (none when
+    the file is missing)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return []
+    out = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def checks_given(path: str, *, run_name: str, iteration: int, again: bool, prompt_id: str) -> list[dict]:
+    """The checks the artist answered about iteration ``iteration`` of run ``run_name`` (``again``: the second look)
+    in the checks file ``path`` while another prompt than ``prompt_id`` ran (this prompt's own questions are never
+    answers given before a crash), newest first. Timeouts are not answers: those are asked again."""
+    out = []
+    for rec in _records(path):
+        if (rec.get("run_name") == run_name and rec.get("iteration") == iteration and rec.get("again") is again
+                and rec.get("prompt_id") != prompt_id and rec.get("outcome") == "answered"
+                and rec.get("pick") in (0, 1, None) and isinstance(rec.get("sides"), list)
+                and len(rec["sides"]) == 2):
+            out.append(rec)
+    return out[::-1]
+
+
+def earlier_check(given: list[dict], folder: str, sides: list[torch.Tensor]) -> Optional[tuple[dict, Optional[int]]]:
+    """The record and the pick, in the order of ``sides`` (the two side pictures (H, W, 3) in [0, 1] shown now), of
+    the first of ``given`` (:func:`checks_given`) whose kept sides are these pictures — in the same order (its pick)
+    or swapped (the other side; no preference stays None); else None."""
+    for rec in given:
+        if same_pictures(folder, rec["sides"], sides):
+            return rec, rec["pick"]
+        if same_pictures(folder, rec["sides"][::-1], sides):
+            return rec, None if rec["pick"] is None else 1 - rec["pick"]
+    return None
 
 
 def to_levels(image: torch.Tensor) -> torch.Tensor:

@@ -173,6 +173,7 @@ class StartCheck(TrainerCallback):
         self.ask, self.config, self.on_unapproved = ask, config, on_unapproved
         self.guard: Optional[StartGuard] = None
         self.output_dir, self.run_name = "", ""      # the run's, from :meth:`begin` (where an ``ask`` keeps answers)
+        self.began_at = 0                            # the iteration the run started (or resumed) from
         self.records: list[dict] = []
         self.g = torch.Generator().manual_seed(7_000_003 + config.seed)
         self.start_pictures: dict = {}     # (again, fresh) -> the base model's pictures of that look's noises (once)
@@ -204,6 +205,7 @@ class StartCheck(TrainerCallback):
     def begin(self, trainer) -> None:
         """Take the state the run starts from (a resumed run: the state it resumed with) as the guard's start."""
         self.output_dir, self.run_name = trainer.cfg.output_dir, trainer.cfg.run_name
+        self.began_at = trainer.iteration
         self.guard = StartGuard(self.snapshot(trainer))
         self.start_pictures = {}
 

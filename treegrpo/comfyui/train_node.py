@@ -134,13 +134,17 @@ def start_check(acfg, seed: int, learn: Optional[Callable] = None, **where):
     """The Train node's check against the start: a :class:`~treegrpo.artist.start_check.StartCheck` whose question
     goes to the artist's dialog (:func:`treegrpo.comfyui.artist.questions.ask_check`, the run folder keeps the
     answers); ``learn(first, second, pick)`` also gets each answer (the taste model's
-    :meth:`~treegrpo.artist.taste.OnlineTaste.learn_check`)."""
+    :meth:`~treegrpo.artist.taste.OnlineTaste.learn_check`) but one given before a crash that the resumed taste model
+    already read back (:func:`treegrpo.artist.taste.from_labels` reads the checks up to the checkpoint's iteration)."""
     from ..artist.start_check import CheckConfig, StartCheck
     from .artist.questions import ask_check
 
     def ask(first, second, prompts, iteration, again=False):   # the run's folder and name: known once it began
+        replayed = []
         pick = ask_check(first, second, prompts, iteration, folder=check.output_dir, run_name=check.run_name,
-                         timeout_s=acfg.timeout_s, away_grace_s=acfg.away_s, again=again, **where)
+                         timeout_s=acfg.timeout_s, away_grace_s=acfg.away_s, again=again, replayed=replayed, **where)
+        if replayed and replayed[0]["iteration"] <= check.began_at:
+            return pick                              # e.g. the end's check, cut after the end's checkpoint
         if learn is not None:                        # video sides: their first frames; no answer: nothing to learn
             learn(*((x if x.ndim == 4 else x[:, 0]).float().cpu() for x in (first, second)),
                   pick if pick in (0, 1) else None)

@@ -25,7 +25,7 @@ import uuid
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ...artist.answers import LABELS_VERSION, Answer
-from ...artist.replay import answers_given, earlier_answer, to_levels
+from ...artist.replay import answers_given, checks_given, earlier_answer, earlier_check, to_levels
 from ...artist.start_check import NO_ANSWER, side_picture
 from ...config import ArtistConfig, from_label
 
@@ -392,19 +392,31 @@ CHECK_TREE, CHECK_AGAIN_TREE = -1, -2      # a check's Question.tree (first and 
 def ask_check(first, second, prompts: list, iteration: int, *, folder: str, run_name: str, timeout_s: float,
               board: ArtistBoard = BOARD, check_interrupt: Optional[Callable[[], None]] = None,
               prompt_id: Optional[str] = None, client_id: Optional[str] = None,
-              away_grace_s: float = 30.0, again: bool = False):
+              away_grace_s: float = 30.0, again: bool = False, replayed: Optional[list] = None):
     """A check against the start (:class:`treegrpo.artist.start_check.StartCheck`'s ``ask``) as one question in the
     artist's dialog: the two sides (B, 3, H, W) each as one picture (a grid), favourites mode. Returns the side
     picked (0 / 1; a side marked bad picks the other), None (no preference, skipped, both or neither marked) or
     :data:`treegrpo.artist.start_check.NO_ANSWER` (no answer in time — an artist who is away gets the grace period
     only). ``again``: the second look after a side was picked (its own text). Each check is appended to
     ``<folder>/artist_checks.jsonl`` with its two pictures
-    kept in ``<folder>/artist/``."""
+    kept in ``<folder>/artist/``. A check the artist answered before a crash cut this iteration (an earlier prompt;
+    the same run, iteration, look and pictures: :func:`treegrpo.artist.replay.earlier_check`) takes that answer
+    without asking; its record is appended to ``replayed`` (a list) when one is given."""
     import folder_paths
 
     temp = os.path.join(folder_paths.get_temp_directory(), "treegrpo_artist")
     os.makedirs(temp, exist_ok=True)
     prompt_id = prompt_id or uuid.uuid4().hex
+    pictures = [side_picture(side if side.ndim == 4 else side[:, 0]) for side in (first, second)]
+    given = checks_given(os.path.join(folder, CHECKS_FILE), run_name=run_name, iteration=iteration, again=again,
+                         prompt_id=prompt_id)
+    before = earlier_check(given, folder, pictures) if given else None
+    if before is not None:     # answered before a crash cut this iteration: the same pictures, not asked twice
+        if replayed is not None:
+            replayed.append(before[0])
+        logging.info("TreeGRPO artist: the check at iteration %d was answered before the run stopped; that answer is "
+                     "used again (%s)", iteration, CHECKS_FILE)
+        return before[1]
     stem = first_stem = f"{prompt_id[:8]}_{iteration}_check" + ("_again" if again else "")
     n = 1
     while os.path.exists(os.path.join(folder, "artist", stem)):
@@ -413,8 +425,7 @@ def ask_check(first, second, prompts: list, iteration: int, *, folder: str, run_
     label_dir = os.path.join(folder, "artist", stem)
     os.makedirs(label_dir, exist_ok=True)
     refs, kept = [], []
-    for pos, side in enumerate((first, second)):
-        pic = side_picture(side if side.ndim == 4 else side[:, 0])
+    for pos, pic in enumerate(pictures):
         _save_png(pic, os.path.join(temp, f"{stem}_{pos}.png"))
         _save_png(pic, os.path.join(label_dir, f"side_{pos}.png"))
         refs.append({"filename": f"{stem}_{pos}.png", "subfolder": "treegrpo_artist", "type": "temp"})
