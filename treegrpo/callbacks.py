@@ -16,6 +16,10 @@ Events of a run, in order:
 * ``on_train_end(trainer)``: the run reached its end (not when it was stopped or failed), before its last
   evaluation and before the caller saves its LoRA.
 
+A callback with state of its own that a resumed run needs (the artist's approved states) keeps it in the run's
+checkpoint: ``state_dict(trainer)`` is asked when a checkpoint is written (plain values and tensors, or None) and
+``load_state_dict(trainer, state)`` gets it back when the run resumes from that checkpoint, before ``on_train_begin``.
+
 This module imports nothing: the command line's interrupt handling uses it while an import may be what was cut
 short."""
 from __future__ import annotations
@@ -43,4 +47,10 @@ class TrainerCallback:
         pass
 
     def on_train_end(self, trainer) -> None:
+        pass
+
+    def state_dict(self, trainer):
+        return None
+
+    def load_state_dict(self, trainer, state: dict) -> None:
         pass

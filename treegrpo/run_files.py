@@ -83,7 +83,22 @@ class RunFiles:
                 "evals": json.dumps(self.evals), "train_time": self.train_time, "total_nfe": self.total_nfe,
                 "config": json.dumps(self.cfg.to_dict(), default=str), "sigmas": self.sigmas(),
                 "torch_rng": torch.get_rng_state(), "python_rng": json.dumps(random.getstate()),
-                "numpy_rng": json.dumps(_numpy_state())}
+                "numpy_rng": json.dumps(_numpy_state()), "callbacks": self.callback_states()}
+
+    def callback_states(self) -> dict:
+        """The callbacks' own state for a resumed run (``TrainerCallback.state_dict``), by :meth:`callback_key`."""
+        out = {}
+        for i, cb in enumerate(self.callbacks):
+            st = cb.state_dict(self) if hasattr(cb, "state_dict") else None
+            if st is not None:
+                out[self.callback_key(i)] = st
+        return out
+
+    def callback_key(self, i: int) -> str:
+        """The checkpoint's name of callback ``i``: its class, numbered when the class is there more than once."""
+        name = type(self.callbacks[i]).__qualname__
+        same = [j for j, cb in enumerate(self.callbacks) if type(cb).__qualname__ == name]
+        return name if len(same) == 1 else f"{name}.{same.index(i)}"
 
     def save_checkpoint(self) -> Optional[str]:
         """Write ``checkpoints/<run>-<iteration>.pt`` (see :mod:`treegrpo.checkpoint`)."""
@@ -125,6 +140,10 @@ class RunFiles:
         st = json.loads(state["python_rng"])
         random.setstate((st[0], tuple(st[1]), st[2]))
         _set_numpy_state(json.loads(state["numpy_rng"]))
+        saved = state.get("callbacks") or {}
+        for i, cb in enumerate(self.callbacks):
+            if self.callback_key(i) in saved and hasattr(cb, "load_state_dict"):
+                cb.load_state_dict(self, saved[self.callback_key(i)])
 
     def _keep_schedule(self, saved: Optional[torch.Tensor], saved_backend: str) -> None:
         """A run moved to another front-end (the checkpoint's backend is not this one's) continues on the noise levels

@@ -370,3 +370,74 @@ def test_a_resumed_runs_taste_model_learns_its_checks_again(tmp_path):
     for t, (first, second), pick in zip(m.trees, sides[:2], (1, 0)):
         assert t.pairs == [(pick, 1 - pick)]
         assert torch.allclose(t.features, check_features(enc, q(first), q(second)), atol=1e-6)
+
+
+def test_a_resumed_run_keeps_its_start_and_the_states_the_artist_approved(tmp_path):
+    """Cancel and queue again resumes the run: the guard's start stays the base model's LoRA (not the state it
+    resumed with) and the states the artist approved stay approved, read back from the files the checkpoint names;
+    only the files a kept checkpoint names stay on disk."""
+    import os
+
+    box, asked = [], []
+    check = StartCheck(_scripted(["now", "now"], box, asked), CheckConfig(every=2, pictures=2, final=False))
+    t = _trainer(tmp_path, check)
+    box.append(t)
+    t.train(iterations=3)
+    w0, w2 = check.guard.initial.weights, check.guard.approved[-1].weights
+    opt2 = check.guard.approved[-1].optimizer
+    assert check.records[-1]["verdict"] == NOW and check.guard.approved[-1].iteration == 2
+    box2, asked2 = [], []
+    again = StartCheck(_scripted(["start", "start", "start", "start"], box2, asked2),
+                       CheckConfig(every=2, pictures=2, final=False))
+    t2 = _trainer(tmp_path, again)
+    box2.append(t2)
+    t2.train(iterations=4, resume=True)
+    assert again.records[-1] == {"iteration": 4, "verdict": START, "restored": 2, "looks": [START, START]}
+    assert torch.equal(_flat(t2.lora.weights()), _flat(w2))            # the state approved before the stop
+    st = t2.optimizer.state_dict()["state"]
+    for k, v in opt2["state"].items():
+        assert torch.equal(st[k]["exp_avg"], v["exp_avg"])
+    assert any("goes back to iteration 2's" in w for w in t2.warnings)
+    t3 = _trainer(tmp_path, StartCheck(_scripted(["start", "start"], box2, asked2),
+                                       CheckConfig(every=2, pictures=2, final=False)))
+    box2[0] = t3
+    t3.train(iterations=6, resume=True)
+    rec = t3.callbacks[0].records[-1]
+    assert rec["restored"] == 0 and rec["verdict"] == START         # lost again right after going back: the start
+    assert torch.equal(_flat(t3.lora.weights()), _flat(w0))         # the base model's LoRA, not iteration 4's
+    assert any("where this run started" in w for w in t3.warnings)
+    states = tmp_path / "artist" / "states"
+    assert sorted(os.listdir(states)) == ["check-0000002.pt", "check-start-0000000.pt"]   # checkpoint 4 names 2's
+    t4 = _trainer(tmp_path, StartCheck(_scripted([], box2, asked2), CheckConfig(every=2, pictures=2, final=False)))
+    t4.train(iterations=7, resume=True)                              # no check due
+    assert sorted(os.listdir(states)) == ["check-start-0000000.pt"]  # the kept checkpoints (6, 7) name the start only
+    assert asked2 == [(4, False, "start", 0), (4, True, "start", 0), (6, False, "start", 0), (6, True, "start", 0)]
+
+
+def test_a_resumed_run_whose_kept_states_are_gone_says_so_and_guards_from_where_it_resumed(tmp_path):
+    import os
+    import shutil
+
+    box = []
+    check = StartCheck(_scripted(["now", "now"], box, []), CheckConfig(every=2, pictures=2, final=False))
+    t = _trainer(tmp_path, check)
+    box.append(t)
+    t.train(iterations=3)
+    shutil.rmtree(tmp_path / "artist" / "states")
+    box2 = []
+    again = StartCheck(_scripted(["start", "start"], box2, []), CheckConfig(every=2, pictures=2, final=False))
+    t2 = _trainer(tmp_path, again)
+    box2.append(t2)
+    w3 = None
+    from treegrpo.callbacks import TrainerCallback
+
+    class Keep(TrainerCallback):      # the state the run resumed with (iteration 3's), before iteration 4
+        def on_train_begin(self, trainer):
+            nonlocal w3
+            w3 = copy.deepcopy(trainer.lora.weights())
+
+    t2.callbacks.insert(0, Keep())
+    t2.train(iterations=4, resume=True)
+    assert torch.equal(_flat(t2.lora.weights()), _flat(w3))
+    assert any("could not be read" in w and "iteration 3" in w for w in t2.warnings), t2.warnings
+    assert os.path.isdir(tmp_path / "artist" / "states")

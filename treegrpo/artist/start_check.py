@@ -23,11 +23,19 @@ lucky on those is not delivered on that luck alone) — else to the one before, 
 a run ends on a state the artist preferred to where it began, or on the base model: never on pictures they did not
 prefer to it. Only when nobody answers (the artist is away) does the run end on the state it reached, with a warning
 that it was not compared with the start.
+
+A run stopped and resumed (Cancel and queue again, a crash) keeps its guard: each approved state and the start are
+written once to ``<run folder>/artist/states/`` and the checkpoint names them (:meth:`StartCheck.state_dict`), so the
+resumed run goes back to what the artist approved before the stop, and its start is still the base model's LoRA.
 """
 from __future__ import annotations
 
 import copy
+import glob
+import json
 import logging
+import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -43,11 +51,17 @@ NO_ANSWER = "no answer"
 
 @dataclass
 class Snapshot:
-    """An approved state: the LoRA weights, the optimiser's state dict and the iteration it was taken after."""
+    """An approved state: the LoRA weights, the optimiser's state dict and the iteration it was taken after;
+    ``file``: where it is kept in the run folder (relative), once written (:data:`STATES`)."""
 
     iteration: int
     weights: Any
     optimizer: Optional[dict] = None
+    file: Optional[str] = None
+
+
+#: where a run keeps its guard's states, in its folder: ``<run>-start-<iteration>.pt`` and ``<run>-<iteration>.pt``
+STATES = os.path.join("artist", "states")
 
 
 @dataclass
@@ -177,6 +191,8 @@ class StartCheck(TrainerCallback):
         self.records: list[dict] = []
         self.g = torch.Generator().manual_seed(7_000_003 + config.seed)
         self.start_pictures: dict = {}     # (again, fresh) -> the base model's pictures of that look's noises (once)
+        self.resumed: Optional[dict] = None    # the state a resumed run's checkpoint kept (load_state_dict)
+        self.recent: list[set] = []            # the state files the newest checkpoints name (the others are deleted)
 
     def due(self, iteration: int) -> bool:
         return bool(self.config.every) and iteration > 0 and iteration % self.config.every == 0
@@ -203,11 +219,101 @@ class StartCheck(TrainerCallback):
             stats["check_restored"] = rec["restored"]
 
     def begin(self, trainer) -> None:
-        """Take the state the run starts from (a resumed run: the state it resumed with) as the guard's start."""
+        """Take the state the run starts from as the guard's start; a resumed run: the guard its checkpoint kept
+        (:meth:`load_state_dict`), else the state it resumed with."""
         self.output_dir, self.run_name = trainer.cfg.output_dir, trainer.cfg.run_name
         self.began_at = trainer.iteration
-        self.guard = StartGuard(self.snapshot(trainer))
         self.start_pictures = {}
+        kept, self.resumed = self.resumed, None
+        self.guard = self.read_guard(trainer, kept) if kept is not None else None
+        if self.guard is None:
+            self.guard = StartGuard(self.snapshot(trainer))
+
+    # -- the guard in the run's checkpoint ---------------------------------------------------------------------------
+
+    def state_dict(self, trainer) -> Optional[dict]:
+        """The guard for the checkpoint: its states written to :data:`STATES` (each once) and named, its counters,
+        the checks so far and the sides' order generator."""
+        if self.guard is None or getattr(trainer, "rank", 0) != 0:
+            return None
+        states = [self.guard.initial, *self.guard.approved]
+        for snap in states:
+            if snap.file is None:
+                snap.file = self.write_state(trainer, snap, start=snap is self.guard.initial)
+        self.recent = (self.recent + [{snap.file for snap in states}])[-trainer.cfg.keep_checkpoints:]
+        return {"guard": json.dumps({"initial": [self.guard.initial.iteration, self.guard.initial.file],
+                                     "approved": [[snap.iteration, snap.file] for snap in self.guard.approved],
+                                     "just_restored": self.guard.just_restored, "restores": self.guard.restores,
+                                     "records": self.records}),
+                "order": self.g.get_state()}
+
+    def load_state_dict(self, trainer, state: dict) -> None:
+        self.resumed = state
+
+    def on_checkpoint(self, trainer, path: str) -> None:
+        """Delete the state files no kept checkpoint names (the newest ``keep_checkpoints``)."""
+        if not self.recent:
+            return
+        named = set().union(*self.recent)
+        pattern = re.compile(re.escape(trainer.cfg.run_name) + r"-(start-)?\d{7}\.pt")
+        folder = os.path.join(trainer.out, STATES)
+        for f in glob.glob(os.path.join(glob.escape(folder), glob.escape(trainer.cfg.run_name) + "-*.pt")):
+            rel = os.path.relpath(f, trainer.out)
+            if pattern.fullmatch(os.path.basename(f)) and rel not in named:
+                os.unlink(f)
+
+    def write_state(self, trainer, snap: Snapshot, start: bool) -> str:
+        """Write ``snap`` (weights, optimiser state and the LoRA parameters' names) to :data:`STATES`; its path
+        relative to the run folder."""
+        from ..io import atomic_write
+
+        w = snap.weights
+        rel = os.path.join(STATES, f"{trainer.cfg.run_name}-{'start-' if start else ''}{snap.iteration:07d}.pt")
+        state = {"iteration": snap.iteration, "down": w.down, "up": w.up, "alpha": json.dumps(w.alpha),
+                 "optimizer": snap.optimizer, "param_names": [n for n, _ in trainer.lora.named_lora_parameters()]}
+        atomic_write(os.path.join(trainer.out, rel), lambda tmp: torch.save(state, tmp))
+        return rel
+
+    def read_state(self, trainer, iteration: int, rel: str) -> Snapshot:
+        from ..checkpoint import optimizer_state_in_order
+        from ..lora import LoraWeights
+
+        st = torch.load(os.path.join(trainer.out, rel), map_location="cpu", weights_only=True)
+        names = [n for n, _ in trainer.lora.named_lora_parameters()]
+        opt = st["optimizer"]
+        if opt is not None:
+            opt = optimizer_state_in_order(opt, st["param_names"], names)
+        return Snapshot(iteration, LoraWeights(st["down"], st["up"], json.loads(st["alpha"])), opt, rel)
+
+    def read_guard(self, trainer, kept: dict) -> Optional[StartGuard]:
+        """The guard a checkpoint kept (:meth:`state_dict`), or None when its start cannot be read (then the
+        state the run resumed with is the start, and a warning says so). An approved state that cannot be read is
+        left out, with a warning."""
+        saved = json.loads(kept["guard"])
+        try:
+            initial = self.read_state(trainer, *saved["initial"])
+        except Exception as e:      # a deleted or damaged file
+            self.say(trainer, f"the state this run started from could not be read ({saved['initial'][1]}: "
+                              f"{type(e).__name__}): checks against the start now take back to iteration "
+                              f"{trainer.iteration}'s LoRA, which the run resumed with, at most")
+            return None
+        approved = []
+        for iteration, rel in saved["approved"]:
+            try:
+                approved.append(self.read_state(trainer, iteration, rel))
+            except Exception as e:
+                self.say(trainer, f"the state the artist approved at iteration {iteration} could not be read ({rel}: "
+                                  f"{type(e).__name__}); a check lost goes back to an earlier one")
+        self.records = list(saved["records"])
+        self.g.set_state(kept["order"])
+        self.recent = [{s.file for s in [initial, *approved]}]
+        return StartGuard(initial, approved=approved, just_restored=saved["just_restored"],
+                          restores=saved["restores"])
+
+    @staticmethod
+    def say(trainer, msg: str) -> None:
+        trainer.warnings.append(msg)
+        logging.warning("TreeGRPO %s: %s", trainer.cfg.run_name, msg)
 
     def look(self, trainer, again: bool, fresh: int = 0) -> Optional[str]:
         """One question: the pictures now and the base model's (the second look: other noises; ``fresh`` > 0: the
