@@ -77,6 +77,14 @@ class DataParallel:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t)
 
+    def broadcast_object(self, obj):
+        """The first process's ``obj`` (any picklable value: a checkpoint's state), on every process."""
+        if self.world == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, device=self.device if dist.get_backend() == "nccl" else None)
+        return box[0]
+
     def barrier(self) -> None:
         if self.world > 1:
             dist.barrier()

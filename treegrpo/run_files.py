@@ -158,29 +158,54 @@ class RunFiles:
         if saved.numel() != own.numel() or torch.equal(saved.float(), own):
             return
         self.kept_sigmas = saved.float().cpu()
-        self.log(f"run {self.cfg.run_name!r} was trained on the {saved_backend!r} backend and continues on its noise "
-                 f"levels (from its checkpoint; this model's own schedule differs by up to "
-                 f"{float((own - self.kept_sigmas).abs().max()):.4g})")
+        if self.rank == 0:
+            self.log(f"run {self.cfg.run_name!r} was trained on the {saved_backend!r} backend and continues on its "
+                     f"noise levels (from its checkpoint; this model's own schedule differs by up to "
+                     f"{float((own - self.kept_sigmas).abs().max()):.4g})")
 
     def begin(self, resume: bool) -> None:
         """Claim the output folder; resume the run's latest checkpoint (``resume``), or start afresh and move an
         earlier run's files aside (``checkpoint.archive_run``; also where ``resume`` finds no checkpoint but the run
-        left files). ``started_fresh`` says which."""
+        left files). ``started_fresh`` says which. Several processes: the first reads the folder and sends what it
+        found to the others (:meth:`treegrpo.distributed.DataParallel.broadcast_object`), so every process resumes
+        at the same iteration with the same LoRA and optimiser state, and a refusal stops them all."""
+        found, failure = None, None
+        if self.rank == 0:
+            try:
+                found = self._open_run_folder(resume)
+            except BaseException as e:        # told to the other processes before it is raised here
+                failure = e
+        if self.world > 1 and hasattr(self.dist, "broadcast_object"):
+            sent = self.dist.broadcast_object(None if self.rank else
+                                              ("failed", f"{type(failure).__name__}: {failure}") if failure is not None
+                                              else ("found", found))
+            if self.rank:
+                if sent[0] == "failed":
+                    raise RuntimeError(f"the first process could not start the run ({sent[1]})")
+                found = sent[1]
+        if failure is not None:
+            raise failure
+        self.started_fresh = found is None
+        if found is not None:
+            path, state = found
+            self.load_checkpoint(path, state)
+            if self.rank == 0:
+                self.log(f"TreeGRPO {self.cfg.run_name}: resumed from {path} after iteration {state['iteration']}")
+
+    def _open_run_folder(self, resume: bool) -> Optional[tuple[str, dict]]:
+        """The first process's part of :meth:`begin`: ``(path, state)`` of the newest readable checkpoint when
+        resuming one, else None once the folder is ours for a fresh start."""
         found = ckpt.checkpoint_paths(self.out, self.cfg.run_name) if resume else []
-        self.started_fresh = not found
-        if self.rank != 0:
-            return
         if found:   # the newest readable one: a damaged latest falls back to the one before
             ckpt.claim_output_dir(self.out, self.cfg.run_name, self.base_model_name)
-            path, state = ckpt.read_latest_checkpoint(found, self.cfg.run_name)
-            self.load_checkpoint(path, state)
-            self.log(f"TreeGRPO {self.cfg.run_name}: resumed from {path} after iteration {state['iteration']}")
-        else:       # the earlier run of this name aside (also one on another base model), then the folder is ours
-            ckpt.check_output_dir(self.out, self.cfg.run_name, self.base_model_name, fresh=True)
-            moved = ckpt.archive_run(self.out, self.cfg.run_name)
-            if moved:
-                self.log(f"an earlier run {self.cfg.run_name!r} was moved to {moved}")
-            ckpt.claim_output_dir(self.out, self.cfg.run_name, self.base_model_name, fresh=True)
+            return ckpt.read_latest_checkpoint(found, self.cfg.run_name)
+        # the earlier run of this name aside (also one on another base model), then the folder is ours
+        ckpt.check_output_dir(self.out, self.cfg.run_name, self.base_model_name, fresh=True)
+        moved = ckpt.archive_run(self.out, self.cfg.run_name)
+        if moved:
+            self.log(f"an earlier run {self.cfg.run_name!r} was moved to {moved}")
+        ckpt.claim_output_dir(self.out, self.cfg.run_name, self.base_model_name, fresh=True)
+        return None
 
     def write_logs(self) -> None:
         """``log.csv`` (one row per iteration) and ``log.json`` (training and evaluation records)."""

@@ -27,9 +27,11 @@ def _config(out, **kw) -> dict:
     return d
 
 
-@pytest.mark.parametrize("std_scope", ["tree", "batch"])
-def test_two_process_gloo_run_equals_one_process(tmp_path, std_scope):
-    """(``std_scope`` batch: each rank divides by the whole batch's reward RMS, pooled over ranks.)"""
+@pytest.mark.parametrize("std_scope,resumed", [("tree", False), ("batch", True)])
+def test_two_process_gloo_run_equals_one_process(tmp_path, std_scope, resumed):
+    """(``std_scope`` batch: each rank divides by the whole batch's reward RMS, pooled over ranks. ``resumed``: the
+    two processes stop after the first iteration and ``--resume`` the second: every process goes on from the
+    checkpoint, which only the first one reads.)"""
     one, two = tmp_path / "one", tmp_path / "two"
     for out in (one, two):
         out.mkdir()
@@ -40,12 +42,16 @@ def test_two_process_gloo_run_equals_one_process(tmp_path, std_scope):
     r1 = subprocess.run([sys.executable, "-m", "treegrpo.cli", "train", "--quiet", "--config", str(one / "cfg.json")],
                         capture_output=True, text=True, timeout=600, env=env)
     assert r1.returncode == 0, r1.stderr[-3000:]
-    r2 = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                         "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-                         "-m", "treegrpo.cli", "train", "--quiet", "--config", str(two / "cfg.json")],
-                        capture_output=True, text=True, timeout=600, env=env)
+    train = ["-m", "treegrpo.cli", "train", "--quiet", "--config", str(two / "cfg.json")]
+    if resumed:
+        r0 = _torchrun(train + ["--iterations", "1"], env)
+        assert r0.returncode == 0, r0.stderr[-3000:]
+        train += ["--resume"]
+    r2 = _torchrun(train, env)
     assert r2.returncode == 0, r2.stderr[-3000:]
     assert r2.stdout.count('"iterations": 2') == 1  # only rank 0 reports (and writes)
+    if resumed:
+        assert r2.stdout.count("resumed from") == 1 and "after iteration 1" in r2.stdout
     a = read_lora_file(str(one / "ddp.safetensors"))[0]
     b = read_lora_file(str(two / "ddp.safetensors"))[0]
     assert a.keys() == b.keys()
