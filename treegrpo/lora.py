@@ -238,6 +238,12 @@ def match_model_modules(w: LoraWeights, model: nn.Module) -> LoraWeights:
     """``w`` renamed to ``model``'s own ``nn.Linear`` paths, so a LoRA file can be applied whatever key style it
     was saved in: the model's paths, ComfyUI's ``lora_unet_<path with _ for .>``, or a ``unet.``/``transformer.``
     prefix (PEFT/diffusers). Raises LoraFileError naming modules the model does not have."""
+    return match_modules(w, [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and "lora_" not in n])
+
+
+def match_modules(w: LoraWeights, names: list[str]) -> LoraWeights:
+    """``w`` renamed to the module paths ``names`` (a model's, or the modules a LoRA already has) by the rule of
+    :func:`match_model_modules`."""
     def canon(name: str) -> str:
         for p in FILE_PREFIXES:
             if name.startswith(p):
@@ -246,9 +252,8 @@ def match_model_modules(w: LoraWeights, model: nn.Module) -> LoraWeights:
         return name.replace(".", "_")
 
     linear: dict[str, list[str]] = {}
-    for n, m in model.named_modules():
-        if isinstance(m, nn.Linear) and "lora_" not in n:
-            linear.setdefault(canon(n), []).append(n)
+    for n in names:
+        linear.setdefault(canon(n), []).append(n)
     rename, unknown = {}, []
     for n in w.modules:
         hits = linear.get(canon(n), [])

@@ -213,3 +213,22 @@ def test_the_latent_shape_read_from_the_folders_configs_is_the_loaded_models(sav
     demo = TrainConfig.from_dict(cli.demo_config_dict())
     from treegrpo.backends import load_policy
     assert latent_shape_from_config(demo) == tuple(load_policy(demo)[0].latent_shape())
+
+
+def test_a_run_starts_from_either_lora_file_a_diffusers_run_wrote(saved, tmp_path):
+    """``lora.init_from``: the ComfyUI-key file and the diffusers one (``unet.`` keys) both put the trained LoRA
+    into the new run's layers (the modules are matched by name, whatever the file's key style)."""
+    from treegrpo.backends import load_policy
+    from treegrpo.trainer import Trainer
+
+    trained, summary = run_training(_train_cfg(saved["sd"], tmp_path / "a", "sd"), progress=False)
+    want = trained.lora.weights()
+    assert any(float(u.abs().max()) > 0 for u in want.up.values())
+    for path in (summary["lora"], summary["lora_diffusers"]):
+        cfg = _train_cfg(saved["sd"], tmp_path / "b", "sd", lora={"rank": 4, "alpha": 8.0, "init_from": path})
+        policy, name = load_policy(cfg)
+        got = Trainer(cfg, policy, {"jpeg_compressibility": lambda im, p: im.mean((1, 2, 3))}, progress=False,
+                      base_model_name=name).lora.weights()
+        assert sorted(got.down) == sorted(want.down), path
+        for n in want.down:
+            assert torch.allclose(got.down[n], want.down[n]) and torch.allclose(got.up[n], want.up[n]), (path, n)
