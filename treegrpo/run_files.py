@@ -32,6 +32,9 @@ class RunFiles:
 
     #: the iteration of the checkpoint written or read last (None: none yet)
     checkpointed_iteration: Optional[int] = None
+    #: this process among ``world`` (data parallel, :class:`treegrpo.distributed.DataParallel` as ``dist``); the
+    #: Trainer sets them, one process by default
+    rank, world, dist = 0, 1, None
 
     @property
     def best_lora_path(self) -> str:
