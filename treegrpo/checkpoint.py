@@ -193,11 +193,20 @@ def config_changes(saved: dict, cfg, source: str = "the checkpoint") -> list[str
             if before.get(k) != now.get(k)]
 
 
+def prompts_digest(prompts: list) -> str:
+    """A run's training prompts as one SHA-256 (hex): what its checkpoint keeps to tell a prompts file whose lines
+    changed from the same prompts read through another path."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(list(prompts), ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
 def check_resume(output_dir: str, cfg, *, allow_changes: bool = False, required: bool = True,
                  override_hint: str = "pass --allow-changes to continue anyway") -> Optional[str]:
     """Before any model is loaded: the newest readable checkpoint of ``cfg.run_name`` in ``output_dir`` (None when
     there is none and ``required`` is False), refusing when ``cfg``'s training settings differ from the ones the
-    run was trained with (its LoRA's metadata would then misdescribe it), unless ``allow_changes``."""
+    run was trained with (a resumed run goes on learning what it began to learn), unless ``allow_changes``; a prompts
+    file counts by its prompts (the checkpoint keeps their digest), not by its path."""
     found = checkpoint_paths(output_dir, cfg.run_name)
     if not found:
         if not required:
@@ -207,9 +216,13 @@ def check_resume(output_dir: str, cfg, *, allow_changes: bool = False, required:
                               "the run's output_dir and run_name)")
     path, state = read_latest_checkpoint(found, cfg.run_name)
     changes = config_changes(json.loads(state.get("config", "{}")), cfg, source=f"checkpoint {path}")
+    if state.get("prompts_sha256") and not cfg.prompts:   # a prompts file: its prompts count, not its path
+        changes = [c for c in changes if not c.startswith("prompts_file:")]
+        if prompts_digest(cfg.load_prompts()) != state["prompts_sha256"]:
+            changes.append(f"prompts_file: the prompts in {cfg.prompts_file!r} are not the ones the run was trained on")
     if changes and not allow_changes:
-        raise CheckpointError(f"run {cfg.run_name!r} was trained with other settings, so its LoRA's metadata would "
-                              f"misdescribe it: {'; '.join(changes)}. Resume with the same settings (only the "
+        raise CheckpointError(f"run {cfg.run_name!r} was trained with other settings (a resumed run goes on learning "
+                              f"what it began to learn): {'; '.join(changes)}. Resume with the same settings (only the "
                               "budget, evaluation, checkpointing and memory settings may change), start a new "
                               f"run_name, or {override_hint}")
     return path

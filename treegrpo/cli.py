@@ -66,6 +66,11 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
     for f in dataclasses.fields(TrainConfig):
         if f.name in _SUBS:
             continue
+        if f.name in PROMPT_FLAGS:   # a prompt may hold commas: one per flag, repeated (or a JSON list)
+            g.add_argument(f"--{f.name.replace('_', '-')}", dest=f"cfg:{f.name}", default=None, metavar="PROMPT",
+                           action="append", help=f"{f.metadata.get('help', '')}: one prompt per flag, repeat it for "
+                                                 "more, or a JSON list (default: none)")
+            continue
         g.add_argument(f"--{f.name.replace('_', '-')}", *FLAG_ALIASES.get(f.name, ()), dest=f"cfg:{f.name}",
                        default=None, metavar="V", help=f"{f.metadata.get('help', '')} (default: {_show_default(f)})")
     for sub in _SUBS:
@@ -109,6 +114,24 @@ def apply_flags(d: dict, ns: argparse.Namespace) -> dict:
     return d
 
 
+#: the config's prompt lists: their flags take one prompt each (a prompt may hold commas), repeated
+PROMPT_FLAGS = ("prompts", "eval_prompts")
+
+
+def _prompts(values: list[str]) -> list:
+    """The prompts of a repeated prompt flag: each value one prompt, or a JSON list of them."""
+    out = []
+    for v in values:
+        if v.strip().startswith("["):
+            try:
+                out.extend(json.loads(v))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{shorten(v)!r} starts like a JSON list but is not one ({e.msg})") from None
+        else:
+            out.append(v)
+    return out
+
+
 #: the earlier names of renamed top-level fields, kept as flags (config.moved_fields reads them in files)
 FLAG_ALIASES = {"guidance_scale": ("--cfg",)}
 
@@ -124,6 +147,9 @@ def _apply_one(d: dict, fresh, key: str, val: str) -> None:
         pipe["gradient_checkpointing"] = _parse_value(val, False)
         return
     path = key[4:].split(".")
+    if path[0] in PROMPT_FLAGS:
+        d[path[0]] = _prompts(val)
+        return
     if len(path) == 1:
         f = fresh[path[0]]
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()

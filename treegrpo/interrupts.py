@@ -97,6 +97,10 @@ def report(exit_now: bool = False) -> int:
     of Ctrl-C. Finalising the interpreter after an import was cut short (torch half-imported) sometimes ended the
     process by SIGINT after this line; the checkpoint and the run lock are already dealt with by then."""
     saved = _SAVED[-1] if _SAVED else None
+    if os.environ.get("RANK", "0") not in ("", "0"):   # torchrun: the first process says it (only it saves)
+        if exit_now:
+            os._exit(130)
+        return 130
     print("treegrpo: interrupted" + (f"; the last finished iteration is saved in {saved} (resume with --resume)"
                                      if saved else " before any iteration finished: nothing to resume"),
           file=sys.stderr)

@@ -86,7 +86,8 @@ class RunFiles:
                 "evals": json.dumps(self.evals), "train_time": self.train_time, "total_nfe": self.total_nfe,
                 "config": json.dumps(self.cfg.to_dict(), default=str), "sigmas": self.sigmas(),
                 "torch_rng": torch.get_rng_state(), "python_rng": json.dumps(random.getstate()),
-                "numpy_rng": json.dumps(_numpy_state()), "callbacks": self.callback_states()}
+                "numpy_rng": json.dumps(_numpy_state()), "callbacks": self.callback_states(),
+                "prompts_sha256": ckpt.prompts_digest(self.prompts)}
 
     def callback_states(self) -> dict:
         """The callbacks' own state for a resumed run (``TrainerCallback.state_dict``), by :meth:`callback_key`."""

@@ -174,8 +174,8 @@ def test_what_only_execution_sees_fails_before_sampling(rt, request, case, graph
 
 
 def test_a_train_node_run_continued_with_other_settings_is_refused_untouched(rt):
-    """The Train node resumes a run by its name: with other training settings its LoRA's metadata would
-    misdescribe it, so the node stops before any sampling, names the settings, and changes no file of the run."""
+    """The Train node resumes a run by its name: with other training settings it would not go on learning what it
+    began to, so the node stops before any sampling, names the settings, and changes no file of the run."""
     run = "bad_input_resume"
     rt.execute(train(run_name=run, iterations=1))
     folder = Path(rt.base_dir) / "output" / "treegrpo" / run

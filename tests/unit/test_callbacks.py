@@ -81,7 +81,12 @@ def test_a_callback_that_says_stop_ends_the_run_with_a_checkpoint(tmp_path):
     assert interrupts._SAVED == []                                     # cleared with the handlers
 
 
-def test_the_interrupt_line_names_the_checkpoint_or_says_there_is_none(capsys):
+def test_the_interrupt_line_names_the_checkpoint_or_says_there_is_none(capsys, monkeypatch):
+    monkeypatch.setenv("RANK", "1")         # torchrun's other processes: the first one says it (only it saves)
+    with interrupts.handled():
+        assert interrupts.report() == 130
+        assert capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
     with interrupts.handled():
         assert interrupts.report() == 130
         assert "before any iteration finished: nothing to resume" in capsys.readouterr().err

@@ -97,6 +97,38 @@ def test_guidance_scale_is_read_under_its_earlier_name_cfg(tmp_path):
     assert config_changes({**old, "cfg": 3.0}, now) == ["guidance_scale: 3.0 -> 2.0"]
 
 
+def test_a_prompt_given_by_flag_keeps_its_commas():
+    """``--prompts`` / ``--eval-prompts``: one prompt per flag, repeated, or a JSON list; a comma is part of the
+    prompt (list flags of numbers still split on commas: ``--tree.branch_schedule 4,2``)."""
+    import argparse
+
+    p = argparse.ArgumentParser()
+    cli.add_config_flags(p)
+    ns = p.parse_args(["--prompts", "a cat, sitting on a mat", "--prompts", "a dog", "--eval-prompts", '["x, y", "z"]',
+                       "--tree.branch_schedule", "4,2"])
+    d = cli.apply_flags(cli.demo_config_dict(), ns)
+    assert d["prompts"] == ["a cat, sitting on a mat", "a dog"] and d["eval_prompts"] == ["x, y", "z"]
+    assert d["tree"]["branch_schedule"] == [4, 2]
+    with pytest.raises(ConfigError, match="--prompts.*JSON list"):
+        cli.apply_flags(cli.demo_config_dict(), p.parse_args(["--prompts", '["a", ']))
+
+
+def test_a_resumed_run_compares_its_prompt_files_prompts_not_its_path(tmp_path, monkeypatch):
+    """The same prompts file named by another path resumes; the same path with other lines is a change of settings."""
+    from treegrpo.checkpoint import CheckpointError, check_resume
+
+    (tmp_path / "p.txt").write_text("a red circle\na blue square\n")
+    d = cli.demo_config_dict()
+    d.update(prompts=[], prompts_file="p.txt", iterations=1, prompts_per_iter=2, trees_per_prompt=1, eval_every=0,
+             output_dir=str(tmp_path / "out"), run_name="pf")
+    monkeypatch.chdir(tmp_path)
+    run_training(TrainConfig.from_dict(d), progress=False)
+    assert check_resume(str(tmp_path / "out"), TrainConfig.from_dict({**d, "prompts_file": str(tmp_path / "p.txt")}))
+    (tmp_path / "p.txt").write_text("a red circle\na green star\n")
+    with pytest.raises(CheckpointError, match="the prompts in 'p.txt' are not the ones the run was trained on"):
+        check_resume(str(tmp_path / "out"), TrainConfig.from_dict(d))
+
+
 def test_cli_rejects_bad_input_before_loading_any_model(tmp_path, monkeypatch, capsys):
     import treegrpo.backends as backends
 
