@@ -69,6 +69,10 @@ def prepare(cfg: TrainConfig, resume: bool = False, allow_changes: bool = False,
         check_config_prompts(cfg, prompts)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)     # torchrun / accelerate launch: the processes
+    if cfg.prompts_per_iter < world:
+        raise ConfigError(f"TrainConfig.prompts_per_iter: {cfg.prompts_per_iter} prompts per iteration cannot be split "
+                          f"over {world} processes; use at least {world}")
     out = cfg.output_dir
     check_output_dir(out)
     ckpt.check_output_dir(out, cfg.run_name, None)      # a folder of another run; its base model once loaded
@@ -113,7 +117,7 @@ def check_size(cfg: TrainConfig) -> None:
 
 def build_trainer(cfg: TrainConfig, policy, rewards: Optional[dict] = None, **kw):
     """The :class:`~treegrpo.trainer.Trainer` of a run on a loaded ``policy``: ``rewards`` by name (None: scored
-    outside, as the step nodes do), ``kw`` the Trainer's own (progress, stop, callbacks, judges, start_check, ...).
+    outside, as the step nodes do), ``kw`` the Trainer's own (progress, stop, callbacks, judges, leaf_scorer, ...).
     The CLI, the Train node and the step nodes build their trainers here."""
     from .trainer import Trainer
 

@@ -135,9 +135,9 @@ def win_probability(scores: torch.Tensor) -> tuple[int, float]:
 
 
 def should_ask(scores: Optional[torch.Tensor], trees_seen: int, answers: int, cfg: TasteConfig) -> bool:
-    """Ask the artist about this tree, judged by the heads' disagreement alone? ``scores`` (K, n): the heads' scores
-    of its leaves (None: no model yet); ``trees_seen``: trees before this one; ``answers``: questions asked so far.
-    (:func:`ask_reason` adds the other reasons.)"""
+    """Ask the artist about this tree (:func:`ask_reason` gives a reason: no model yet, the heads disagree, or the
+    least rate of questions is due)? ``scores`` (K, n): the heads' scores of its leaves (None: no model yet);
+    ``trees_seen``: trees before this one; ``answers``: questions asked so far."""
     return ask_reason(scores, trees_seen, answers, cfg) is not None
 
 
