@@ -129,6 +129,17 @@ def test_a_resumed_run_compares_its_prompt_files_prompts_not_its_path(tmp_path, 
         check_resume(str(tmp_path / "out"), TrainConfig.from_dict(d))
 
 
+def test_fewer_prompts_per_iteration_than_processes_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    from treegrpo.run import prepare
+
+    monkeypatch.setenv("WORLD_SIZE", "4")           # as torchrun --nproc_per_node 4 sets it
+    d = cli.demo_config_dict()
+    d.update(prompts_per_iter=2, output_dir=str(tmp_path / "out"))
+    with pytest.raises(ConfigError, match="2 prompts per iteration cannot be split over 4 processes"):
+        prepare(TrainConfig.from_dict(d))
+    assert not (tmp_path / "out").exists()          # before any file
+
+
 def test_cli_rejects_bad_input_before_loading_any_model(tmp_path, monkeypatch, capsys):
     import treegrpo.backends as backends
 
