@@ -49,7 +49,8 @@ class TrainerState(PackNode):
             description="A named training run that survives between queued prompts (LoRA, optimiser, step). Saved "
                         "to output/treegrpo/<run_name>/ after every step and resumed from there by name.",
             inputs=[
-                widget(io.String, "run_name", "runs with the same name continue (output/treegrpo/<run_name>/)"),
+                widget(io.String, "run_name", "runs with the same name continue (output/treegrpo/<run_name>/); "
+                       "letters, digits, '-', '_', '.', at most 120 bytes"),
                 *lora_inputs(),
                 widget(io.Float, "clip_range", "PPO ratio clip", min=1e-6, max=1.0, step=1e-5),
                 widget(io.Float, "kl_beta", "KL weight to the base model (LoRA off)", min=0.0, max=10.0, step=0.001),
@@ -151,7 +152,8 @@ class Train(PackNode):
                 widget(io.Int, "prompts_per_iteration", "prompts (one tree each) per iteration", min=1, max=256),
                 *lora_inputs(),
                 widget(io.Int, "seed", "seed of the LoRA init, prompts and noises", min=0, max=2**31 - 1),
-                widget(io.String, "run_name", "checkpoints go to output/treegrpo/<run_name>/; the same name resumes"),
+                widget(io.String, "run_name", "checkpoints go to output/treegrpo/<run_name>/; the same name resumes; "
+                       "letters, digits, '-', '_', '.', at most 120 bytes"),
                 widget(io.Int, "eval_every", "evaluate on fixed noises every N iterations (reward curve)", min=0,
                        max=100000),
                 widget(io.Combo, "gradient_checkpointing", "recompute blocks in backward (less memory, ~1.5x the "

@@ -410,6 +410,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             return rc
         except KeyboardInterrupt:
             return interrupts.report(exit_now=argv is None)
+        except BrokenPipeError:        # `treegrpo config | head`: the reader left; nothing more to say
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # no second error at exit's flush
+            except (OSError, ValueError):
+                pass
+            return 1
         except Exception as e:
             if interrupted.is_set():   # Ctrl-C inside an import or a C call can surface as another error (ImportError
                 return interrupts.report(exit_now=argv is None)   # from a half-imported torch, ...), or as the stop
@@ -419,12 +425,13 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise
 
 
-def short_message(text: str, limit: int = 600) -> str:
+def short_message(text: str, limit: int = 1500) -> str:
     """An error message with quoted user input longer than 100 characters shortened (a 10 000-character prompt is
-    not echoed whole), and the whole cut to about ``limit``."""
+    not echoed whole), and the whole cut to about ``limit`` (a reward's list of the files it expects stays whole). A
+    quote opens and closes beside no letter: the apostrophes of "the reward's" and "ComfyUI's" are not quotes."""
     import re
 
-    text = re.sub(r"'([^'\n]{100,})'", lambda m: repr(shorten(m.group(1))), text)
+    text = re.sub(r"(?<!\w)'([^'\n]{100,})'(?!\w)", lambda m: repr(shorten(m.group(1))), text)
     return shorten(text, limit)
 
 

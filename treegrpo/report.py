@@ -9,10 +9,6 @@ import torch
 from .io import atomic_write
 
 
-def _save_png(path: str, img) -> str:
-    return atomic_write(path, lambda tmp: img.save(tmp, format="PNG"))
-
-
 def image_grid(images: torch.Tensor, nrow: int, scale: int = 4, pad: int = 2) -> torch.Tensor:
     """(B, 3, H, W) in [0, 1] → one (3, H', W') grid, upscaled ``scale``× (nearest) so small images are visible."""
     from torchvision.utils import make_grid

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from typing import Optional
 
 from . import interrupts
@@ -69,6 +70,10 @@ def prepare(cfg: TrainConfig, resume: bool = False, allow_changes: bool = False,
         check_config_prompts(cfg, prompts)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if cfg.eval_seeds < 2 and cfg.signals.diversity_floor > 0:
+        warnings.warn("eval_seeds 1: one sample per evaluation prompt has no diversity to measure, so the warning "
+                      "that samples collapse to one image (signals.diversity_floor) is off; use eval_seeds 2 or more "
+                      "to keep it")
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)     # torchrun / accelerate launch: the processes
     if cfg.prompts_per_iter < world:
         raise ConfigError(f"TrainConfig.prompts_per_iter: {cfg.prompts_per_iter} prompts per iteration cannot be split "

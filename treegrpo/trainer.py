@@ -409,6 +409,9 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
     def _train(self, total: int, resume: bool) -> dict:
         cfg = self.cfg
         self.begin(resume)
+        if self.iteration >= total and self.rank == 0:
+            self.log(f"TreeGRPO {cfg.run_name}: already at iteration {self.iteration} of {total}, nothing left to train "
+                     "(raise iterations to train further); the end of the run is written again")
         for cb in self.callbacks:
             cb.on_train_begin(self)
         bar = None

@@ -190,6 +190,18 @@ def _run(argv, capsys) -> str:
     return err
 
 
+def test_a_missing_reward_folder_names_every_file_it_needs(tmp_path, capsys, monkeypatch):
+    """The reward's whole list of the files it expects, where to put them and their source, uncut: its apostrophes
+    ("ComfyUI's", "the reward's") are not quotes of user input, and the list is longer than a flag's line."""
+    monkeypatch.chdir(tmp_path)
+    rc = cli.main(["train", "--rewards", '[{"name": "pickscore", "weight": 1, "path": "/nonexistent/ps"}]'])
+    err = capsys.readouterr().err
+    assert rc == 2 and "characters]" not in err and "Traceback" not in err, err
+    for part in ("tokenizer_config.json, special_tokens_map.json) in the same folder",
+                 "ComfyUI's models/reward_models/ folder", "github yuvalkirstain/PickScore). Nothing is downloaded."):
+        assert part in err, err
+
+
 @pytest.mark.parametrize("case,over,fragment", CONFIG_CASES, ids=[c[0] for c in CONFIG_CASES])
 def test_a_bad_config_is_one_line_before_any_model(tmp_path, capsys, monkeypatch, case, over, fragment):
     _no_model(monkeypatch)

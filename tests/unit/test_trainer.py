@@ -140,6 +140,35 @@ def test_fewer_prompts_per_iteration_than_processes_is_refused_before_the_model_
     assert not (tmp_path / "out").exists()          # before any file
 
 
+def test_one_evaluation_seed_says_the_diversity_warning_is_off_and_a_finished_run_says_so(tmp_path, capsys):
+    from treegrpo.run import prepare
+
+    d = cli.demo_config_dict()
+    d.update(eval_seeds=1, iterations=1, prompts_per_iter=2, eval_every=0, output_dir=str(tmp_path / "out"),
+             run_name="done")
+    with pytest.warns(UserWarning, match=r"eval_seeds 1: .*signals\.diversity_floor\) is off"):
+        prepare(TrainConfig.from_dict(d))
+    run_training(TrainConfig.from_dict(d), progress=False)
+    capsys.readouterr()
+    tr, _ = run_training(TrainConfig.from_dict(d), resume=True, progress=False)     # queued again when finished
+    assert tr.iteration == 1
+    assert "already at iteration 1 of 1, nothing left to train" in capsys.readouterr().out
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly(monkeypatch, capsys):
+    """``treegrpo config | head``: the pipe closes under the printing; exit 1, no traceback."""
+    import io
+    import sys
+
+    class Closed(io.StringIO):
+        def write(self, s):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", Closed())
+    assert cli.main(["config"]) == 1
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def test_cli_rejects_bad_input_before_loading_any_model(tmp_path, monkeypatch, capsys):
     import treegrpo.backends as backends
 
