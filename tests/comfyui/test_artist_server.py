@@ -162,3 +162,63 @@ def test_the_train_node_asks_about_every_nth_tree_and_scores_the_others(comfyui_
     assert [(r["iteration"], r["tree"], r["outcome"]) for r in rec] == [(0, 0, "answered"), (1, 0, "answered")]
     log = json.loads((Path(srv.base_dir) / "output" / "treegrpo" / run / "log.json").read_text())
     assert len(log["train"]) == 2 and all(h["edges"] > 0 for h in log["train"])
+
+
+def test_a_cancelled_artist_run_queued_again_goes_back_to_the_state_approved_before(comfyui_server):
+    """The guard of the checks against the start survives Cancel and queue again: the artist approves iteration 2,
+    cancels while the check at 4 waits, queues the run again (it resumes after iteration 4) and prefers the start at
+    6: the LoRA goes back to iteration 2's (before, the state the run resumed with became the start: 4's). The
+    scripted artist knows which side is the model now from the checks' side-order generator (seeded by the node's
+    seed, one draw a look, kept in the checkpoint)."""
+    import threading
+
+    import torch
+    from test_comfy_nodes import train_graph
+
+    srv, run = comfyui_server, "artist_guard_resumed"
+    g = train_graph(run, 6)
+    g["train"]["inputs"].update(artist_every=1000, artist_mode="favourites", artist_timeout_s=300,
+                                artist_check_every=2)
+    order = torch.Generator().manual_seed(7_000_003 + 0)
+    script = iter(["now", "now", "cancel", "start", "start"])
+    looks, cancelled = [], threading.Event()
+    with ch.EventClient(srv.port) as ws:
+        stop = threading.Event()
+
+        def artist():
+            seen = 0
+            while not stop.is_set():
+                qs = [e["data"] for e in ws.events if e["type"] == "treegrpo.artist.question"]
+                for q in qs[seen:]:
+                    if q.get("kind") != "check":
+                        post_answer(srv.port, q["id"], q["nonce"], {"mode": "favourites", "good": [0]})
+                        continue
+                    now = 0 if bool(torch.rand((), generator=order) < 0.5) else 1
+                    want = next(script)
+                    looks.append((q["iteration"], want))
+                    if want == "cancel":
+                        ch.server_interrupt(srv.port)
+                        cancelled.set()
+                    else:
+                        post_answer(srv.port, q["id"], q["nonce"],
+                                    {"mode": "favourites", "good": [now if want == "now" else 1 - now]})
+                seen = len(qs)
+                stop.wait(0.1)
+
+        t = threading.Thread(target=artist, daemon=True)
+        t.start()
+        try:
+            pid = ch.post_prompt(srv.port, g, client_id=ws.client_id)
+            entry = ch.wait_history(srv.port, pid, timeout=900)
+            assert cancelled.is_set() and "execution_interrupted" in [m[0] for m in entry["status"]["messages"]]
+            pid = ch.post_prompt(srv.port, g, client_id=ws.client_id)
+            ch.wait_history(srv.port, pid, timeout=900, check=True)
+        finally:
+            stop.set()
+            t.join(10)
+    assert looks == [(2, "now"), (2, "now"), (4, "cancel"), (6, "start"), (6, "start")], looks
+    folder = Path(srv.base_dir) / "output" / "treegrpo" / run
+    log = json.loads((folder / "log.json").read_text())["train"]
+    checked = {h["iteration"] + 1: (h.get("check"), h.get("check_restored")) for h in log if "check" in h}  # after
+    assert checked.get(2) == ("now", None) and checked.get(6) == ("start", 2), checked
+    assert (folder / "artist" / "states" / f"{run}-0000002.pt").is_file()
