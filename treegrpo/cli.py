@@ -410,12 +410,14 @@ def main(argv: Optional[list[str]] = None) -> int:
             return rc
         except KeyboardInterrupt:
             return interrupts.report(exit_now=argv is None)
-        except BrokenPipeError:        # `treegrpo config | head`: the reader left; nothing more to say
-            try:
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # no second error at exit's flush
-            except (OSError, ValueError):
-                pass
-            return 1
+        except BrokenPipeError:
+            if interrupted.is_set():   # Ctrl-C on `treegrpo train | tee log` also ends the tee
+                return interrupts.report(exit_now=argv is None)
+            if not _output_closed():
+                raise                  # another pipe (a socket, a child process): not ours to hide
+            if argv is None:           # the console script: no second error when the interpreter flushes at exit
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1                   # `treegrpo config | head`: the reader of the output left; nothing more to say
         except Exception as e:
             if interrupted.is_set():   # Ctrl-C inside an import or a C call can surface as another error (ImportError
                 return interrupts.report(exit_now=argv is None)   # from a half-imported torch, ...), or as the stop
@@ -423,6 +425,23 @@ def main(argv: Optional[list[str]] = None) -> int:
                 print(f"treegrpo: error: {short_message(str(e))}", file=sys.stderr)
                 return 2
             raise
+
+
+def _output_closed() -> bool:
+    """Whether nobody reads the standard output any more (its pipe's reader exited): what is still buffered cannot
+    be written, or the pipe reports an error (poll)."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        return True
+    try:
+        import select
+
+        p = select.poll()
+        p.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in p.poll(0))
+    except (AttributeError, OSError, ValueError):     # no poll (Windows), no file descriptor
+        return False
 
 
 def short_message(text: str, limit: int = 1500) -> str:

@@ -185,7 +185,7 @@ class RunFiles:
                                               else ("found", found))
             if self.rank:
                 if sent[0] == "failed":
-                    raise RuntimeError(f"the first process could not start the run ({sent[1]})")
+                    raise ckpt.CheckpointError(f"the first process could not start the run ({sent[1]})")
                 found = sent[1]
         if failure is not None:
             raise failure

@@ -399,12 +399,29 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
             self.plan_memory()
         cfg = self.cfg
         total = iterations or cfg.iterations
-        lock = ckpt.RunLock(self.out) if self.rank == 0 else None
+        lock = self._lock_run_folder()
         try:
             return self._train(total, resume)
         finally:
             if lock is not None:
                 lock.release()
+
+    def _lock_run_folder(self) -> Optional[ckpt.RunLock]:
+        """The first process's lock on the run folder (:class:`treegrpo.checkpoint.RunLock`); a folder in use stops
+        every process (the others are told, not left waiting for it in the checkpoint's broadcast)."""
+        lock, refused = None, None
+        if self.rank == 0:
+            try:
+                lock = ckpt.RunLock(self.out)
+            except ckpt.CheckpointError as e:
+                refused = e
+        if self.world > 1 and hasattr(self.dist, "broadcast_object"):
+            said = self.dist.broadcast_object(None if self.rank else (str(refused) if refused else ""))
+            if self.rank and said:
+                raise ckpt.CheckpointError(said)
+        if refused is not None:
+            raise refused
+        return lock
 
     def _train(self, total: int, resume: bool) -> dict:
         cfg = self.cfg

@@ -166,10 +166,11 @@ def test_the_train_node_asks_about_every_nth_tree_and_scores_the_others(comfyui_
 
 def test_a_cancelled_artist_run_queued_again_goes_back_to_the_state_approved_before(comfyui_server):
     """The guard of the checks against the start survives Cancel and queue again: the artist approves iteration 2,
-    cancels while the check at 4 waits, queues the run again (it resumes after iteration 4) and prefers the start at
-    6: the LoRA goes back to iteration 2's (before, the state the run resumed with became the start: 4's). The
-    scripted artist knows which side is the model now from the checks' side-order generator (seeded by the node's
-    seed, one draw a look, kept in the checkpoint)."""
+    cancels while the check at 4 waits and queues the run again: it resumes after iteration 4 and asks that check at
+    once; the artist prefers the start and the LoRA goes back to iteration 2's (before, the state the run resumed with
+    became the start, 4's, and the cut check was skipped); at 6 they approve. The scripted artist knows which side is
+    the model now from the checks' side-order generator (seeded by the node's seed, one draw a look, kept in the
+    checkpoint)."""
     import threading
 
     import torch
@@ -180,7 +181,7 @@ def test_a_cancelled_artist_run_queued_again_goes_back_to_the_state_approved_bef
     g["train"]["inputs"].update(artist_every=1000, artist_mode="favourites", artist_timeout_s=300,
                                 artist_check_every=2)
     order = torch.Generator().manual_seed(7_000_003 + 0)
-    script = iter(["now", "now", "cancel", "start", "start"])
+    script = iter(["now", "now", "cancel", "start", "start", "now", "now"])
     looks, cancelled = [], threading.Event()
     with ch.EventClient(srv.port) as ws:
         stop = threading.Event()
@@ -216,9 +217,9 @@ def test_a_cancelled_artist_run_queued_again_goes_back_to_the_state_approved_bef
         finally:
             stop.set()
             t.join(10)
-    assert looks == [(2, "now"), (2, "now"), (4, "cancel"), (6, "start"), (6, "start")], looks
+    assert looks == [(2, "now"), (2, "now"), (4, "cancel"), (4, "start"), (4, "start"), (6, "now"), (6, "now")], looks
     folder = Path(srv.base_dir) / "output" / "treegrpo" / run
     log = json.loads((folder / "log.json").read_text())["train"]
     checked = {h["iteration"] + 1: (h.get("check"), h.get("check_restored")) for h in log if "check" in h}  # after
-    assert checked.get(2) == ("now", None) and checked.get(6) == ("start", 2), checked
+    assert checked == {2: ("now", None), 4: ("start", 2), 6: ("now", None)}, checked
     assert (folder / "artist" / "states" / f"{run}-0000002.pt").is_file()

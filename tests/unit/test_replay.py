@@ -85,3 +85,8 @@ def test_a_check_answered_by_an_earlier_prompt_about_the_same_look_is_used_in_th
     assert earlier_check(picked, str(tmp_path), sides[::-1]) == (picked[0], 0)      # drawn the other way round
     assert earlier_check([_check(pick=None)], str(tmp_path), sides[::-1])[1] is None   # no preference stays
     assert earlier_check(picked, str(tmp_path), [sides[0], torch.rand(6, 10, 3, generator=g)]) is None
+    near = (sides[0] + 0.5 / 255).clamp(0, 1)          # two sides within a level of each other: the nearer order
+    for i, side in enumerate((sides[0], near)):
+        Image.fromarray(to_levels(side).numpy()).save(tmp_path / "artist" / "c" / f"side_{i}.png")
+    assert earlier_check(picked, str(tmp_path), [near, sides[0]]) == (picked[0], 0)
+    assert earlier_check(picked, str(tmp_path), [sides[0], near]) == (picked[0], 1)

@@ -441,3 +441,46 @@ def test_a_resumed_run_whose_kept_states_are_gone_says_so_and_guards_from_where_
     assert torch.equal(_flat(t2.lora.weights()), _flat(w3))
     assert any("could not be read" in w and "iteration 3" in w for w in t2.warnings), t2.warnings
     assert os.path.isdir(tmp_path / "artist" / "states")
+
+
+def test_a_finished_run_queued_again_ends_as_it_ended_and_asks_nothing(tmp_path):
+    """The end took the LoRA back to an approved state (the end's check lost, the re-check of iteration 2's won);
+    queued again, the run has nothing left to train: its end is not checked again, the LoRA stays iteration 2's and
+    the state the end took back (kept by ``on_unapproved``) is not written over."""
+    box, asked, kept = [], [], []
+    check = StartCheck(_scripted(["now", "now", "start", "now", "now"], box, asked),
+                       CheckConfig(every=2, pictures=2), on_unapproved=lambda t: kept.append(t.iteration))
+    t = _trainer(tmp_path, check)
+    box.append(t)
+    t.train(iterations=3)
+    assert check.records[-1]["final"] and check.records[-1]["restored"] == 2 and kept == [3], (check.records, asked)
+    w2 = copy.deepcopy(t.lora.weights())
+    box2 = []
+    again = StartCheck(_scripted([], box2, []), CheckConfig(every=2, pictures=2),
+                       on_unapproved=lambda t: pytest.fail("the end was settled"))
+    t2 = _trainer(tmp_path, again)
+    box2.append(t2)
+    t2.train(iterations=3, resume=True)
+    assert torch.equal(_flat(t2.lora.weights()), _flat(w2))
+
+
+def test_a_check_cut_by_a_stop_is_made_when_the_run_resumes(tmp_path):
+    """Cancel while the check at 2 waits: the checkpoint holds iteration 2 without its check; the resumed run
+    checks at once (before iteration 3) and its verdict goes to iteration 2's record."""
+    class Stop(Exception):
+        pass
+
+    def ask(*a, **k):
+        raise Stop()
+
+    t = _trainer(tmp_path, StartCheck(ask, CheckConfig(every=2, pictures=2, final=False)))
+    with pytest.raises(Stop):
+        t.train(iterations=4)
+    box, asked = [], []
+    again = StartCheck(_scripted(["start", "start"], box, asked), CheckConfig(every=2, pictures=2, final=False))
+    t2 = _trainer(tmp_path, again)
+    box.append(t2)
+    t2.train(iterations=3, resume=True)
+    assert [(i, a) for i, a, _, _ in asked] == [(2, False), (2, True)]
+    rec2 = next(h for h in t2.history if h["iteration"] == 1)          # the record of the 2nd iteration
+    assert rec2["check"] == START and rec2["check_restored"] == 0 and len(t2.history) == 3

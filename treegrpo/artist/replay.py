@@ -11,6 +11,7 @@ the sides now, in either order (which side comes first is drawn anew; :func:`ear
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Optional
 
@@ -78,12 +79,15 @@ def checks_given(path: str, *, run_name: str, iteration: int, again: bool, promp
 def earlier_check(given: list[dict], folder: str, sides: list[torch.Tensor]) -> Optional[tuple[dict, Optional[int]]]:
     """The record and the pick, in the order of ``sides`` (the two side pictures (H, W, 3) in [0, 1] shown now), of
     the first of ``given`` (:func:`checks_given`) whose kept sides are these pictures — in the same order (its pick)
-    or swapped (the other side; no preference stays None); else None."""
+    or swapped (the other side; no preference stays None), whichever order is nearer; else None."""
     for rec in given:
-        if same_pictures(folder, rec["sides"], sides):
+        same = picture_distance(folder, rec["sides"], sides)
+        swapped = picture_distance(folder, rec["sides"][::-1], sides)
+        if min(same, swapped) > SAME_PICTURE_LEVELS:
+            continue
+        if same <= swapped:
             return rec, rec["pick"]
-        if same_pictures(folder, rec["sides"][::-1], sides):
-            return rec, None if rec["pick"] is None else 1 - rec["pick"]
+        return rec, None if rec["pick"] is None else 1 - rec["pick"]
     return None
 
 
@@ -96,19 +100,28 @@ def same_pictures(folder: str, kept: list, images: list[torch.Tensor]) -> bool:
     """Whether the pictures kept under ``folder`` (``kept``: paths relative to it, one per leaf) are ``images``
     ((H, W, 3) float in [0, 1], the tree's leaves now, in order): as many, each within
     :data:`SAME_PICTURE_LEVELS` of it on average."""
+    return picture_distance(folder, kept, images) <= SAME_PICTURE_LEVELS
+
+
+def picture_distance(folder: str, kept: list, images: list[torch.Tensor]) -> float:
+    """The largest mean difference, in 8-bit levels, between a picture kept under ``folder`` and the one of
+    ``images`` in its place (:func:`same_pictures`); infinite when they are not as many, a size differs or a kept
+    picture cannot be read."""
     from ..report import read_picture
 
     if len(kept) != len(images):
-        return False
+        return math.inf
+    worst = 0.0
     for rel, image in zip(kept, images):
         try:
             old = read_picture(os.path.join(folder, rel))
         except (OSError, ValueError, TypeError):
-            return False
+            return math.inf
         now = to_levels(image).float() / 255.0
-        if old.shape != now.shape or 255.0 * float((old - now).abs().mean()) > SAME_PICTURE_LEVELS:
-            return False
-    return True
+        if old.shape != now.shape:
+            return math.inf
+        worst = max(worst, 255.0 * float((old - now).abs().mean()))
+    return worst
 
 
 def earlier_answer(given: dict[int, tuple[dict, Answer]], folder: str, tree: int,

@@ -192,7 +192,8 @@ class StartCheck(TrainerCallback):
         self.g = torch.Generator().manual_seed(7_000_003 + config.seed)
         self.start_pictures: dict = {}     # (again, fresh) -> the base model's pictures of that look's noises (once)
         self.resumed: Optional[dict] = None    # the state a resumed run's checkpoint kept (load_state_dict)
-        self.recent: list[set] = []            # the state files the newest checkpoints name (the others are deleted)
+        self.named: dict[int, set] = {}       # checkpoint iteration -> the state files it names (others are deleted)
+        self.pending: set = set()            # the files the checkpoint being written names
 
     def due(self, iteration: int) -> bool:
         return bool(self.config.every) and iteration > 0 and iteration % self.config.every == 0
@@ -204,6 +205,13 @@ class StartCheck(TrainerCallback):
 
     def on_train_begin(self, trainer) -> None:
         self.begin(trainer)
+        if self.due(trainer.iteration) and not any(r["iteration"] == trainer.iteration for r in self.records):
+            # the run stopped while this iteration's check waited (Cancel): it is checked now, the looks already
+            # answered taken from artist_checks.jsonl (the ask's replay), and the verdict goes to its record
+            rec = self(trainer)
+            if rec is not None and trainer.history and trainer.history[-1].get("iteration") == trainer.iteration - 1:
+                trainer.history[-1]["check"] = rec["verdict"] or "none"
+                trainer.history[-1]["check_restored"] = rec["restored"]
 
     def on_step(self, trainer) -> None:
         if self.guard is None:      # a loop driven step by step (no train()): the state before the first update
@@ -240,7 +248,7 @@ class StartCheck(TrainerCallback):
         for snap in states:
             if snap.file is None:
                 snap.file = self.write_state(trainer, snap, start=snap is self.guard.initial)
-        self.recent = (self.recent + [{snap.file for snap in states}])[-trainer.cfg.keep_checkpoints:]
+        self.pending = {snap.file for snap in states}
         return {"guard": json.dumps({"initial": [self.guard.initial.iteration, self.guard.initial.file],
                                      "approved": [[snap.iteration, snap.file] for snap in self.guard.approved],
                                      "just_restored": self.guard.just_restored, "restores": self.guard.restores,
@@ -251,10 +259,22 @@ class StartCheck(TrainerCallback):
         self.resumed = state
 
     def on_checkpoint(self, trainer, path: str) -> None:
-        """Delete the state files no kept checkpoint names (the newest ``keep_checkpoints``)."""
-        if not self.recent:
+        """Delete the state files no checkpoint on disk names; nothing while one on disk is not known (a resumed
+        run's older checkpoints, until they are replaced)."""
+        from ..checkpoint import checkpoint_paths
+
+        self.named[trainer.iteration] = set(self.pending)
+        run = trainer.cfg.run_name
+        on_disk = set()
+        for p in checkpoint_paths(trainer.out, run):
+            try:
+                on_disk.add(int(os.path.basename(p)[len(run) + 1:-3]))
+            except ValueError:          # another run's (a longer name) or not a checkpoint
+                pass
+        self.named = {it: files for it, files in self.named.items() if it in on_disk}
+        if set(self.named) != on_disk:
             return
-        named = set().union(*self.recent)
+        named = set().union(*self.named.values())
         pattern = re.compile(re.escape(trainer.cfg.run_name) + r"-(start-)?\d{7}\.pt")
         folder = os.path.join(trainer.out, STATES)
         for f in glob.glob(os.path.join(glob.escape(folder), glob.escape(trainer.cfg.run_name) + "-*.pt")):
@@ -306,7 +326,7 @@ class StartCheck(TrainerCallback):
                                   f"{type(e).__name__}); a check lost goes back to an earlier one")
         self.records = list(saved["records"])
         self.g.set_state(kept["order"])
-        self.recent = [{s.file for s in [initial, *approved]}]
+        self.named = {trainer.iteration: {s.file for s in [initial, *approved]}}
         return StartGuard(initial, approved=approved, just_restored=saved["just_restored"],
                           restores=saved["restores"])
 
@@ -415,7 +435,6 @@ class StartCheck(TrainerCallback):
             back = self.approved_again(trainer, rec)
             self.restore(trainer, back)
             rec["restored"] = back.iteration
-            trainer.save_checkpoint()   # a run resumed later goes on from the state it ended on
             msg = (f"the artist did not prefer iteration {trainer.iteration}'s pictures to the base model's at the end: "
                    "the run ends on " + ("the base model (no state of this run was preferred to it)"
                                          if back is self.guard.initial
@@ -425,4 +444,6 @@ class StartCheck(TrainerCallback):
             trainer.warnings.append(msg)
             logging.warning("TreeGRPO %s: %s", trainer.cfg.run_name, msg)
         self.records.append(rec)
+        if rec["restored"] is not None or (kept and looks):
+            trainer.save_checkpoint()   # with this record: the run queued again ends as it ended, asking nothing
         return rec
