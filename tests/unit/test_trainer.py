@@ -557,3 +557,88 @@ def test_a_stop_during_an_evaluation_ends_it_at_the_next_sampling_step(tmp_path)
     with pytest.raises(TrainingInterrupted):
         tr.train()
     assert tr.iteration == 1 and [e["iteration"] for e in tr.evals] == [0]
+
+
+def test_a_run_folder_in_use_is_told_to_every_process(tmp_path):
+    """torchrun: the first process finds the folder in use and says so to the others (which would otherwise wait for
+    it in the checkpoint's broadcast), and each stops with the same one-line error; a free folder is locked by the
+    first process only."""
+    from types import SimpleNamespace
+
+    from treegrpo.checkpoint import CheckpointError, RunLock
+    from treegrpo.trainer import Trainer
+
+    class Group:                      # the broadcast of treegrpo.distributed.DataParallel, one process's view
+        def __init__(self, first_says=None):
+            self.sent, self.first_says = [], first_says
+
+        def broadcast_object(self, obj):
+            self.sent.append(obj)
+            return obj if self.first_says is None else self.first_says
+
+    busy = RunLock(str(tmp_path))
+    try:
+        first = SimpleNamespace(rank=0, world=2, dist=Group(), out=str(tmp_path))
+        with pytest.raises(CheckpointError, match="is in use by a run that is still training") as e:
+            Trainer._lock_run_folder(first)
+        assert first.dist.sent == [str(e.value)]
+        other = SimpleNamespace(rank=1, world=2, dist=Group(first_says=str(e.value)), out=str(tmp_path))
+        with pytest.raises(CheckpointError, match="is in use by a run that is still training"):
+            Trainer._lock_run_folder(other)
+    finally:
+        busy.release()
+    first = SimpleNamespace(rank=0, world=2, dist=Group(), out=str(tmp_path))
+    lock = Trainer._lock_run_folder(first)
+    assert lock is not None and first.dist.sent == [""]
+    other = SimpleNamespace(rank=1, world=2, dist=Group(first_says=""), out=str(tmp_path))
+    assert Trainer._lock_run_folder(other) is None
+    lock.release()
+
+
+def test_a_run_the_first_process_cannot_start_stops_the_others_and_a_resume_reaches_them(tmp_path):
+    """RunFiles.begin under torchrun: the first process reads the folder and sends what it found (the checkpoint, or
+    why it could not start) to the others, which resume from it or stop with the same reason."""
+    import types
+
+    from treegrpo import checkpoint as ckpt
+    from treegrpo.run_files import RunFiles
+
+    class Group:
+        def __init__(self, first_says=None):
+            self.sent, self.first_says = [], first_says
+
+        def broadcast_object(self, obj):
+            self.sent.append(obj)
+            return obj if self.first_says is None else self.first_says
+
+    class Run(RunFiles):
+        base_model_name, callbacks = "m", []
+
+        def __init__(self, out, rank, group):
+            self.out, self.rank, self.world, self.dist = str(out), rank, 2, group
+            self.cfg, self.loaded = types.SimpleNamespace(run_name="r"), []
+
+        def log(self, msg):
+            pass
+
+        def load_checkpoint(self, path, state=None):
+            self.loaded.append((path, state["iteration"]))
+
+    out = tmp_path / "out"
+    out.mkdir()
+    ckpt.claim_output_dir(str(out), "r", "another/model")          # the folder of a run on another base model
+    ckpt.write_checkpoint(str(out), "r", 3, {"x": 1}, keep=2)
+    first = Run(out, 0, Group())
+    with pytest.raises(ValueError, match="cannot continue on another base model") as e:
+        first.begin(resume=True)
+    assert first.dist.sent[0][0] == "failed" and str(e.value) in first.dist.sent[0][1]
+    other = Run(out, 1, Group(first_says=first.dist.sent[0]))
+    with pytest.raises(ckpt.CheckpointError, match="the first process could not start the run"):
+        other.begin(resume=True)
+    ckpt.claim_output_dir(str(out), "r", "m", fresh=True)
+    first = Run(out, 0, Group())
+    first.begin(resume=True)
+    other = Run(out, 1, Group(first_says=first.dist.sent[0]))
+    other.begin(resume=True)
+    assert first.loaded == other.loaded == [(str(out / "checkpoints" / "r-0000003.pt"), 3)]
+    assert not other.started_fresh
