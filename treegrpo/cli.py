@@ -180,9 +180,21 @@ def cmd_demo(ns) -> int:
     return 0
 
 
+def _quiet_libraries() -> None:
+    """``--quiet``: diffusers' and transformers' own loading bars off too (the run's are off already)."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    for name in ("diffusers", "transformers"):
+        try:
+            __import__(f"{name}.utils.logging", fromlist=["disable_progress_bar"]).disable_progress_bar()
+        except (ImportError, AttributeError):
+            pass
+
+
 def cmd_train(ns) -> int:
     d = read_config_file(ns.config) if ns.config else demo_run_config_dict()
     cfg = TrainConfig.from_dict(apply_flags(d, ns))
+    if ns.quiet:
+        _quiet_libraries()
     trainer, summary = run_training(cfg, resume=ns.resume, progress=not ns.quiet, allow_changes=ns.allow_changes,
                                     overwrite=ns.overwrite)
     if trainer.rank == 0:

@@ -642,3 +642,27 @@ def test_a_run_the_first_process_cannot_start_stops_the_others_and_a_resume_reac
     other.begin(resume=True)
     assert first.loaded == other.loaded == [(str(out / "checkpoints" / "r-0000003.pt"), 3)]
     assert not other.started_fresh
+
+
+def test_quiet_also_silences_the_libraries_loading_bars(monkeypatch):
+    import diffusers.utils.logging as dlog
+    import transformers.utils.logging as tlog
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_run(cfg, **kw):
+        seen.append((dlog.is_progress_bar_enabled(), tlog.is_progress_bar_enabled(), kw["progress"]))
+        raise Stop()
+
+    monkeypatch.setattr("treegrpo.cli.run_training", fake_run)
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    try:
+        with pytest.raises(Stop):
+            cli.main(["train", "--quiet"])
+    finally:
+        dlog.enable_progress_bar()
+        tlog.enable_progress_bar()
+    assert seen == [(False, False, False)]
