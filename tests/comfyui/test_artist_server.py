@@ -2,7 +2,9 @@
 dialog does): the question reaches only the tab that queued the prompt, answers are posted to the pack's route,
 stale or duplicate answers are refused, a reload gets the question again, Cancel stops the wait, an unanswered tree
 falls back after its timeout, and every answer is in the run's artist_labels.jsonl."""
+import contextlib
 import json
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -94,40 +96,49 @@ def test_cancel_stops_the_wait_and_an_unanswered_tree_times_out(comfyui_server):
     assert json.loads(entry["outputs"]["step"]["text"][0])["edges"] == 0
 
 
+@contextlib.contextmanager
+def scripted_artist(ws, answer):
+    """While inside: a thread that calls ``answer(question)`` for each artist question ``ws`` (an EventClient)
+    receives, in order, as a person at the web dialog would."""
+    stop = threading.Event()
+
+    def artist():
+        seen = 0
+        while not stop.is_set():
+            qs = [e["data"] for e in ws.events if e["type"] == "treegrpo.artist.question"]
+            for q in qs[seen:]:
+                answer(q)
+            seen = len(qs)
+            stop.wait(0.1)
+
+    t = threading.Thread(target=artist, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join(10)
+
+
 def run_with_scripted_artist(srv, graph, score, timeout=900, checks=None):
     """Queue ``graph`` from a websocket client that answers every question it gets with the leaf ``score(srv, image
     ref)`` rates highest (favourites), as the web dialog would. Returns (the history entry, [(iteration, tree,
     pick)]). A check against the start (kind ``check``) is answered the same way and goes to ``checks`` as
     (iteration, pick, question) instead."""
-    import threading
-
     answered = []
-    with ch.EventClient(srv.port) as ws:
-        stop = threading.Event()
 
-        def artist():
-            seen = 0
-            while not stop.is_set():
-                qs = [e["data"] for e in ws.events if e["type"] == "treegrpo.artist.question"]
-                for q in qs[seen:]:
-                    best = max(range(len(q["images"])), key=lambda i: score(srv, q["images"][i]))
-                    if q.get("kind") == "check":
-                        assert checks is not None, f"a check against the start nobody expected: {q}"
-                        checks.append((q["iteration"], best, q))
-                    else:
-                        answered.append((q["iteration"], q["tree"], best))
-                    post_answer(srv.port, q["id"], q["nonce"], {"mode": "favourites", "good": [best]})
-                seen = len(qs)
-                stop.wait(0.1)
+    def answer(q):
+        best = max(range(len(q["images"])), key=lambda i: score(srv, q["images"][i]))
+        if q.get("kind") == "check":
+            assert checks is not None, f"a check against the start nobody expected: {q}"
+            checks.append((q["iteration"], best, q))
+        else:
+            answered.append((q["iteration"], q["tree"], best))
+        post_answer(srv.port, q["id"], q["nonce"], {"mode": "favourites", "good": [best]})
 
-        t = threading.Thread(target=artist, daemon=True)
-        t.start()
-        try:
-            pid = ch.post_prompt(srv.port, graph, client_id=ws.client_id)
-            entry = ch.wait_history(srv.port, pid, timeout=timeout, check=True)
-        finally:
-            stop.set()
-            t.join(10)
+    with ch.EventClient(srv.port) as ws, scripted_artist(ws, answer):
+        pid = ch.post_prompt(srv.port, graph, client_id=ws.client_id)
+        entry = ch.wait_history(srv.port, pid, timeout=timeout, check=True)
     return entry, answered
 
 
@@ -171,8 +182,6 @@ def test_a_cancelled_artist_run_queued_again_goes_back_to_the_state_approved_bef
     became the start, 4's, and the cut check was skipped); at 6 they approve. The scripted artist knows which side is
     the model now from the checks' side-order generator (seeded by the node's seed, one draw a look, kept in the
     checkpoint)."""
-    import threading
-
     import torch
     from test_comfy_nodes import train_graph
 
@@ -183,40 +192,27 @@ def test_a_cancelled_artist_run_queued_again_goes_back_to_the_state_approved_bef
     order = torch.Generator().manual_seed(7_000_003 + 0)
     script = iter(["now", "now", "cancel", "start", "start", "now", "now"])
     looks, cancelled = [], threading.Event()
-    with ch.EventClient(srv.port) as ws:
-        stop = threading.Event()
 
-        def artist():
-            seen = 0
-            while not stop.is_set():
-                qs = [e["data"] for e in ws.events if e["type"] == "treegrpo.artist.question"]
-                for q in qs[seen:]:
-                    if q.get("kind") != "check":
-                        post_answer(srv.port, q["id"], q["nonce"], {"mode": "favourites", "good": [0]})
-                        continue
-                    now = 0 if bool(torch.rand((), generator=order) < 0.5) else 1
-                    want = next(script)
-                    looks.append((q["iteration"], want))
-                    if want == "cancel":
-                        ch.server_interrupt(srv.port)
-                        cancelled.set()
-                    else:
-                        post_answer(srv.port, q["id"], q["nonce"],
-                                    {"mode": "favourites", "good": [now if want == "now" else 1 - now]})
-                seen = len(qs)
-                stop.wait(0.1)
+    def answer(q):
+        if q.get("kind") != "check":
+            post_answer(srv.port, q["id"], q["nonce"], {"mode": "favourites", "good": [0]})
+            return
+        now = 0 if bool(torch.rand((), generator=order) < 0.5) else 1
+        want = next(script)
+        looks.append((q["iteration"], want))
+        if want == "cancel":
+            ch.server_interrupt(srv.port)
+            cancelled.set()
+        else:
+            pick = now if want == "now" else 1 - now
+            post_answer(srv.port, q["id"], q["nonce"], {"mode": "favourites", "good": [pick]})
 
-        t = threading.Thread(target=artist, daemon=True)
-        t.start()
-        try:
-            pid = ch.post_prompt(srv.port, g, client_id=ws.client_id)
-            entry = ch.wait_history(srv.port, pid, timeout=900)
-            assert cancelled.is_set() and "execution_interrupted" in [m[0] for m in entry["status"]["messages"]]
-            pid = ch.post_prompt(srv.port, g, client_id=ws.client_id)
-            ch.wait_history(srv.port, pid, timeout=900, check=True)
-        finally:
-            stop.set()
-            t.join(10)
+    with ch.EventClient(srv.port) as ws, scripted_artist(ws, answer):
+        pid = ch.post_prompt(srv.port, g, client_id=ws.client_id)
+        entry = ch.wait_history(srv.port, pid, timeout=900)
+        assert cancelled.is_set() and "execution_interrupted" in [m[0] for m in entry["status"]["messages"]]
+        pid = ch.post_prompt(srv.port, g, client_id=ws.client_id)
+        ch.wait_history(srv.port, pid, timeout=900, check=True)
     assert looks == [(2, "now"), (2, "now"), (4, "cancel"), (4, "start"), (4, "start"), (6, "now"), (6, "now")], looks
     folder = Path(srv.base_dir) / "output" / "treegrpo" / run
     log = json.loads((folder / "log.json").read_text())["train"]
