@@ -143,7 +143,7 @@ def run(ns) -> dict:
         "evaluations": len(log["eval"]), "logged_iterations": len(log["train"]),
         "eval_reward": [log["eval"][0]["eval_reward"], log["eval"][-1]["eval_reward"]],
         "warnings": {"evaluations_failing_a_check": sum(1 for e in log["eval"] if e.get("warnings")),
-                     "console_warning_lines": len(re.findall(r"TreeGRPO warning \(iteration \d+\)", console)),
+                     "console_warning_lines": len(re.findall(r"TreeGRPO .+ warning \(iteration \d+\)", console)),
                      "console_passed_lines": len(re.findall(r"has passed its check at the last", console))},
         "ws_messages": messages, "ws_messages_per_it": messages / n,
         "rss_trace": [(it, round(mb, 1)) for _, it, mb in samples[:: max(1, len(samples) // 200)]],

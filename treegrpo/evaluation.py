@@ -91,9 +91,9 @@ class Evaluation:
         started, ended = warning_changes(self.evals, **limits)
         for w in started:     # said when its check starts failing, not at each evaluation while it fails
             self.warnings.append(f"iteration {self.iteration}: {w}")
-            self.log(f"TreeGRPO warning (iteration {self.iteration}): {w}")
+            self.log(f"TreeGRPO {self.cfg.run_name} warning (iteration {self.iteration}): {w}")
         for line in ended:
-            self.log(f"TreeGRPO (iteration {self.iteration}): {line}")
+            self.log(f"TreeGRPO {self.cfg.run_name} (iteration {self.iteration}): {line}")
         if sc.keep_best and best_index(self.evals) == len(self.evals) - 1:
             self.save_best()
         for cb in self.callbacks:

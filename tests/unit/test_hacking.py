@@ -153,6 +153,8 @@ def test_the_best_checkpoint_is_the_one_with_the_best_held_out_score(tmp_path):
     flags = ["held-out judge fell" in " ".join(e.get("warnings", [])) for e in trainer.evals]
     starts = [i for i, f in enumerate(flags) if f and not any(flags[max(0, i - hacking.QUIET_EVALUATIONS):i])]
     assert sum("held-out judge fell" in w for w in logged) == len(starts) >= 1
+    # each warning line names its run (the demo prints its baseline's warnings beside the tree's)
+    assert all(w.startswith(f"TreeGRPO {cfg.run_name} warning (iteration ") for w in logged if "held-out judge" in w)
     for e in trainer.evals:   # every signal is logged at every evaluation
         assert {"eval_diversity", "eval_hf_energy", "eval_saturation", "eval_near_black", "eval_near_white",
                 "eval_kl", "eval_judge", "judge/scripted"} <= set(e)
