@@ -63,10 +63,13 @@ class RunFiles:
         for key in ("branch_schedule", "tail_steps_schedule"):   # a tree without them is described as before the
             if not tree[key]:                                      # fields existed
                 del tree[key]
-        return {"treegrpo.method": self.cfg.tree.method, "treegrpo.tree_config": tree,
+        meta = {"treegrpo.method": self.cfg.tree.method, "treegrpo.tree_config": tree,
                 "treegrpo.step": str(self.iteration), "treegrpo.base_model": self.base_model_name,
                 "treegrpo.run_name": self.cfg.run_name, "treegrpo.lora_alpha": str(self.cfg.lora.alpha),
                 "treegrpo.lora_rank": str(self.cfg.lora.rank), "treegrpo.backend": self.cfg.backend}
+        if self.cfg.optim.loss != "grpo":      # NFT / AWM; a GRPO LoRA is described as before the field existed
+            meta["treegrpo.loss"] = self.cfg.optim.loss
+        return meta
 
     @property
     def lora_path(self) -> str:

@@ -121,3 +121,4 @@ def test_a_short_seeded_run_raises_the_demo_reward(tmp_path, loss, method):
     first, last = trainer.evals[0]["eval_reward"], trainer.evals[-1]["eval_reward"]
     assert last > first + 0.02, (first, last)
     assert trainer.history[-1]["forwards"] == trainer.history[-1]["edges"] > 0
+    assert trainer.metadata()["treegrpo.loss"] == loss      # its LoRA says how it was trained

@@ -271,7 +271,7 @@ def test_demo_cli_writes_all_outputs(tmp_path, capsys):
     assert s["tree_iterations"] == 2 and s["baseline_iterations"] >= 1
     tensors, meta = read_lora_file(str(out / "treegrpo_demo.safetensors"))
     assert all(k.startswith("diffusion_model.") for k in tensors)
-    assert meta["treegrpo.method"] == "tree" and meta["treegrpo.step"] == "2"
+    assert meta["treegrpo.method"] == "tree" and meta["treegrpo.step"] == "2" and "treegrpo.loss" not in meta
     assert from_state_dict(tensors, meta).modules
     printed = capsys.readouterr().out
     assert "TreeGRPO" in printed and "trajectory GRPO" in printed
