@@ -13,9 +13,14 @@ from .config import ConfigError, TrainConfig, shorten
 
 
 def check_output_dir(out: str, flag: str = "TrainConfig.output_dir") -> None:
-    """``out`` is (or can become) a folder this process writes in; ConfigError naming it otherwise."""
+    """``out`` is (or can become) a folder this process writes in; ConfigError naming it otherwise. The folders
+    made to find out are removed again: a run refused after this check leaves nothing behind."""
     if os.path.exists(out) and not os.path.isdir(out):
         raise ConfigError(f"{flag}: {out!r} is a file; choose a folder")
+    made, d = [], os.path.abspath(out)
+    while not os.path.exists(d):           # the folders makedirs will create, deepest first
+        made.append(d)
+        d = os.path.dirname(d)
     try:
         os.makedirs(out, exist_ok=True)
         with tempfile.TemporaryFile(dir=out):
@@ -23,6 +28,12 @@ def check_output_dir(out: str, flag: str = "TrainConfig.output_dir") -> None:
     except OSError as e:
         raise ConfigError(f"{flag}: cannot write in {shorten(out)!r} ({e.strerror}); choose a folder you "
                           "can write to (--output-dir)") from None
+    finally:
+        for m in made:
+            try:
+                os.rmdir(m)
+            except OSError:                 # not empty (another process wrote there) or never made
+                pass
 
 
 def check_reward_names(cfg: TrainConfig) -> None:

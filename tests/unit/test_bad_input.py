@@ -367,6 +367,7 @@ def test_a_resolution_too_large_for_memory_is_refused_from_the_model_folders_con
 def test_resume_refuses_nothing_to_resume_and_changed_settings(tmp_path, capsys):
     cfg = write(tmp_path, "c.json", base(tmp_path, checkpoint_every=1))
     assert "no checkpoint of run 'treegrpo_demo'" in _run(["train", "--config", cfg, "--resume"], capsys)
+    assert not (tmp_path / "out").exists()     # refused: no folder made (it held a lock file before)
     assert cli.main(["train", "--config", cfg, "--quiet"]) == 0
     capsys.readouterr()
     lora = tmp_path / "out" / "treegrpo_demo.safetensors"
