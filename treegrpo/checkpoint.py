@@ -180,6 +180,8 @@ def config_changes(saved: dict, cfg, source: str = "the checkpoint") -> list[str
     that trains as before); a value this version cannot use is a change that names it."""
     from .config import ConfigError, TrainConfig
 
+    if saved.get("prompts") and saved.get("prompts_file"):   # written before both were refused: the inline
+        saved = dict(saved, prompts_file=None)                  # prompts trained, the file was never read
     try:
         old, dropped = TrainConfig.from_dict_known(saved)
     except (ConfigError, TypeError) as e:

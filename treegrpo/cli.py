@@ -104,8 +104,12 @@ def apply_flags(d: dict, ns: argparse.Namespace) -> dict:
     """Overlay the flags that were given onto a config dict (typed by the dataclass defaults); a value of the
     wrong type is a ConfigError naming the flag."""
     fresh = TrainConfig.__dataclass_fields__
+    given = {key for key, val in vars(ns).items() if key.startswith("cfg:") and val is not None}
+    for field_name, other in (("prompts", "prompts_file"), ("prompts_file", "prompts")):
+        if f"cfg:{field_name}" in given and f"cfg:{other}" not in given:
+            d.pop(other, None)        # a prompt flag replaces the config's prompts, whichever way it held them
     for key, val in vars(ns).items():
-        if not key.startswith("cfg:") or val is None:
+        if key not in given:
             continue
         try:
             _apply_one(d, fresh, key, val)

@@ -540,7 +540,7 @@ class TrainConfig:
                                "single-file checkpoint); comfy is set by the ComfyUI nodes")
     model: Optional[str] = _f(None, "model path (diffusers folder / single file); demo: None = shipped weights")
     pipeline: PipelineConfig = field(default_factory=PipelineConfig, metadata={"help": "diffusers model loading"})
-    prompts: list = _f([], "training prompts (or use prompts_file)")
+    prompts: list = _f([], "training prompts (or prompts_file, not both)")
     prompts_file: Optional[str] = _f(None, "a prompt file: .txt (one prompt a line), .csv (a prompt column) or .jsonl "
                                            "({\"prompt\": ...} a line), or a set the pack ships: "
                                            "treegrpo/general_subjects.txt, treegrpo/text_rendering.txt")
@@ -616,6 +616,9 @@ class TrainConfig:
         names = [r.name for r in self.rewards]
         _require(len(set(names)) == len(names), c, "rewards", f"duplicate reward names in {names}")
         _require(self.prompts or self.prompts_file, c, "prompts", "empty prompt list: give prompts or prompts_file")
+        _require(not (self.prompts and self.prompts_file), c, "prompts_file",
+                 f"{self.prompts_file!r} and {len(self.prompts)} inline prompts are both given; a run trains on one "
+                 "list: remove `prompts` from the config to train on the file (or drop prompts_file)")
         _require(len(self.prompts) <= self.max_prompts, c, "prompts",
                  f"{len(self.prompts)} prompts exceed max_prompts={self.max_prompts}")
         _require(all(isinstance(p, str) and p.strip() for p in self.prompts), c, "prompts",

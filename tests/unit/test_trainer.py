@@ -113,6 +113,30 @@ def test_a_prompt_given_by_flag_keeps_its_commas():
         cli.apply_flags(cli.demo_config_dict(), p.parse_args(["--prompts", '["a", ']))
 
 
+def test_a_run_trains_on_one_prompt_list_never_ignoring_a_prompts_file():
+    """A config holding both inline prompts and a prompts file is refused (the file was ignored); a prompt flag
+    replaces the config's prompts whichever way it held them; a checkpoint written with both reads as it trained."""
+    import argparse
+
+    from treegrpo.checkpoint import config_changes
+
+    p = argparse.ArgumentParser()
+    cli.add_config_flags(p)
+    d = cli.apply_flags(cli.demo_config_dict(), p.parse_args(["--prompts-file", "treegrpo/general_subjects.txt"]))
+    cfg = TrainConfig.from_dict(d)
+    assert cfg.prompts == [] and len(cfg.load_prompts()) == 50
+    d = cli.apply_flags(dict(cli.demo_config_dict(), prompts=[], prompts_file="p.txt"),
+                        p.parse_args(["--prompts", "a cat"]))
+    assert TrainConfig.from_dict(d).load_prompts() == ["a cat"]
+    with pytest.raises(ConfigError, match="'p.txt' and 24 inline prompts are both given.*remove `prompts`"):
+        TrainConfig.from_dict(dict(cli.demo_config_dict(), prompts_file="p.txt"))
+    with pytest.raises(ConfigError, match="both given"):
+        TrainConfig.from_dict(cli.apply_flags(cli.demo_config_dict(), p.parse_args(
+            ["--prompts", "a cat", "--prompts-file", "p.txt"])))
+    now = TrainConfig.from_dict(cli.demo_config_dict())
+    assert config_changes(dict(now.to_dict(), prompts_file="p.txt"), now) == []
+
+
 def test_a_resumed_run_compares_its_prompt_files_prompts_not_its_path(tmp_path, monkeypatch):
     """The same prompts file named by another path resumes; the same path with other lines is a change of settings."""
     from treegrpo.checkpoint import CheckpointError, check_resume
