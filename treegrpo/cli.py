@@ -440,7 +440,24 @@ def main(argv: Optional[list[str]] = None) -> int:
             if isinstance(e, (ConfigError, ValueError, FileNotFoundError, FloatingPointError)):
                 print(f"treegrpo: error: {short_message(str(e))}", file=sys.stderr)
                 return 2
+            if _out_of_memory(e):
+                print(f"treegrpo: error: {out_of_memory_message(e)}", file=sys.stderr)
+                return 1
             raise
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    torch = sys.modules.get("torch")      # no torch loaded: not its error
+    return torch is not None and isinstance(e, getattr(torch, "OutOfMemoryError", ()))
+
+
+def out_of_memory_message(e: BaseException) -> str:
+    """One line for an accelerator out-of-memory error: what ran out and how to go on."""
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return (f"out of accelerator memory ({shorten(first, 200)}). A run that had started saved its last finished "
+            "iteration (the line above). Plan for less memory: --memory.budget_gb a few GB under the GPU's (for "
+            "what else runs on it), or --memory.checkpointing on; then go on with --resume (memory settings may "
+            "change on a resume)")
 
 
 def _output_closed() -> bool:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from treegrpo import checkpoint as ckpt, cli, interrupts
 from treegrpo.config import ConfigError, TrainConfig
@@ -362,6 +363,30 @@ def test_a_resolution_too_large_for_memory_is_refused_from_the_model_folders_con
 
 
 # ------------------------------------------------------------------------------------------- runs and resuming
+
+
+def test_out_of_memory_is_one_line_saying_how_to_go_on_and_the_run_resumes(tmp_path, capsys, monkeypatch):
+    """An accelerator out of memory in iteration 2: one line (what ran out, how to plan for less, --resume), exit 1,
+    the first iteration kept; the run resumed with another memory budget finishes."""
+    from treegrpo.trainer import Trainer
+
+    real = Trainer.update
+
+    def update(self, batch):
+        if self.iteration == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 11.7 GiB total)\nmore")
+        return real(self, batch)
+
+    monkeypatch.setattr(Trainer, "update", update)
+    cfg = write(tmp_path, "c.json", base(tmp_path, iterations=2))
+    assert cli.main(["train", "--config", cfg, "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("treegrpo: error: out of accelerator memory (CUDA out of memory. Tried to allocate 2.00 "
+                          "GiB (GPU 0; 11.7 GiB total)). A run that had started saved its last finished iteration")
+    assert err.count("\n") == 1 and "--memory.budget_gb" in err and "--resume" in err and "Traceback" not in err
+    assert sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir()) == ["treegrpo_demo-0000001.pt"]
+    monkeypatch.setattr(Trainer, "update", real)
+    assert cli.main(["train", "--config", cfg, "--quiet", "--resume", "--memory.budget_gb", "4"]) == 0
 
 
 def test_resume_refuses_nothing_to_resume_and_changed_settings(tmp_path, capsys):
