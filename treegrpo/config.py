@@ -426,7 +426,7 @@ class MemoryConfig:
 
     plan: Literal["auto", "off"] = _f("auto", "auto (plan when the budget is known: a GPU, or budget_gb > 0) | off (use the settings "
                            "as given)")
-    budget_gb: float = _f(0.0, "accelerator memory to plan for, in GB (0 = the GPU's memory)")
+    budget_gb: float = _f(0.0, "accelerator memory to plan for, in GB (0 = what the GPU has free when the run starts)")
     checkpointing: Literal["auto", "on", "off"] = _f("auto", "gradient checkpointing: auto (on when needed to fit) | on | off")
     offload_rewards: Literal["auto", "on", "off"] = _f("auto", "reward models on the CPU except while scoring: auto | on | off")
     tiled_decode: Literal["auto", "on", "off"] = _f("auto", "VAE decode in tiles (less memory, slower decode): auto | on | off")
@@ -568,10 +568,10 @@ class TrainConfig:
     video: VideoConfig = field(default_factory=VideoConfig, metadata={"help": "video length and scored frames"})
     checkpoint_every: int = _f(50, "write a checkpoint every N iterations (0 = only at the end); --resume continues from the latest")
     keep_checkpoints: int = _f(2, "checkpoints kept on disk")
-    output_dir: str = _f("treegrpo_out", "folder for the LoRA, logs, plots and checkpoints")
+    output_dir: str = _f("treegrpo_out", "folder for the LoRA, logs (log.csv, log.json) and checkpoints")
     run_name: str = _f("treegrpo", "name of the run (file names, checkpoint identity): letters, digits, -, _ and ., "
                                    "at most 120 bytes")
-    device: str = _f("auto", "auto | cpu | cuda[:N]")
+    device: str = _f("auto", "auto | cpu | cuda[:N] | xpu[:N] | mps")
     max_prompts: int = _f(100000, "refuse prompt lists longer than this")
     time_budget_s: float = _f(0.0, "stop after this many seconds of training (0 = no limit)")
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from .config import TrainConfig, config_sections
+from .config import ArtistConfig, TrainConfig, config_sections
 from .demo.config import demo_run_config_dict
 
 HEADER = """# Configuration reference
 
 Every field of the training config: a key of the JSON (or YAML) file, the flag `treegrpo train --section.field` (and
-at the top level `--field` with hyphens: `--prompts-per-iter`), and where a widget exists the Train node's default.
+at the top level `--field` with hyphens: `--prompts-per-iter`); a node's widget for a field starts at its default.
 `treegrpo train --help` prints the same help text; `treegrpo config` prints a whole validated config (the demo's
 without `--config`; its values where they differ from the default are in the column "demo"). Generated from
 `treegrpo/config.py` by `python -m treegrpo.config_reference`: edit the help there, not here.
@@ -70,6 +70,11 @@ def markdown() -> str:
         out += ["", f"## `{sec}`", "", doc, "", *head]
         out += [f"| `{name}` | {_cell(default)} | {_cell(demo)} | {_cell(help_)} |" for name, default, demo, help_
                 in rows() if name.startswith(sec + ".")]
+    out += ["", "## The artist (ComfyUI only)", "", (ArtistConfig.__doc__ or "").strip().split("\n\n")[0] +
+            " The Train node's widget for a field is `artist_<field>`; the Artist Picks node has `mode`, `timeout_s`"
+            " and `on_timeout`.", "", "| field | default | what it does |", "|---|---|---|"]
+    out += [f"| `{f.name}` | {_cell(_show(_default(f)))} | {_cell(f.metadata.get('help', ''))} |"
+            for f in dataclasses.fields(ArtistConfig)]
     return "\n".join(out) + "\n"
 
 
