@@ -49,8 +49,9 @@ class TrainerState(PackNode):
             description="A named training run that survives between queued prompts (LoRA, optimiser, step). Saved "
                         "to output/treegrpo/<run_name>/ after every step and resumed from there by name.",
             inputs=[
-                widget(io.String, "run_name", "runs with the same name continue (output/treegrpo/<run_name>/); "
-                       "letters, digits, '-', '_', '.', at most 120 bytes"),
+                widget(io.String, "run_name", "runs with the same name continue (output/treegrpo/<run_name>/) with "
+                       "the same LoRA rank and alpha; learning rate, KL and the tree may change between queues; a "
+                       "Train node's run of that name is refused. Letters, digits, '-', '_', '.', at most 120 bytes"),
                 *lora_inputs(),
                 widget(io.Float, "clip_range", "PPO ratio clip", min=1e-6, max=1.0, step=1e-5),
                 widget(io.Float, "kl_beta", "KL weight to the base model (LoRA off)", min=0.0, max=10.0, step=0.001),

@@ -104,6 +104,47 @@ def test_step_nodes_two_queued_iterations_on_demo_model(rt):
     assert all(k.startswith("diffusion_model.") for k in w2)
 
 
+def test_a_step_run_refuses_a_changed_lora_and_another_front_ends_run_and_keeps_refusing(rt):
+    """After a restart (a new process: no live run) the step nodes refuse, with what to do, a run whose LoRA rank or
+    alpha the Trainer State changed, every time it is queued (a refused queue left a half-made run behind, and the
+    next queue trained a fresh LoRA over the run's files), and a run the command line or the Train node made; the
+    run's files stay as they were, and with its settings back it goes on."""
+    from treegrpo import cli
+    from treegrpo.comfyui.steps import RunState
+
+    run = "guarded_steps"
+    folder = Path(rt.base_dir) / "output" / "treegrpo" / run
+    for seed in (1, 2):
+        rt.execute(demo_step_graph(run, seed))
+    RunState._registry.clear()                    # ComfyUI restarted
+    def files():        # the run's files (not the lock the check takes, as every run does)
+        return {p.name: p.read_bytes() for p in folder.rglob("*") if p.is_file() and p.name != ".treegrpo.lock"}
+
+    before = files()
+
+    def refused(**settings):
+        g = demo_step_graph(run, 3)
+        g["run"]["inputs"].update(settings)
+        res = rt.execute(g, check=False)
+        assert not res.success
+        return res.error["exception_message"]
+
+    for _ in range(2):
+        msg = refused(lora_rank=2)
+        assert "lora_rank 4 -> 2" in msg and "set the Trainer State's LoRA settings back" in msg, msg
+    assert "lora_alpha 4.0 -> 40.0" in refused(lora_alpha=40.0)
+    assert files() == before
+    assert _step_stats(rt.execute(demo_step_graph(run, 3)))["iteration"] == 2
+
+    # a run the command line made, in the folder the step nodes would use
+    other = Path(rt.base_dir) / "output" / "treegrpo" / "cli_made"
+    assert cli.main(["train", "--quiet", "--iterations", "1", "--prompts-per-iter", "2", "--eval-every", "1",
+                     "--output-dir", str(other), "--run-name", "cli_made"]) == 0
+    g = demo_step_graph("cli_made", 0)
+    res = rt.execute(g, check=False)
+    assert not res.success and "made by the Train node or the command line" in res.error["exception_message"]
+
+
 def test_run_monitor_records_each_iteration_with_a_held_out_judge(rt):
     """The step graph's Run Monitor: one record per queued iteration (training reward, judge, signals) in the
     run's monitor.json, drawn as an IMAGE."""

@@ -122,8 +122,9 @@ def sample_tree(model, positive, negative, latent: dict, tree_cfg: TreeConfig, *
         if trainer is None:
             trainer = build_trainer(tc, policy, progress=False, base_model_name=name)
             if run is not None:
-                run.trainer = trainer
+                check_continuable(run)
                 trainer.begin(resume=True)
+                run.trainer = trainer       # only a run that began: a refused one is refused again at the next queue
         else:
             trainer.rebind(tc, policy)
         # the memory plan: made once per run (on the device's memory, before its first tree), re-applied to each
@@ -139,6 +140,41 @@ def sample_tree(model, positive, negative, latent: dict, tree_cfg: TreeConfig, *
         batch = trainer.sample()
     batch.prompts = [prompt] * len(batch.prompts)
     return TreeResult(batch, trainer, prompt, run, iteration=trainer.iteration)
+
+
+#: the settings of the step nodes' own runs (:func:`_step_config`): a checkpoint with others is another front-end's
+STEP_RUN = {"eval_every": 0, "checkpoint_every": 1}
+
+
+def check_continuable(run: RunState) -> None:
+    """Before a step run resumes its newest checkpoint: refuse (``CheckpointError``, saying what to do) a folder
+    another process trains in, a run the Train node or the command line made (its logs and checkpoints would mix
+    with another training), and a run whose LoRA (rank, alpha, targets) the Trainer State changed: the saved LoRA
+    would be refused, or scaled by another alpha. The step settings themselves (lr, KL, tree, prompt) may change
+    between queues."""
+    import json
+
+    from .. import checkpoint as ckpt
+
+    found = ckpt.checkpoint_paths(run.folder, run.run_name)
+    if not found:
+        return
+    ckpt.check_not_in_use(run.folder)
+    path, state = ckpt.read_latest_checkpoint(found, run.run_name)
+    saved = json.loads(state.get("config") or "{}")
+    other = {k: saved.get(k, v) for k, v in STEP_RUN.items() if saved.get(k, v) != v}
+    if other:
+        raise ckpt.CheckpointError(
+            f"run {run.run_name!r} in {run.folder} was made by the Train node or the command line (it evaluates or "
+            f"checkpoints on its own schedule: {other}); the step nodes would mix another training into it. Continue "
+            "it with the Train node, or give the Trainer State another run_name (nothing of that run is changed)")
+    lora, now = saved.get("lora") or {}, dataclasses.asdict(run.lora_cfg)
+    changed = [f"{k} {lora[k]!r} -> {now[k]!r}" for k in ("rank", "alpha", "targets") if k in lora and lora[k] != now[k]]
+    if changed:
+        raise ckpt.CheckpointError(
+            f"run {run.run_name!r} trained a LoRA with other settings ({'; '.join('lora_' + c for c in changed)}): "
+            "set the Trainer State's LoRA settings back to continue it, or give it another run_name for a new run "
+            f"(its files in {run.folder} stay as they are)")
 
 
 def _read_monitor(folder: str) -> list[dict]:
