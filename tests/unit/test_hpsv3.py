@@ -71,6 +71,10 @@ def test_wrong_files_are_refused(folder, tmp_path):
               str(bare / "HPSv3.safetensors"))
     with pytest.raises(ValueError, match="does not fit Qwen2-VL with the HPSv3 head"):
         load_reward("hpsv3", path=str(bare))
+    whole = (bare / "HPSv3.safetensors").read_bytes()
+    (bare / "HPSv3.safetensors").write_bytes(whole[:-8])
+    with pytest.raises(ValueError, match="hpsv3: .*HPSv3.safetensors is incomplete"):
+        load_reward("hpsv3", path=str(bare))
 
 
 def test_it_trains_and_judges_a_cli_run(folder, tmp_path):

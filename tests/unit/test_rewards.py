@@ -429,6 +429,10 @@ def test_pickscore_refuses_weights_that_do_not_match_its_config(tmp_path):
     save_file({**sd, "extra.weight": sd[dropped[0]].clone()}, weights)
     with pytest.raises(ValueError, match="unexpected 1 .*extra.weight"):
         load_reward("pickscore", path=folder)
+    with open(weights, "w") as fh:     # the model page saved by a browser in place of the file
+        fh.write("<!doctype html><html><head><title>yuvalkirstain/PickScore_v1</title>")
+    with pytest.raises(ValueError, match=r"pickscore: .*model.safetensors is a web page \(HTML\), not the weights"):
+        load_reward("pickscore", path=folder)
 
 
 def test_clipscore_reads_the_open_clip_config_beside_the_weights(tmp_path):

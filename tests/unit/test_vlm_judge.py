@@ -3,6 +3,7 @@ folder layout: P("Yes") recomputed by hand from the model's logits, batching equ
 question's placeholder, wrong or missing folders refused clearly, its vision tower as taste features, and the reward
 as a training reward and a held-out judge of a CLI run. The model is random: these check the computation only."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -64,6 +65,15 @@ def test_missing_or_wrong_folders_and_questions_are_refused(folder, tmp_path):
         load_reward("vlm_judge", path=str(tmp_path / "clip"))
     with pytest.raises(ValueError, match="only placeholder is {prompt}"):
         load_reward("vlm_judge", path=folder, question="Is {subject} shown?")
+    import shutil
+    for name in ("noweights", "cut"):        # the config and processor, the weights missing or cut short
+        shutil.copytree(folder, tmp_path / name, ignore=shutil.ignore_patterns("*.safetensors"))
+    with pytest.raises(FileNotFoundError, match="vlm_judge: the model's weights in .*noweights cannot be read.*Expected"):
+        load_reward("vlm_judge", path=str(tmp_path / "noweights"))
+    whole = (Path(folder) / "model.safetensors").read_bytes()
+    (tmp_path / "cut" / "model.safetensors").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ValueError, match="model.safetensors is incomplete"):
+        load_reward("vlm_judge", path=str(tmp_path / "cut"))
     with pytest.raises(ValueError, match="question must be a sentence"):
         load_reward("vlm_judge", path=folder, question="  ")
 

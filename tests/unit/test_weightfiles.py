@@ -80,3 +80,16 @@ def test_a_safetensors_file_cut_inside_its_header(tmp_path):
     open(cut, "wb").write(open(src, "rb").read()[:20])
     with pytest.raises(WeightFileError, match="is incomplete"):
         read_weights(cut, "pickscore")
+
+
+@pytest.mark.parametrize("kind,body,said", [
+    ("web page", b"\n<!DOCTYPE html>\n<html><head><title>PickScore_v1 at main</title>", "is a web page \\(HTML\\), not the weights"),
+    ("lfs pointer", b"version https://git-lfs.github.com/spec/v1\noid sha256:4d7f\nsize 3944692",
+     "is a Git LFS pointer, not the weights.*git lfs pull"),
+])
+@pytest.mark.parametrize("ext", [".safetensors", ".pt"])
+def test_a_web_page_or_lfs_pointer_in_place_of_the_weights_says_what_it_is(tmp_path, kind, body, said, ext):
+    path = tmp_path / f"model{ext}"
+    path.write_bytes(body)
+    with pytest.raises(WeightFileError, match=f"pickscore: .*model\\{ext} {said}"):
+        read_weights(str(path), "pickscore")

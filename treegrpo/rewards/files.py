@@ -7,6 +7,7 @@ when chosen (the loader names what it expected); this list only hides files that
 from __future__ import annotations
 
 import os
+import re
 from typing import Callable, Iterable
 
 WEIGHT_EXTS = (".pt", ".pth", ".bin", ".safetensors", ".ckpt")
@@ -20,8 +21,29 @@ def _by_folder(files: Iterable[str]) -> dict[str, set[str]]:
     return out
 
 
-def _hps(b: str, beside: set[str]) -> bool:
-    return b.lower().endswith(WEIGHT_EXTS) and "hps" in b.lower()
+def _hps(b: str, beside: set[str]) -> bool:          # HPS v2 / v2.1: one open_clip file (HPSv3 is a folder model)
+    return b.lower().endswith(WEIGHT_EXTS) and "hps" in b.lower() and "hpsv3" not in b.lower() \
+        and not _in_folder_model(beside)
+
+
+def _hpsv3(b: str, beside: set[str]) -> bool:
+    return b.lower().endswith(WEIGHT_EXTS) and "hpsv3" in b.lower()
+
+
+def _is_vlm_folder(beside: set[str]) -> bool:
+    """A chat model's folder (Qwen2-VL and its kin ship a chat template and a generation config); PickScore's
+    CLIP folder has neither."""
+    return bool(beside & {"chat_template.json", "chat_template.jinja", "generation_config.json"})
+
+
+def _model_weights(b: str) -> bool:
+    """A transformers folder's weight file: whole, or the first of its shards."""
+    return b in ("model.safetensors", "pytorch_model.bin") or \
+        bool(re.fullmatch(r"(model|pytorch_model)-0*1-of-\d+\.(safetensors|bin)", b))
+
+
+def _vlm_judge(b: str, beside: set[str]) -> bool:
+    return _model_weights(b) and "config.json" in beside and _is_vlm_folder(beside)
 
 
 def _clip(b: str, beside: set[str]) -> bool:          # any single CLIP weight file outside a folder model
@@ -33,7 +55,8 @@ def _image_reward(b: str, beside: set[str]) -> bool:
 
 
 def _pickscore(b: str, beside: set[str]) -> bool:
-    return b in ("model.safetensors", "pytorch_model.bin") and "config.json" in beside and "ImageReward.pt" not in beside
+    return b in ("model.safetensors", "pytorch_model.bin") and "config.json" in beside and \
+        "ImageReward.pt" not in beside and not _is_vlm_folder(beside)
 
 
 def _aesthetic(b: str, beside: set[str]) -> bool:
@@ -53,7 +76,7 @@ def _in_folder_model(beside: set[str]) -> bool:
 #: reward → predicate(file name, names in the same folder); a reward not listed takes any file
 MATCHERS: dict[str, Callable[[str, set], bool]] = {
     "hpsv2": _hps, "clipscore": _clip, "image_reward": _image_reward, "pickscore": _pickscore,
-    "laion_aesthetic": _aesthetic, "taste": _taste,
+    "laion_aesthetic": _aesthetic, "taste": _taste, "hpsv3": _hpsv3, "vlm_judge": _vlm_judge,
 }
 
 

@@ -97,9 +97,9 @@ class HPSv3(TorchReward):
 
     def __init__(self, path=None, device="cpu", *, dtype=None, batch_size: int = 2):
         import transformers
-        from safetensors.torch import load_file
 
         from .torch_reward import empty_init
+        from .weightfiles import read_weights
 
         if dtype is None and torch.device(device).type == "cuda":
             dtype = "bfloat16"
@@ -125,7 +125,7 @@ class HPSv3(TorchReward):
         ip = self.processor.image_processor
         set_pixels(ip, lo=PIXELS, hi=PIXELS, exact=True)     # the reference: min_pixels = max_pixels
         self.reward_token_id = int(tok.convert_tokens_to_ids(REWARD_TOKEN))
-        state = load_file(weights)
+        state = read_weights(weights, self.name)      # an incomplete file or a web page says so
         rows = next((v.shape[0] for k, v in state.items() if k.endswith("embed_tokens.weight")), None)
         if rows is None:
             raise ValueError(f"{self.name}: {weights} holds no token embeddings; it is not an HPSv3 checkpoint")

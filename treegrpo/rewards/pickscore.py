@@ -75,6 +75,9 @@ class PickScore(TorchReward):
                              "the config.json of PickScore_v1 (a transformers CLIPModel)")
 
         from transformers import AutoTokenizer, CLIPImageProcessor, CLIPModel
+
+        from .weightfiles import check_folder_weights
+        check_folder_weights(folder, self.name)    # cut short, a web page or a Git LFS pointer: said by name
         try:
             self.module, info = CLIPModel.from_pretrained(folder, local_files_only=True, output_loading_info=True)
         except Exception as e:

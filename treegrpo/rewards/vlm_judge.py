@@ -91,6 +91,9 @@ class VLMJudge(TorchReward):
     def __init__(self, path=None, device="cpu", *, question: str = DEFAULT_QUESTION, answer: str = "Yes",
                  dtype=None, batch_size: int = 4, max_pixels: int = 448 * 448):
         import transformers
+        from safetensors import SafetensorError
+
+        from .weightfiles import check_folder_weights
 
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"{self.name}: question must be a sentence, e.g. {DEFAULT_QUESTION!r}")
@@ -120,8 +123,16 @@ class VLMJudge(TorchReward):
                               self.source) from None
         self.processor.tokenizer.padding_side = "left"
         set_pixels(self.processor.image_processor, hi=int(max_pixels))
+        check_folder_weights(folder, self.name)    # cut short, a web page or a Git LFS pointer: said by name
         cls = getattr(transformers, arch)
-        self.module = cls.from_pretrained(folder, dtype=self.dtype)
+        try:
+            self.module = cls.from_pretrained(folder, dtype=self.dtype)
+        except torch.OutOfMemoryError:
+            raise
+        except (OSError, ValueError, RuntimeError, SafetensorError) as e:   # no weight file, or not this model's
+            raise files_error(self.name, f"the model's weights in {folder} cannot be read "
+                                         f"({str(e).splitlines()[0] if str(e) else type(e).__name__})",
+                              self.expected_files, self.source) from None
         ids = self.processor.tokenizer.encode(answer, add_special_tokens=False)
         if not ids:
             raise ValueError(f"{self.name}: the answer {answer!r} is no token of this model's tokenizer")

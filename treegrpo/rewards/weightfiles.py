@@ -37,11 +37,29 @@ def incomplete(name: str, path: str, have: int, want: int | None = None) -> Weig
                            "the file again")
 
 
+def not_weights(path: str, head: bytes) -> str | None:
+    """What a file that starts with ``head`` is instead of weights, with what to do: a web page saved in place of
+    the download, or a Git LFS pointer left by a clone without ``git lfs``; None when it looks like neither."""
+    text = head.lstrip().lower()
+    if text.startswith((b"<!doctype html", b"<html", b"<head", b"<?xml", b"<!--")):
+        return (f"{path} is a web page (HTML), not the weights: the browser or wget saved the page the link led to. "
+                "Download the file itself (on Hugging Face: the file's download button, a …/resolve/main/<file> URL)")
+    if text.startswith(b"version https://git-lfs"):
+        return (f"{path} is a Git LFS pointer, not the weights: the repository was cloned without Git LFS. Run "
+                "`git lfs install && git lfs pull` in its folder, or download the file itself")
+    return None
+
+
 def check_complete(path: str, name: str) -> None:
     """Raise :func:`incomplete` for a safetensors file shorter than its header says, or a zip archive (torch's
-    format since 1.6, TorchScript) whose central directory is missing (it is written last)."""
+    format since 1.6, TorchScript) whose central directory is missing (it is written last); a web page or a Git LFS
+    pointer in place of the weights says so (:func:`not_weights`)."""
     size = os.path.getsize(path)
     with open(path, "rb") as fh:
+        instead = not_weights(path, fh.read(256))
+        if instead:
+            raise WeightFileError(f"{name}: {instead}")
+        fh.seek(0)
         head = fh.read(8)
         if path.endswith(".safetensors"):
             if size < 8:
@@ -60,6 +78,13 @@ def check_complete(path: str, name: str) -> None:
                 raise incomplete(name, path, size, 8 + n + end)
         elif head[:4] == b"PK\x03\x04" and not zipfile.is_zipfile(path):
             raise incomplete(name, path, size)
+
+
+def check_folder_weights(folder: str, name: str) -> None:
+    """:func:`check_complete` on each weight file of a transformers model folder (``*.safetensors``, ``*.bin``)."""
+    for f in sorted(os.listdir(folder)):
+        if f.endswith((".safetensors", ".bin")) and os.path.isfile(os.path.join(folder, f)):
+            check_complete(os.path.join(folder, f), name)
 
 
 def is_torchscript(path: str) -> bool:
