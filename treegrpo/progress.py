@@ -44,17 +44,18 @@ class IterationClock:
         return None if rate is None else max(0, total - done) * rate
 
 
-def iteration_line(stats: dict, total: int, *, run_name: str = "", last_eval: Optional[dict] = None,
+def iteration_line(stats: dict, total: Optional[int], *, run_name: str = "", last_eval: Optional[dict] = None,
                    s_per_it: Optional[float] = None, left_s: Optional[float] = None) -> str:
     """One console line for an iteration, e.g.
     ``TreeGRPO sd15: it 12/200 | reward 0.431 | judge 0.520 (it 10) | KL 1.2e-03 | 38.2 s/it | 1h59m left``.
 
+    ``total`` None: a run without an end (the step nodes: one iteration per queued prompt), ``it 12``.
     ``stats``: the trainer's record of the iteration (``iteration`` is the index before it, so the count shown is
     ``iteration + 1``; ``reward`` the mean training reward of its leaves; ``kl`` the update's KL estimate when the
     KL term is on). ``last_eval``: the newest evaluation record (its ``eval_judge`` when a judge is set, else its
     ``eval_reward``, with the iteration it was taken at)."""
     done = int(stats.get("iteration", 0)) + 1
-    parts = [f"it {done}/{total}", f"reward {stats.get('reward', float('nan')):.3f}"]
+    parts = [f"it {done}/{total}" if total else f"it {done}", f"reward {stats.get('reward', float('nan')):.3f}"]
     if last_eval:
         key, label = ("eval_judge", "judge") if last_eval.get("eval_judge") is not None else ("eval_reward", "eval")
         parts.append(f"{label} {last_eval[key]:.3f} (it {last_eval.get('iteration', 0)})")

@@ -89,7 +89,8 @@ def test_pack_registers_nodes_with_categories_and_tooltips(rt):
                     assert "min" in spec[1] and "max" in spec[1], (name, inp)
 
 
-def test_step_nodes_two_queued_iterations_on_demo_model(rt):
+def test_step_nodes_two_queued_iterations_on_demo_model(rt, caplog):
+    caplog.set_level(logging.INFO)
     g = demo_step_graph("demo_steps", 1)
     r1 = rt.execute(g)
     s1 = _step_stats(r1)
@@ -102,6 +103,10 @@ def test_step_nodes_two_queued_iterations_on_demo_model(rt):
     assert meta2["treegrpo.step"] == str(s2["iteration"] + 1)  # iterations done; stats count from 0 (log.json)
     assert any(not torch.equal(w1[k], w2[k]) for k in w1)  # the LoRA moved
     assert all(k.startswith("diffusion_model.") for k in w2)
+    # the console says each queued iteration, as the Train node does (no end: "it N")
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("TreeGRPO demo_steps: it ")]
+    assert [ln.split(" | ")[0] for ln in lines] == ["TreeGRPO demo_steps: it 1", "TreeGRPO demo_steps: it 2"], lines
+    assert " | reward " in lines[1] and (" s/it" in lines[1] or " it/s" in lines[1]), lines
 
 
 def test_a_step_run_refuses_a_changed_lora_and_another_front_ends_run_and_keeps_refusing(rt):

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
 from ..config import AdvantageConfig, LoraConfig, MemoryConfig, OptimConfig, TrainConfig, TreeConfig
+from ..progress import IterationClock, iteration_line
 from ..run import build_trainer
 from ..trainer import Trainer
 from ..tree import TreeBatch
@@ -60,6 +62,7 @@ class RunState:
         self.lora_cfg, self.optim_cfg, self.seed = lora_cfg, optim_cfg, seed
         self.gradient_checkpointing = runtime.checkpointing_choice(gradient_checkpointing)
         self.trainer: Optional[Trainer] = None
+        self.clock = IterationClock()          # seconds per queued iteration, for the console line
         self.monitor: list[dict] = _read_monitor(self.folder)   # the Run Monitor's records, one per iteration
 
     @classmethod
@@ -121,6 +124,7 @@ def sample_tree(model, positive, negative, latent: dict, tree_cfg: TreeConfig, *
                              gradient_checkpointing=run is not None and run.gradient_checkpointing == "on")
         if trainer is None:
             trainer = build_trainer(tc, policy, progress=False, base_model_name=name)
+            trainer.log = logging.info      # the console: "resumed from ...", the memory plan
             if run is not None:
                 check_continuable(run)
                 trainer.begin(resume=True)
@@ -130,7 +134,6 @@ def sample_tree(model, positive, negative, latent: dict, tree_cfg: TreeConfig, *
         # the memory plan: made once per run (on the device's memory, before its first tree), re-applied to each
         # new policy; without a GPU only the size guard runs
         if trainer.memory_plan is None:
-            trainer.log = logging.info
             trainer.memory_budget = runtime.memory_budget(policy.device) or None
             import comfy.model_management
             trainer.plan_memory(check=comfy.model_management.throw_exception_if_processing_interrupted)
@@ -246,4 +249,6 @@ def train_step(tree: TreeResult, run: RunState) -> dict:
     stats = tr.record(tree.batch, upd)
     tr.after_iteration(stats)
     tr.save_lora()
+    run.clock.tick(time.monotonic())
+    logging.info(iteration_line(stats, None, run_name=run.run_name, s_per_it=run.clock.s_per_it))
     return stats
