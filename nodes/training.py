@@ -100,7 +100,8 @@ class TrainerStep(PackNode):
             node_id="TreeGRPOTrainerStep", display_name="TreeGRPO GRPO LoRA Trainer Step",
             category=f"{CATEGORY}/training",
             description="One GRPO update of the run's LoRA on the tree's edges (one iteration per queued prompt: "
-                        "use auto-queue to watch it learn). Saves the run.",
+                        "use auto-queue to watch it learn). Saves the run, and the LoRA where LoraLoader lists it: "
+                        "models/loras/treegrpo/<run_name>/<run_name>.safetensors, replaced at each step.",
             inputs=[
                 Tree.Input("tree", tooltip="tree with advantages (from Advantage Backup)"),
                 Run.Input("run", tooltip="the same trainer state the Tree Sampler used"),

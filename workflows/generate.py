@@ -137,7 +137,7 @@ WORKFLOWS = {
     "treegrpo_step_by_step": [
         ("demo", "TreeGRPOLoadDemoModel", {}, {}),
         ("run", "TreeGRPOTrainerState", {"run_name": "treegrpo_steps", "lora_rank": 8, "lora_alpha": 16.0,
-                                         "learning_rate": 3e-3, "clip_range": 1e-4, "kl_beta": 0.0, "seed": 0}, {}),
+                                         "learning_rate": 3e-3, "clip_range": 1e-4, "kl_beta": 0.1, "seed": 0}, {}),
         ("pos", "CLIPTextEncode", {"text": "a blue cross"}, {"clip": ("demo", 1)}),
         ("neg", "CLIPTextEncode", {"text": ""}, {"clip": ("demo", 1)}),
         ("empty", "EmptyImage", {"width": 16, "height": 16, "batch_size": 4, "color": 0}, {}),
@@ -157,12 +157,13 @@ WORKFLOWS = {
         ("judge", "TreeGRPORewardModelLoader", {"reward": "demo_judge", "file": "(none: built-in weights or none needed)"}, {}),
         ("monitor", "TreeGRPORunMonitor", {}, {"tree": ("adv", 0), "images": ("dec", 0), "rewards": ("score", 0),
                                                "judge": ("judge", 0)}),
-        ("save", "TreeGRPOSaveLoRA", {"filename_prefix": "treegrpo/treegrpo_steps"}, {"lora": ("step", 1)}),
         note("n1", "The four TreeGRPO step nodes, one iteration per Queue. Turn on auto-queue to watch the LoRA "
              "learn: each queued prompt is the run's next iteration (its noise comes from the seed and the iteration, "
              "as in the Train node, which these nodes reproduce exactly). The Trainer State keeps the LoRA and "
-             "optimiser between runs and saves them in output/treegrpo/treegrpo_steps/. Keep the prompt of "
-             "CLIPTextEncode, the Tree Sampler and the Reward Scorer the same."),
+             "optimiser between runs and saves them in output/treegrpo/treegrpo_steps/; after each step the LoRA is "
+             "also models/loras/treegrpo/treegrpo_steps/treegrpo_steps.safetensors, which LoraLoader lists (TreeGRPO "
+             "Save LoRA on the Trainer Step's lora output keeps a numbered copy). Keep the prompt of CLIPTextEncode, "
+             "the Tree Sampler and the Reward Scorer the same."),
     ],
     "treegrpo_artist_demo_cpu": [
         ("demo", "TreeGRPOLoadDemoModel", {}, {}),

@@ -103,6 +103,12 @@ def test_step_nodes_two_queued_iterations_on_demo_model(rt, caplog):
     assert meta2["treegrpo.step"] == str(s2["iteration"] + 1)  # iterations done; stats count from 0 (log.json)
     assert any(not torch.equal(w1[k], w2[k]) for k in w1)  # the LoRA moved
     assert all(k.startswith("diffusion_model.") for k in w2)
+    # the step's LoRA where LoraLoader lists it, replaced at each step (one file, not one per queue)
+    import folder_paths
+    listed = Path(folder_paths.get_folder_paths("loras")[0]) / "treegrpo" / "demo_steps" / "demo_steps.safetensors"
+    out = Path(rt.base_dir) / "output" / "treegrpo" / "demo_steps" / "demo_steps.safetensors"
+    assert listed.read_bytes() == out.read_bytes()
+    assert "treegrpo/demo_steps/demo_steps.safetensors" in folder_paths.get_filename_list("loras")
     # the console says each queued iteration, as the Train node does (no end: "it N")
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("TreeGRPO demo_steps: it ")]
     assert [ln.split(" | ")[0] for ln in lines] == ["TreeGRPO demo_steps: it 1", "TreeGRPO demo_steps: it 2"], lines

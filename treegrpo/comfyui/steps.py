@@ -234,9 +234,19 @@ def backup_tree(tree: TreeResult, rewards: dict, adv_cfg: AdvantageConfig) -> Tr
     return new
 
 
+def listed_lora_path(run_name: str) -> str:
+    """``models/loras/treegrpo/<run>/<run>.safetensors``: the step run's LoRA where LoraLoader lists it (the Train
+    node's folder for a run of that name)."""
+    import os
+
+    from .watch import loras_folder
+    return os.path.join(loras_folder(run_name), f"{run_name}.safetensors")
+
+
 def train_step(tree: TreeResult, run: RunState) -> dict:
     """One GRPO update of the run's LoRA on the tree's edges (``Trainer.update`` + ``record``); saves the
-    checkpoint, the logs and the LoRA file. Returns the iteration's statistics."""
+    checkpoint, the logs and the LoRA file, in the run's folder and where LoraLoader lists it
+    (:func:`listed_lora_path`). Returns the iteration's statistics."""
     if tree.batch.advantages is None:
         raise ValueError("this TREE has no advantages yet: connect it through the Advantage Backup node")
     if tree.run is not run or tree.trainer is not run.trainer:
@@ -249,6 +259,7 @@ def train_step(tree: TreeResult, run: RunState) -> dict:
     stats = tr.record(tree.batch, upd)
     tr.after_iteration(stats)
     tr.save_lora()
+    tr.save_lora(listed_lora_path(run.run_name))   # where LoraLoader lists it, replaced at each step
     run.clock.tick(time.monotonic())
     logging.info(iteration_line(stats, None, run_name=run.run_name, s_per_it=run.clock.s_per_it))
     return stats
