@@ -38,7 +38,7 @@ class Policy(Protocol):
         ...
 
     def latent_shape(self) -> tuple[int, ...]:
-        """(C, H, W) of one latent."""
+        """(C, H, W) of one latent; (C, T, H, W) for a video model (T latent frames)."""
         ...
 
     def encode_prompts(self, prompts: list[str], negative: str = "") -> Any:
@@ -47,12 +47,13 @@ class Policy(Protocol):
         ...
 
     def denoise(self, x: torch.Tensor, sigma: torch.Tensor, cond: Any, cfg: float) -> torch.Tensor:
-        """x̂0 for latents ``x`` (B, C, H, W) at noise levels ``sigma`` (B,), with CFG inside (cond and uncond
-        evaluated in one batched call when ``cfg != 1``)."""
+        """x̂0 for latents ``x`` (B, *latent_shape()) — (B, C, H, W), or (B, C, T, H, W) for video — at noise levels
+        ``sigma`` (B,), with CFG inside (cond and uncond evaluated in one batched call when ``cfg != 1``)."""
         ...
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """Images (B, 3, H, W), float32 in [0, 1]."""
+        """Images (B, 3, H, W), float32 in [0, 1]; for video latents the frames the rewards score, (B, F, 3, H, W)
+        (``treegrpo.video``)."""
         ...
 
     def lora_disabled(self) -> contextlib.AbstractContextManager:
