@@ -174,3 +174,24 @@ def test_signals_title_is_the_newest_evaluations_state():
     # a check that passes again no longer reads as failing: the title names the last warning's iteration in grey
     evals = [ok, {"iteration": 10, "warnings": [judge]}, {"iteration": 20, "warnings": [judge]}, {"iteration": 30}]
     assert signals_title(evals) == ("the hacking checks pass now (last warning at iteration 20)", "dimgrey")
+
+
+def test_the_before_after_picture_says_which_side_is_which():
+    """The Train node's samples_before_after.png: both grids copied in unchanged, the right one beside the left,
+    a title over each and a label beside each row (drawn: dark pixels where the text goes, none elsewhere)."""
+    from treegrpo.report import labelled_pair
+
+    gen = torch.Generator().manual_seed(0)
+    left, right = torch.rand(3, 40, 60, generator=gen), torch.rand(3, 40, 30, generator=gen)
+    out = labelled_pair(left, right, ("base model (iteration 0)", "LoRA at iteration 12"), ["a red circle", "a cat"])
+    band, h = 18, 40
+    x_left = out.shape[2] - 8 - 30 - 60
+    assert out.shape == (3, band + h, x_left + 60 + 8 + 30)
+    assert torch.equal(out[:, band:, x_left:x_left + 60], left)
+    assert torch.equal(out[:, band:, x_left + 68:], right)
+    dark = out.mean(0) < 0.5
+    assert dark[:band, x_left:x_left + 60].any() and dark[:band, x_left + 68:].any()     # the two titles
+    assert dark[band:band + h // 2, :x_left - 8].any() and dark[band + h // 2:, :x_left - 8].any()   # a label a row
+    assert not dark[:band, :x_left].any()      # nothing above the labels
+    bare = labelled_pair(left, right, ("a", "b"))
+    assert torch.equal(bare[:, band:, :60], left)                                        # no labels, no margin

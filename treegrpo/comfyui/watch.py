@@ -208,14 +208,14 @@ class RunWatcher(TrainerCallback):
     def finish(self) -> str:
         """The final LoRA into the LoRA folder (returned), the best one, ``reward_curve.png`` and
         ``samples_before_after.png`` (the base model's grid left — the run's first evaluation, also when it was
-        resumed —, the last one's right) in the run folder."""
+        resumed —, the last one's right, titled, a row per evaluation prompt) in the run folder."""
         t = self.trainer
         path = os.path.join(self.loras, f"{t.cfg.run_name}.safetensors")
         if t.rank != 0:
             return path
         t.save_lora(path)
         self.copy_best()
-        from ..report import signals_image, to_pil
+        from ..report import labelled_pair, signals_image, to_pil
         try:
             if t.evals:
                 to_pil(signals_image(t.evals)[0].movedim(-1, 0)).save(os.path.join(t.out, "reward_curve.png"))
@@ -223,7 +223,10 @@ class RunWatcher(TrainerCallback):
             if first is None and t.evals:   # resumed: the base model's grid from the run's first session, kept
                 first = read_grid(eval_grid_path(t.out, t.evals[0]["iteration"]))
             if first is not None and self.last_grid is not None:
-                to_pil(side_by_side(first, self.last_grid)).save(os.path.join(t.out, "samples_before_after.png"))
+                pair = labelled_pair(first, self.last_grid, (f"base model (iteration {t.evals[0]['iteration']})",
+                                                             f"LoRA at iteration {t.evals[-1]['iteration']}"),
+                                     list(t.eval_prompts))
+                to_pil(pair).save(os.path.join(t.out, "samples_before_after.png"))
         except Exception as e:  # noqa: BLE001 - the LoRA is saved; a drawing failure is only logged
             _reraise_interrupt(e)
             logging.warning("TreeGRPO: could not draw the run's figures (%s: %s)", type(e).__name__, e)
@@ -248,7 +251,7 @@ def _reraise_interrupt(e: Exception) -> None:
 
 
 def eval_grid_path(run_folder: str, iteration: int) -> str:
-    """Where the evaluation grid of ``iteration`` is kept: ``<run folder>/evals/eval_<iteration>.png``."""
+    """Where the evaluation grid of ``iteration`` is kept: ``<run folder>/evals/eval_<iteration, 6 digits>.png``."""
     return os.path.join(run_folder, "evals", f"eval_{iteration:06d}.png")
 
 
