@@ -71,6 +71,32 @@ def test_demo_workflow_runs_end_to_end_and_writes_a_lora(comfyui_pack):
     assert len(previews) >= 3  # reward curve, sample grid, tree preview
 
 
+def test_step_by_step_workflow_queued_twice_trains_two_iterations_on_its_one_prompt(comfyui_pack):
+    """The shipped step graph as queued: its String node feeds CLIPTextEncode, the Tree Sampler and the Reward
+    Scorer; two queues are the run's iterations 0 and 1, and the LoRA lands where LoraLoader lists it."""
+    import folder_paths
+
+    wf = json.loads((Path(__file__).resolve().parents[2] / "workflows" / "treegrpo_step_by_step.json").read_text())
+    api = ch.workflow_to_api(wf, comfyui_pack.node_classes())
+    prompt = next(n for n in api.values() if n["class_type"] == "PrimitiveString")
+    prompt["inputs"]["value"] = "a green square"          # typed once
+    uses = [(n["class_type"], k) for n in api.values() for k, v in n["inputs"].items()
+            if isinstance(v, list) and api[v[0]] is prompt]
+    assert sorted(uses) == [("CLIPTextEncode", "text"), ("TreeGRPORewardScorer", "prompt"),
+                            ("TreeGRPOTreeSampler", "prompt")], uses
+    state = next(n["inputs"] for n in api.values() if n["class_type"] == "TreeGRPOTrainerState")
+    state["run_name"] = "wf_steps"
+    stats = []
+    for _ in range(2):
+        r = comfyui_pack.execute(json.loads(json.dumps(api)))
+        stats += [json.loads(o["text"][0]) for o in r.outputs.values()
+                  if "text" in o and o["text"][0].lstrip().startswith("{") and "iteration" in o["text"][0]]
+    assert [s["iteration"] for s in stats] == [0, 1], stats
+    log = json.loads((Path(comfyui_pack.base_dir) / "output" / "treegrpo" / "wf_steps" / "log.json").read_text())
+    assert [r["iteration"] for r in log["train"]] == [0, 1]
+    assert "treegrpo/wf_steps/wf_steps.safetensors" in folder_paths.get_filename_list("loras")
+
+
 def test_a_workflow_saved_by_an_earlier_version_keeps_its_widget_values(comfyui_pack):
     """The demo workflow as the pack saved it on 2026-11-30 (commit db82215: 26 Train widgets, gradient_checkpointing
     still a boolean; today's node has 46): it converts, validates, and each widget it had keeps its value — the
