@@ -413,8 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """The command line: 0 done, 2 bad input (one line saying what to change), 130 interrupted (Ctrl-C at any
-    moment, start-up included: one line, and where the last finished iteration is saved)."""
+    """The command line: 0 done, 1 out of accelerator memory (one line: how to plan for less and go on), 2 bad
+    input (one line saying what to change), 130 interrupted (Ctrl-C at any moment, start-up included: one line, and
+    where the last finished iteration is saved)."""
     with interrupts.handled() as interrupted:
         try:
             parser = build_parser()
@@ -454,10 +455,10 @@ def _out_of_memory(e: BaseException) -> bool:
 def out_of_memory_message(e: BaseException) -> str:
     """One line for an accelerator out-of-memory error: what ran out and how to go on."""
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    return (f"out of accelerator memory ({shorten(first, 200)}). A run that had started saved its last finished "
-            "iteration (the line above). Plan for less memory: --memory.budget_gb a few GB under the GPU's (for "
-            "what else runs on it), or --memory.checkpointing on; then go on with --resume (memory settings may "
-            "change on a resume)")
+    return (f"out of accelerator memory ({shorten(first, 200)}). Plan for less: --memory.budget_gb a few GB under "
+            "the GPU's (for what else runs on it), --memory.checkpointing on, or --memory.offload_rewards on (reward "
+            "models on the CPU between scorings). A run that had begun kept its last finished iteration in its "
+            "checkpoints folder: add --resume to go on from there (memory settings may change on a resume)")
 
 
 def _output_closed() -> bool:

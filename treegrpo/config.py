@@ -618,7 +618,8 @@ class TrainConfig:
         _require(self.prompts or self.prompts_file, c, "prompts", "empty prompt list: give prompts or prompts_file")
         _require(not (self.prompts and self.prompts_file), c, "prompts_file",
                  f"{self.prompts_file!r} and {len(self.prompts)} inline prompts are both given; a run trains on one "
-                 "list: remove `prompts` from the config to train on the file (or drop prompts_file)")
+                 "list: remove `prompts` from the config to train on the file, or drop prompts_file (a run begun "
+                 "by an earlier version with both trained on the inline prompts: drop prompts_file to resume it)")
         _require(len(self.prompts) <= self.max_prompts, c, "prompts",
                  f"{len(self.prompts)} prompts exceed max_prompts={self.max_prompts}")
         _require(all(isinstance(p, str) and p.strip() for p in self.prompts), c, "prompts",

@@ -13,27 +13,22 @@ from .config import ConfigError, TrainConfig, shorten
 
 
 def check_output_dir(out: str, flag: str = "TrainConfig.output_dir") -> None:
-    """``out`` is (or can become) a folder this process writes in; ConfigError naming it otherwise. The folders
-    made to find out are removed again: a run refused after this check leaves nothing behind."""
+    """``out`` is (or can become) a folder this process writes in; ConfigError naming it otherwise. Nothing is
+    created: a folder still to be made is probed in its nearest existing parent (a run refused after this check
+    leaves nothing behind, and processes checking the same new folder at once cannot remove it from each other)."""
     if os.path.exists(out) and not os.path.isdir(out):
         raise ConfigError(f"{flag}: {out!r} is a file; choose a folder")
-    made, d = [], os.path.abspath(out)
-    while not os.path.exists(d):           # the folders makedirs will create, deepest first
-        made.append(d)
-        d = os.path.dirname(d)
+    probe = os.path.abspath(out)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        raise ConfigError(f"{flag}: {shorten(out)!r} cannot be made: {probe!r} is a file; choose a folder")
     try:
-        os.makedirs(out, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):
+        with tempfile.TemporaryFile(dir=probe):
             pass
     except OSError as e:
         raise ConfigError(f"{flag}: cannot write in {shorten(out)!r} ({e.strerror}); choose a folder you "
                           "can write to (--output-dir)") from None
-    finally:
-        for m in made:
-            try:
-                os.rmdir(m)
-            except OSError:                 # not empty (another process wrote there) or never made
-                pass
 
 
 def check_reward_names(cfg: TrainConfig) -> None:

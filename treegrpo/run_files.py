@@ -35,6 +35,9 @@ class RunFiles:
     #: this process among ``world`` (data parallel, :class:`treegrpo.distributed.DataParallel` as ``dist``); the
     #: Trainer sets them, one process by default
     rank, world, dist = 0, 1, None
+    #: which front-end trains the run, kept in its checkpoints: "steps" for the step nodes (one iteration per queued
+    #: prompt, settings that may change between queues), "train" for the Train node and the command line
+    frontend = "train"
 
     @property
     def best_lora_path(self) -> str:
@@ -90,7 +93,7 @@ class RunFiles:
                 "config": json.dumps(self.cfg.to_dict(), default=str), "sigmas": self.sigmas(),
                 "torch_rng": torch.get_rng_state(), "python_rng": json.dumps(random.getstate()),
                 "numpy_rng": json.dumps(_numpy_state()), "callbacks": self.callback_states(),
-                "prompts_sha256": ckpt.prompts_digest(self.prompts)}
+                "prompts_sha256": ckpt.prompts_digest(self.prompts), "frontend": self.frontend}
 
     def callback_states(self) -> dict:
         """The callbacks' own state for a resumed run (``TrainerCallback.state_dict``), by :meth:`callback_key`."""

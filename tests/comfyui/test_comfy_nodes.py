@@ -147,13 +147,17 @@ def test_a_step_run_refuses_a_changed_lora_and_another_front_ends_run_and_keeps_
     assert files() == before
     assert _step_stats(rt.execute(demo_step_graph(run, 3)))["iteration"] == 2
 
-    # a run the command line made, in the folder the step nodes would use
+    # a run the command line made, in the folder the step nodes would use (with the step nodes' own schedule:
+    # the checkpoint names its front-end)
     other = Path(rt.base_dir) / "output" / "treegrpo" / "cli_made"
-    assert cli.main(["train", "--quiet", "--iterations", "1", "--prompts-per-iter", "2", "--eval-every", "1",
-                     "--output-dir", str(other), "--run-name", "cli_made"]) == 0
+    assert cli.main(["train", "--quiet", "--iterations", "1", "--prompts-per-iter", "2", "--eval-every", "0",
+                     "--checkpoint-every", "1", "--output-dir", str(other), "--run-name", "cli_made"]) == 0
     g = demo_step_graph("cli_made", 0)
     res = rt.execute(g, check=False)
     assert not res.success and "made by the Train node or the command line" in res.error["exception_message"]
+    from treegrpo.comfyui.steps import made_by_steps      # checkpoints from before they named their front-end
+    assert made_by_steps({"config": json.dumps({"eval_every": 0, "checkpoint_every": 1})})
+    assert not made_by_steps({"config": json.dumps({"eval_every": 20, "checkpoint_every": 50})})
 
 
 def test_run_monitor_records_each_iteration_with_a_held_out_judge(rt):

@@ -145,6 +145,8 @@ FLAG_CASES = [
     ("prompts_per_iter_absurd", ["train", "--prompts-per-iter", "100000"], ["100000 trees per iteration is more than"]),
     ("demo_output_dir_unwritable", ["demo", "--output-dir", "/proc/treegrpo"],
      ["TrainConfig.output_dir: cannot write in '/proc/treegrpo'"]),
+    ("output_dir_under_a_file", ["train", "--output-dir", "/etc/passwd/runs/a"],
+     ["TrainConfig.output_dir: '/etc/passwd/runs/a' cannot be made: '/etc/passwd' is a file"]),
     ("suggest_from_the_command_only", ["export", "a.safetensors", "b.safetensors", "--prefixx", "x"],
      ["unrecognized arguments: --prefixx (did you mean --prefix?)"]),
     ("positional_given_as_flag", ["export", "a.safetensors", "b.safetensors", "--output", "x"],
@@ -382,8 +384,8 @@ def test_out_of_memory_is_one_line_saying_how_to_go_on_and_the_run_resumes(tmp_p
     assert cli.main(["train", "--config", cfg, "--quiet"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("treegrpo: error: out of accelerator memory (CUDA out of memory. Tried to allocate 2.00 "
-                          "GiB (GPU 0; 11.7 GiB total)). A run that had started saved its last finished iteration")
-    assert err.count("\n") == 1 and "--memory.budget_gb" in err and "--resume" in err and "Traceback" not in err
+                          "GiB (GPU 0; 11.7 GiB total)). Plan for less: --memory.budget_gb")
+    assert err.count("\n") == 1 and "add --resume to go on" in err and "Traceback" not in err
     assert sorted(p.name for p in (tmp_path / "out" / "checkpoints").iterdir()) == ["treegrpo_demo-0000001.pt"]
     monkeypatch.setattr(Trainer, "update", real)
     assert cli.main(["train", "--config", cfg, "--quiet", "--resume", "--memory.budget_gb", "4"]) == 0

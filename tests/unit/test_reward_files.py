@@ -23,6 +23,9 @@ def test_each_reward_lists_only_its_own_files():
     assert files_for("taste", USER_FILES) == ["my_run_taste.safetensors"]
     assert files_for("clipscore", USER_FILES) == ["HPS_v2.1_compressed.pt", "ViT-L-14.pt"]
     assert files_for("hpsv3", USER_FILES) == ["HPSv3/HPSv3.safetensors"]
+    # HPS v2 beside another reward's files in one flat folder still shows
+    assert files_for("hpsv2", ["HPS_v2.1_compressed.pt", "sac+logos+ava1-l14-linearMSE.pth", "ViT-L-14.pt"]) == \
+        ["HPS_v2.1_compressed.pt"]
     assert files_for("vlm_judge", USER_FILES) == ["Qwen2-VL-2B-Instruct/model-00001-of-00002.safetensors",
                                                   "tiny_vlm/model.safetensors"]
     assert files_for("jpeg_compressibility", USER_FILES, needs_file=False) == []

@@ -429,6 +429,10 @@ def test_pickscore_refuses_weights_that_do_not_match_its_config(tmp_path):
     save_file({**sd, "extra.weight": sd[dropped[0]].clone()}, weights)
     with pytest.raises(ValueError, match="unexpected 1 .*extra.weight"):
         load_reward("pickscore", path=folder)
+    save_file(sd, weights)
+    with open(os.path.join(folder, "pytorch_model.bin"), "w") as fh:   # a file transformers would not read: left be
+        fh.write("version https://git-lfs.github.com/spec/v1\noid sha256:00\nsize 1\n")
+    load_reward("pickscore", path=folder)
     with open(weights, "w") as fh:     # the model page saved by a browser in place of the file
         fh.write("<!doctype html><html><head><title>yuvalkirstain/PickScore_v1</title>")
     with pytest.raises(ValueError, match=r"pickscore: .*model.safetensors is a web page \(HTML\), not the weights"):

@@ -93,3 +93,26 @@ def test_a_web_page_or_lfs_pointer_in_place_of_the_weights_says_what_it_is(tmp_p
     path.write_bytes(body)
     with pytest.raises(WeightFileError, match=f"pickscore: .*model\\{ext} {said}"):
         read_weights(str(path), "pickscore")
+
+
+def test_a_model_folder_is_checked_on_the_files_transformers_reads(tmp_path):
+    """model.safetensors before the shards its index names before pytorch_model.bin: a pointer left beside the file
+    that is read does not matter, one among the shards read is named."""
+    import json
+
+    from safetensors.torch import save_file
+    from treegrpo.rewards.weightfiles import check_folder_weights, loaded_weight_files
+
+    pointer = "version https://git-lfs.github.com/spec/v1\noid sha256:00\nsize 1\n"
+    (tmp_path / "pytorch_model.bin").write_text(pointer)
+    save_file({"w": torch.ones(2)}, str(tmp_path / "model-00001-of-00002.safetensors"))
+    (tmp_path / "model-00002-of-00002.safetensors").write_text(pointer)
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    assert [os.path.basename(p) for p in loaded_weight_files(str(tmp_path))] == \
+        ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    with pytest.raises(WeightFileError, match="model-00002-of-00002.safetensors is a Git LFS pointer"):
+        check_folder_weights(str(tmp_path), "vlm_judge")
+    save_file({"w": torch.ones(2)}, str(tmp_path / "model.safetensors"))
+    assert loaded_weight_files(str(tmp_path)) == [str(tmp_path / "model.safetensors")]
+    check_folder_weights(str(tmp_path), "vlm_judge")

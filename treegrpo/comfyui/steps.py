@@ -63,6 +63,7 @@ class RunState:
         self.gradient_checkpointing = runtime.checkpointing_choice(gradient_checkpointing)
         self.trainer: Optional[Trainer] = None
         self.clock = IterationClock()          # seconds per queued iteration, for the console line
+        self.listed_lora_failed = False        # the LoRA folder refused a write (said once)
         self.monitor: list[dict] = _read_monitor(self.folder)   # the Run Monitor's records, one per iteration
 
     @classmethod
@@ -125,6 +126,7 @@ def sample_tree(model, positive, negative, latent: dict, tree_cfg: TreeConfig, *
         if trainer is None:
             trainer = build_trainer(tc, policy, progress=False, base_model_name=name)
             trainer.log = logging.info      # the console: "resumed from ...", the memory plan
+            trainer.frontend = "steps"
             if run is not None:
                 check_continuable(run)
                 trainer.begin(resume=True)
@@ -145,16 +147,27 @@ def sample_tree(model, positive, negative, latent: dict, tree_cfg: TreeConfig, *
     return TreeResult(batch, trainer, prompt, run, iteration=trainer.iteration)
 
 
-#: the settings of the step nodes' own runs (:func:`_step_config`): a checkpoint with others is another front-end's
+#: the settings of the step nodes' own runs (:func:`_step_config`): how a checkpoint written before checkpoints named
+#: their front-end (``frontend``) tells a step run from another front-end's
 STEP_RUN = {"eval_every": 0, "checkpoint_every": 1}
+
+
+def made_by_steps(state: dict) -> bool:
+    """Whether a checkpoint's run is the step nodes': its ``frontend``, or for an older checkpoint its settings."""
+    import json
+
+    if "frontend" in state:
+        return state["frontend"] == "steps"
+    saved = json.loads(state.get("config") or "{}")
+    return all(saved.get(k, v) == v for k, v in STEP_RUN.items())
 
 
 def check_continuable(run: RunState) -> None:
     """Before a step run resumes its newest checkpoint: refuse (``CheckpointError``, saying what to do) a folder
     another process trains in, a run the Train node or the command line made (its logs and checkpoints would mix
-    with another training), and a run whose LoRA (rank, alpha, targets) the Trainer State changed: the saved LoRA
-    would be refused, or scaled by another alpha. The step settings themselves (lr, KL, tree, prompt) may change
-    between queues."""
+    with another training), and a run whose LoRA rank or alpha the Trainer State changed: the saved LoRA would be
+    refused, or scaled by another alpha (a change of targets is refused by the checkpoint's parameter names). The
+    step settings themselves (lr, KL, tree, prompt) may change between queues."""
     import json
 
     from .. import checkpoint as ckpt
@@ -164,15 +177,14 @@ def check_continuable(run: RunState) -> None:
         return
     ckpt.check_not_in_use(run.folder)
     path, state = ckpt.read_latest_checkpoint(found, run.run_name)
-    saved = json.loads(state.get("config") or "{}")
-    other = {k: saved.get(k, v) for k, v in STEP_RUN.items() if saved.get(k, v) != v}
-    if other:
+    if not made_by_steps(state):
         raise ckpt.CheckpointError(
-            f"run {run.run_name!r} in {run.folder} was made by the Train node or the command line (it evaluates or "
-            f"checkpoints on its own schedule: {other}); the step nodes would mix another training into it. Continue "
-            "it with the Train node, or give the Trainer State another run_name (nothing of that run is changed)")
+            f"run {run.run_name!r} in {run.folder} was made by the Train node or the command line; the step nodes "
+            "would mix another training into it. Continue it with the Train node, or give the Trainer State another "
+            "run_name (nothing of that run is changed)")
+    saved = json.loads(state.get("config") or "{}")
     lora, now = saved.get("lora") or {}, dataclasses.asdict(run.lora_cfg)
-    changed = [f"{k} {lora[k]!r} -> {now[k]!r}" for k in ("rank", "alpha", "targets") if k in lora and lora[k] != now[k]]
+    changed = [f"{k} {lora[k]!r} -> {now[k]!r}" for k in ("rank", "alpha") if k in lora and lora[k] != now[k]]
     if changed:
         raise ckpt.CheckpointError(
             f"run {run.run_name!r} trained a LoRA with other settings ({'; '.join('lora_' + c for c in changed)}): "
@@ -259,7 +271,13 @@ def train_step(tree: TreeResult, run: RunState) -> dict:
     stats = tr.record(tree.batch, upd)
     tr.after_iteration(stats)
     tr.save_lora()
-    tr.save_lora(listed_lora_path(run.run_name))   # where LoraLoader lists it, replaced at each step
+    try:
+        tr.save_lora(listed_lora_path(run.run_name))   # where LoraLoader lists it, replaced at each step
+    except OSError as e:     # a read-only models folder: the run's own copy and checkpoint are written
+        if not run.listed_lora_failed:
+            logging.warning("TreeGRPO %s: could not write the LoRA to %s (%s); it is in %s", run.run_name,
+                            listed_lora_path(run.run_name), e.strerror or e, tr.lora_path)
+        run.listed_lora_failed = True
     run.clock.tick(time.monotonic())
     logging.info(iteration_line(stats, None, run_name=run.run_name, s_per_it=run.clock.s_per_it))
     return stats

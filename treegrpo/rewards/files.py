@@ -23,7 +23,7 @@ def _by_folder(files: Iterable[str]) -> dict[str, set[str]]:
 
 def _hps(b: str, beside: set[str]) -> bool:          # HPS v2 / v2.1: one open_clip file (HPSv3 is a folder model)
     return b.lower().endswith(WEIGHT_EXTS) and "hps" in b.lower() and "hpsv3" not in b.lower() \
-        and not _in_folder_model(beside)
+        and "config.json" not in beside
 
 
 def _hpsv3(b: str, beside: set[str]) -> bool:

@@ -127,12 +127,15 @@ class VLMJudge(TorchReward):
         cls = getattr(transformers, arch)
         try:
             self.module = cls.from_pretrained(folder, dtype=self.dtype)
-        except torch.OutOfMemoryError:
-            raise
-        except (OSError, ValueError, RuntimeError, SafetensorError) as e:   # no weight file, or not this model's
+        except (OSError, SafetensorError) as e:          # no weight file, or one that cannot be read
             raise files_error(self.name, f"the model's weights in {folder} cannot be read "
                                          f"({str(e).splitlines()[0] if str(e) else type(e).__name__})",
                               self.expected_files, self.source) from None
+        except RuntimeError as e:
+            if "size mismatch" not in str(e):             # out of memory and the like: not the files' fault
+                raise
+            raise ValueError(f"{self.name}: the weights in {folder} do not fit its config.json (another model's "
+                             f"weights?): {str(e).splitlines()[0]}") from None
         ids = self.processor.tokenizer.encode(answer, add_special_tokens=False)
         if not ids:
             raise ValueError(f"{self.name}: the answer {answer!r} is no token of this model's tokenizer")

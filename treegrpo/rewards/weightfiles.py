@@ -80,11 +80,28 @@ def check_complete(path: str, name: str) -> None:
             raise incomplete(name, path, size)
 
 
+def loaded_weight_files(folder: str) -> list[str]:
+    """The weight files ``from_pretrained`` reads from a transformers model folder, in its order of preference:
+    ``model.safetensors``, else the shards its index names, else ``pytorch_model.bin`` or its shards ([] when
+    there are none: transformers then says what it looked for)."""
+    for single, index in (("model.safetensors", "model.safetensors.index.json"),
+                          ("pytorch_model.bin", "pytorch_model.bin.index.json")):
+        if os.path.isfile(os.path.join(folder, single)):
+            return [os.path.join(folder, single)]
+        if os.path.isfile(os.path.join(folder, index)):
+            try:
+                with open(os.path.join(folder, index), encoding="utf-8") as fh:
+                    shards = sorted(set(json.load(fh)["weight_map"].values()))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                return []                      # a damaged index: transformers' own error names it
+            return [os.path.join(folder, f) for f in shards if os.path.isfile(os.path.join(folder, f))]
+    return []
+
+
 def check_folder_weights(folder: str, name: str) -> None:
-    """:func:`check_complete` on each weight file of a transformers model folder (``*.safetensors``, ``*.bin``)."""
-    for f in sorted(os.listdir(folder)):
-        if f.endswith((".safetensors", ".bin")) and os.path.isfile(os.path.join(folder, f)):
-            check_complete(os.path.join(folder, f), name)
+    """:func:`check_complete` on each weight file ``from_pretrained`` will read (:func:`loaded_weight_files`)."""
+    for path in loaded_weight_files(folder):
+        check_complete(path, name)
 
 
 def is_torchscript(path: str) -> bool:
