@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import folder_paths
@@ -81,6 +82,9 @@ class RewardModelLoader(PackNode):
         opts = parse_options(reward, options)
         if reward == "vlm_judge" and (question or "").strip():
             opts["question"] = question.strip()
+        elif (question or "").strip():
+            logging.warning("TreeGRPO: the Reward Model Loader's question is read by the vlm_judge reward only; "
+                            "%s ignores it", reward)
         path = None if file == NO_FILE else folder_paths.get_full_path_or_raise(FOLDER, file)
         if reward == "taste":
             from treegrpo.comfyui.artist.taste import taste_reward

@@ -117,7 +117,7 @@ def test_it_trains_and_judges_a_cli_run(folder, tmp_path):
     assert all(0 < e["judge/vlm_judge"] < 1 for e in log["eval"]), log["eval"]
 
 
-def test_the_reward_model_loader_takes_the_question_as_text(comfyui_pack, folder):
+def test_the_reward_model_loader_takes_the_question_as_text(comfyui_pack, folder, caplog):
     """In ComfyUI: the model folder in models/reward_models, the question typed into the loader's text box; the
     node's reward scores as load_reward with that question, and a question it cannot fill in is refused at
     validation."""
@@ -139,3 +139,8 @@ def test_the_reward_model_loader_takes_the_question_as_text(comfyui_pack, folder
     msg = loader.validate_inputs(reward="vlm_judge", options="{}", question="Is {thing} shown?")
     assert isinstance(msg, str) and "only placeholder is {prompt}" in msg
     assert loader.validate_inputs(reward="vlm_judge", options="{}", question=q) is True
+    with caplog.at_level("WARNING"):      # a question left for another reward is said to be ignored
+        loader.execute(reward="demo_adherence", file="(none: built-in weights or none needed)", options="{}",
+                       question=q)
+    assert any("read by the vlm_judge reward only; demo_adherence ignores it" in r.getMessage()
+               for r in caplog.records)
