@@ -49,14 +49,15 @@ def write_checkpoint(output_dir: str, run_name: str, iteration: int, state: dict
     return path
 
 
-def read_latest_checkpoint(paths: list[str], run_name: str) -> tuple[str, dict]:
+def read_latest_checkpoint(paths: list[str], run_name: str, mmap: bool = False) -> tuple[str, dict]:
     """The newest readable checkpoint among ``paths`` (oldest first) and its state. One that cannot be read (a
     truncated or corrupt file: a full disk, a killed copy) is skipped with a warning, and the previous one is
-    used; raises CheckpointError when none can be read."""
+    used; raises CheckpointError when none can be read. ``mmap``: tensors stay mapped from the file, read only
+    when used (for a look at the settings)."""
     errors = []
     for path in reversed(paths):
         try:
-            return path, read_checkpoint(path, run_name)
+            return path, read_checkpoint(path, run_name, mmap=mmap)
         except CheckpointError:
             raise
         except Exception as e:  # torch/zip/pickle errors of a damaged file
@@ -66,8 +67,8 @@ def read_latest_checkpoint(paths: list[str], run_name: str) -> tuple[str, dict]:
                           "(or under another run_name)")
 
 
-def read_checkpoint(path: str, run_name: str) -> dict:
-    state = torch.load(path, map_location="cpu", weights_only=True)
+def read_checkpoint(path: str, run_name: str, mmap: bool = False) -> dict:
+    state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     if state.get("run_name") != run_name:
         raise CheckpointError(f"checkpoint {path} belongs to run {state.get('run_name')!r}, not {run_name!r}")
     fmt = state.get("format")

@@ -89,14 +89,19 @@ def test_pack_registers_nodes_with_categories_and_tooltips(rt):
                     assert "min" in spec[1] and "max" in spec[1], (name, inp)
 
 
-def test_step_nodes_two_queued_iterations_on_demo_model(rt, caplog):
+def test_step_nodes_two_queued_iterations_on_demo_model(rt, caplog, monkeypatch):
     caplog.set_level(logging.INFO)
+    from treegrpo import lora as lora_mod
+    made = []      # the LoRA files serialised: once a step (the listed copy is a copy of those bytes)
+    real_bytes = lora_mod.safetensors_bytes
+    monkeypatch.setattr(lora_mod, "safetensors_bytes", lambda *a, **k: made.append(1) or real_bytes(*a, **k))
     g = demo_step_graph("demo_steps", 1)
     r1 = rt.execute(g)
     s1 = _step_stats(r1)
     w1, _ = _lora(rt, "demo_steps")
     g["tree"]["inputs"]["seed"] = 2
     s2 = _step_stats(rt.execute(g))
+    assert len(made) == 2, len(made)
     w2, meta2 = _lora(rt, "demo_steps")
     assert s2["iteration"] == s1["iteration"] + 1
     assert s1["nfe"] == 2 * (1 + 1 + 2 + 4 * 3)          # 2 trees, T=6, s=1, w=2, k=2

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 import time
 from dataclasses import dataclass, field
 from typing import Optional
@@ -21,6 +22,7 @@ import torch
 
 from ..config import AdvantageConfig, LoraConfig, MemoryConfig, OptimConfig, TrainConfig, TreeConfig
 from ..progress import IterationClock, iteration_line
+from ..io import atomic_write
 from ..run import build_trainer
 from ..trainer import Trainer
 from ..tree import TreeBatch
@@ -176,7 +178,7 @@ def check_continuable(run: RunState) -> None:
     if not found:
         return
     ckpt.check_not_in_use(run.folder)
-    path, state = ckpt.read_latest_checkpoint(found, run.run_name)
+    _, state = ckpt.read_latest_checkpoint(found, run.run_name, mmap=True)   # tensors left on disk: begin reads them
     if not made_by_steps(state):
         raise ckpt.CheckpointError(
             f"run {run.run_name!r} in {run.folder} was made by the Train node or the command line; the step nodes "
@@ -270,9 +272,9 @@ def train_step(tree: TreeResult, run: RunState) -> dict:
         upd = tr.update(tree.batch)
     stats = tr.record(tree.batch, upd)
     tr.after_iteration(stats)
-    tr.save_lora()
-    try:
-        tr.save_lora(listed_lora_path(run.run_name))   # where LoraLoader lists it, replaced at each step
+    saved = tr.save_lora()
+    try:    # where LoraLoader lists it, replaced at each step: a copy of the bytes just written
+        atomic_write(listed_lora_path(run.run_name), lambda tmp: shutil.copyfile(saved, tmp))
     except OSError as e:     # a read-only models folder: the run's own copy and checkpoint are written
         if not run.listed_lora_failed:
             logging.warning("TreeGRPO %s: could not write the LoRA to %s (%s); it is in %s", run.run_name,
