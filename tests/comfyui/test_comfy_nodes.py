@@ -95,10 +95,15 @@ def test_step_nodes_two_queued_iterations_on_demo_model(rt, caplog, monkeypatch)
     made = []      # the LoRA files serialised: once a step (the listed copy is a copy of those bytes)
     real_bytes = lora_mod.safetensors_bytes
     monkeypatch.setattr(lora_mod, "safetensors_bytes", lambda *a, **k: made.append(1) or real_bytes(*a, **k))
+    from treegrpo.comfyui import steps
+    away = [0.0]      # a person's pause of 1000 s between the two queues
+    monotonic = time.monotonic
+    monkeypatch.setattr(steps.time, "monotonic", lambda: monotonic() + away[0])
     g = demo_step_graph("demo_steps", 1)
     r1 = rt.execute(g)
     s1 = _step_stats(r1)
     w1, _ = _lora(rt, "demo_steps")
+    away[0] = 1000.0
     g["tree"]["inputs"]["seed"] = 2
     s2 = _step_stats(rt.execute(g))
     assert len(made) == 2, len(made)
@@ -118,6 +123,9 @@ def test_step_nodes_two_queued_iterations_on_demo_model(rt, caplog, monkeypatch)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("TreeGRPO demo_steps: it ")]
     assert [ln.split(" | ")[0] for ln in lines] == ["TreeGRPO demo_steps: it 1", "TreeGRPO demo_steps: it 2"], lines
     assert " | reward " in lines[1] and (" s/it" in lines[1] or " it/s" in lines[1]), lines
+    # s/it: the iterations' own time, sampler to update, not the pause between queues
+    rate = next(p for p in lines[1].split(" | ") if p.endswith(" s/it") or p.endswith(" it/s"))
+    assert rate.endswith(" it/s") or float(rate.split()[0]) < 500, lines[1]
 
 
 def test_a_step_run_refuses_a_changed_lora_and_another_front_ends_run_and_keeps_refusing(rt):

@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 
 from ..config import AdvantageConfig, LoraConfig, MemoryConfig, OptimConfig, TrainConfig, TreeConfig
-from ..progress import IterationClock, iteration_line
+from ..progress import iteration_line
 from ..io import atomic_write
 from ..run import build_trainer
 from ..trainer import Trainer
@@ -64,7 +64,8 @@ class RunState:
         self.lora_cfg, self.optim_cfg, self.seed = lora_cfg, optim_cfg, seed
         self.gradient_checkpointing = runtime.checkpointing_choice(gradient_checkpointing)
         self.trainer: Optional[Trainer] = None
-        self.clock = IterationClock()          # seconds per queued iteration, for the console line
+        self.sampled_at: Optional[float] = None   # when this iteration's Tree Sampler started (time.monotonic)
+        self.step_seconds: list[float] = []       # the last iterations' time, from their sampler to their update
         self.listed_lora_failed = False        # the LoRA folder refused a write (said once)
         self.monitor: list[dict] = _read_monitor(self.folder)   # the Run Monitor's records, one per iteration
 
@@ -84,6 +85,14 @@ class RunState:
         """Iterations done by the live run of this name (-1 when there is none in this process)."""
         st = cls._registry.get(run_name)
         return st.iteration if st is not None else -1
+
+    def end_iteration(self, window: int = 10) -> Optional[float]:
+        """The iteration just updated ends now: the mean time (s) of the last ``window`` iterations, each from its
+        Tree Sampler's start to its Trainer Step's end (the time between queues, a person's pause, left out)."""
+        if self.sampled_at is not None:
+            self.step_seconds = (self.step_seconds + [time.monotonic() - self.sampled_at])[-window:]
+            self.sampled_at = None
+        return sum(self.step_seconds) / len(self.step_seconds) if self.step_seconds else None
 
     @property
     def lora(self):
@@ -112,6 +121,8 @@ def sample_tree(model, positive, negative, latent: dict, tree_cfg: TreeConfig, *
     if cfg > 1.0 and negative is None:
         raise ValueError("cfg > 1 needs a negative conditioning")
     text = prompt.strip() or "<prompt>"
+    if run is not None:
+        run.sampled_at = time.monotonic()
     tc = _step_config(run, text, tree_cfg, seed, cfg, trees)
     trainer = run.trainer if run is not None else None
     name = runtime.model_name(model)
@@ -280,6 +291,5 @@ def train_step(tree: TreeResult, run: RunState) -> dict:
             logging.warning("TreeGRPO %s: could not write the LoRA to %s (%s); it is in %s", run.run_name,
                             listed_lora_path(run.run_name), e.strerror or e, tr.lora_path)
         run.listed_lora_failed = True
-    run.clock.tick(time.monotonic())
-    logging.info(iteration_line(stats, None, run_name=run.run_name, s_per_it=run.clock.s_per_it))
+    logging.info(iteration_line(stats, None, run_name=run.run_name, s_per_it=run.end_iteration()))
     return stats
