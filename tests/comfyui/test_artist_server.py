@@ -5,6 +5,7 @@ falls back after its timeout, and every answer is in the run's artist_labels.jso
 import contextlib
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -219,3 +220,26 @@ def test_a_cancelled_artist_run_queued_again_goes_back_to_the_state_approved_bef
     checked = {h["iteration"] + 1: (h.get("check"), h.get("check_restored")) for h in log if "check" in h}  # after
     assert checked == {2: ("now", None), 4: ("start", 2), 6: ("now", None)}, checked
     assert (folder / "artist" / "states" / f"{run}-0000002.pt").is_file()
+
+
+def test_a_page_opened_again_after_its_tab_closed_answers_the_waiting_questions(comfyui_server):
+    """The tab that queued the prompt is closed while a question waits; ComfyUI opened again (a new tab: a new
+    client id) is served that question and the next ones (sent to the closed tab), not just "waiting in another
+    tab" while the run waits out every timeout."""
+    srv, run = comfyui_server, "artist_tab_closed"
+    with ch.EventClient(srv.port) as first:
+        pid = ch.post_prompt(srv.port, artist_graph(run, 0, timeout_s=600), client_id=first.client_id)
+        first.wait_for(lambda e: e["type"] == "treegrpo.artist.question" and e["data"]["prompt_id"] == pid,
+                       timeout=600, what="the question about tree 0")
+    with ch.EventClient(srv.port) as again:
+        for tree in (0, 1):
+            deadline = time.monotonic() + 120
+            while True:
+                got = ch._http(srv.port, f"/treegrpo/artist/pending?client_id={again.client_id}")["questions"]
+                if got and got[0]["tree"] == tree:
+                    break
+                assert time.monotonic() < deadline, f"the reopened page was never served tree {tree}"
+                time.sleep(0.2)
+            assert post_answer(srv.port, got[0]["id"], got[0]["nonce"], {"mode": "favourites", "good": [tree]})[0] == 200
+        ch.wait_history(srv.port, pid, timeout=600, check=True)
+    assert [(r["tree"], r["answered_by"]) for r in labels(srv, run)] == [(0, "artist"), (1, "artist")]

@@ -6,6 +6,8 @@ Imported only inside ComfyUI (it imports ``comfy`` lazily).
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from ..config import check_run_name
@@ -62,6 +64,23 @@ def asking_context() -> dict:
     srv = PromptServer.instance
     return dict(check_interrupt=comfy.model_management.throw_exception_if_processing_interrupted,
                 prompt_id=getattr(srv, "last_prompt_id", None), client_id=getattr(srv, "client_id", None))
+
+
+def prompt_queued_at() -> Optional[float]:
+    """When the prompt being executed was queued (s since the epoch: ComfyUI's ``create_time``); None where the
+    server does not say (no server, an older ComfyUI)."""
+    try:
+        from server import PromptServer
+
+        srv = PromptServer.instance
+        running, _ = srv.prompt_queue.get_current_queue_volatile()
+        for item in running:          # (number, prompt_id, prompt, extra_data, outputs)
+            if item[1] == srv.last_prompt_id:
+                created = item[3].get("create_time")
+                return created / 1000 if isinstance(created, (int, float)) else None
+    except Exception:  # noqa: BLE001 - only a hint: without it the prompt counts as queued now
+        return None
+    return None
 
 
 def run_folder(run_name: str) -> str:

@@ -6,8 +6,8 @@ pack's routes run in the server's event loop. They share :data:`BOARD` under a l
 * ``ask`` stores a :class:`Question` (keyed by prompt, tree and a random nonce) and sends
   ``treegrpo.artist.question`` over the websocket to the tab that queued the prompt only (``client_id``); every other
   tab gets ``treegrpo.artist.waiting`` (a count, no images);
-* ``GET /treegrpo/artist/pending?client_id=…`` serves the open questions of that tab again (a page reload), and the
-  count of the others';
+* ``GET /treegrpo/artist/pending?client_id=…`` serves the open questions of that tab again (a page reload), and those
+  of a tab no longer open (a page opened again gets a new ``client_id``), and the count of the other open tabs';
 * ``POST /treegrpo/artist/answer`` with ``{"id", "nonce", "answer"}``: 200 when it answers an open question, 404 for a
   question that does not exist, 409 for a stale nonce, an answered or an expired question, 400 for a bad answer;
 * ``wait`` returns the answer, or None at the timeout (the caller applies its fallback); it checks ComfyUI's
@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -75,11 +76,14 @@ class Question:
 class ArtistBoard:
     """The open questions, shared by the worker thread and the server's routes (see the module docstring)."""
 
-    def __init__(self, send: Optional[Callable[[str, dict, Optional[str]], None]] = None):
+    def __init__(self, send: Optional[Callable[[str, dict, Optional[str]], None]] = None,
+                 connected: Callable[[Optional[str]], bool] = lambda client_id: True):
         self._cv = threading.Condition()
         self._questions: dict[str, Question] = {}
         self._send = send
+        self._connected = connected                 # whether tab ``client_id`` has the page open (a websocket)
         self._away: dict[Optional[str], int] = {}   # tab → trees that fell back since its last answer
+        self._fell_back_at: dict[Optional[str], float] = {}   # tab → when its last tree fell back (time.time())
 
     # -- an artist who walked away
     def away(self, client_id: Optional[str]) -> int:
@@ -92,12 +96,18 @@ class ArtistBoard:
         last answer."""
         with self._cv:
             self._away[client_id] = self._away.get(client_id, 0) + 1
+            self._fell_back_at[client_id] = time.time()
             return self._away[client_id]
 
-    def back(self, client_id: Optional[str]) -> None:
-        """Tab ``client_id`` is here (it just queued a run): its questions wait the full time again."""
+    def back(self, client_id: Optional[str], queued_at: Optional[float] = None) -> None:
+        """Tab ``client_id`` queued the prompt now running at ``queued_at`` (s since the epoch; None: now): when
+        that was after its last tree fell back, the person is here again and its questions wait the full time; a
+        prompt queued before (a batch, Auto Queue) does not say so."""
         with self._cv:
+            if queued_at is not None and queued_at < self._fell_back_at.get(client_id, -math.inf):
+                return
             self._away.pop(client_id, None)
+            self._fell_back_at.pop(client_id, None)
 
     def away_summary(self) -> Optional[str]:
         """``"artist away: N trees fell back"`` while some tab is away, else None (for the node's text)."""
@@ -157,15 +167,18 @@ class ArtistBoard:
                 return 400, f"bad answer: {e}"
             q.answer, q.state = a, "answered"
             self._away.pop(q.client_id, None)      # the artist is back: full waits again
+            self._fell_back_at.pop(q.client_id, None)
             self._cv.notify_all()
         return 200, "ok"
 
     def pending(self, client_id: Optional[str]) -> dict:
-        """The open questions of tab ``client_id`` (in full) and how many other tabs' are open."""
+        """The open questions tab ``client_id`` can answer (in full): its own, and those of a tab that is no longer
+        open (closed, or a prompt queued without one), so a page opened again takes them over; and how many open
+        questions other open tabs have."""
         with self._cv:
-            mine = [q.payload() for q in self._questions.values() if q.state == "pending" and q.client_id == client_id]
-            others = sum(1 for q in self._questions.values() if q.state == "pending" and q.client_id != client_id)
-        return {"questions": mine, "waiting_elsewhere": others}
+            open_ = [q for q in self._questions.values() if q.state == "pending"]
+        mine = [q.payload() for q in open_ if q.client_id == client_id or not self._connected(q.client_id)]
+        return {"questions": mine, "waiting_elsewhere": len(open_) - len(mine)}
 
     def _emit(self, event: str, data: dict, client_id: Optional[str]) -> None:
         if self._send is None or client_id is None:
@@ -192,7 +205,13 @@ def _server_send(event: str, data: dict, client_id: Optional[str]) -> None:
     PromptServer.instance.send_sync(event, data, client_id)
 
 
-BOARD = ArtistBoard(send=_server_send)
+def _server_connected(client_id: Optional[str]) -> bool:
+    from server import PromptServer
+
+    return client_id is not None and client_id in PromptServer.instance.sockets
+
+
+BOARD = ArtistBoard(send=_server_send, connected=_server_connected)
 
 
 def register_routes() -> None:
@@ -251,6 +270,9 @@ def ask_artist(tree, images, *, mode: str, timeout_s: float, on_timeout: str = O
     {"artist": (n,)}, "weights": {"artist": 1.0}}``) plus ``exclude_trees``, the trees without a preference."""
     import folder_paths
 
+    from ..runtime import prompt_queued_at
+
+    board.back(client_id, prompt_queued_at())     # queued after the last tree fell back: the person is here
     run = tree.run
     folder = run.folder if run is not None else os.path.join(folder_paths.get_output_directory(), "treegrpo", "artist")
     fallback = None
@@ -462,7 +484,9 @@ def train_node_artist(every: int, mode: str, timeout_s: float, *, board: ArtistB
     from ...advantages import weighted_raw
     from ...scores import LeafScores
 
-    board.back(client_id)            # whoever queued this run is at the page now
+    from ..runtime import prompt_queued_at
+
+    board.back(client_id, prompt_queued_at())     # whoever queued this run since a tree fell back is at the page
 
     def ask(ctx, batch, images, raw):
         first = ctx.iteration * batch.n_trees
