@@ -161,3 +161,31 @@ def test_a_fresh_run_that_asks_the_artist_is_checkpointed_before_its_first_quest
         RunWatcher(tr, 1, SimpleNamespace(update=lambda *a: None), log=lambda m: None).on_train_begin(tr)
         found = sorted(p.name for p in (tmp_path / str(asks)).glob("checkpoints/*.pt"))
         assert found == (["artist_fresh-0000000.pt"] if asks else []), (asks, found)
+
+
+def test_a_taste_run_nobody_answers_stops_saved_instead_of_spending_its_iterations(comfyui_pack, monkeypatch):
+    """The Train node with artist_ask 'when unsure' and nobody at the page: once the warm-up's questions (2 here)
+    all went unanswered, nothing can be trained (no taste model, no answer), so the run stops before the iteration
+    counts, with a checkpoint and what to do, instead of asking on every tree and training nothing to its end."""
+    from pathlib import Path
+
+    from test_comfy_nodes import train_graph
+
+    from treegrpo.artist.taste import TasteConfig
+
+    one_in = TasteConfig.one_in.__func__
+    monkeypatch.setattr(TasteConfig, "one_in", classmethod(lambda cls, every, **kw: one_in(cls, every,
+                                                                                          warmup_trees=2, **kw)))
+    run = "taste_away"
+    g = train_graph(run, 6, prompts="a red circle\na blue square")
+    g["train"]["inputs"].update(artist_every=2, artist_ask="when unsure", artist_timeout_s=5, artist_away_s=1,
+                                eval_every=0)
+    res = comfyui_pack.execute(g, check=False)
+    assert not res.success
+    text = json.dumps(res.error, default=str)
+    assert "nobody answered the last 2 questions" in text and "Queue the workflow again" in text, text[-2000:]
+    folder = Path(comfyui_pack.base_dir) / "output" / "treegrpo" / run
+    labels = [json.loads(ln) for ln in (folder / "artist_labels.jsonl").read_text().splitlines()]
+    assert [(r["iteration"], r["outcome"]) for r in labels] == [(0, "timeout"), (0, "timeout")]
+    assert [r["waited_s"] for r in labels] == [5.0, 1.0]
+    assert [p.name for p in (folder / "checkpoints").glob("*.pt")] == [f"{run}-0000000.pt"]   # no iteration spent

@@ -352,3 +352,23 @@ def test_the_demo_encoder_sees_the_drawn_colour(tmp_path):
     m.save(tmp_path / "old.safetensors")
     r = load_reward("taste", path=str(tmp_path / "old.safetensors"))
     assert torch.allclose(r(imgs, ["a red circle"] * 12), m.scores(fo), atol=1e-5)
+
+
+def test_an_artist_who_never_answers_is_asked_within_the_cap_and_nothing_unscored_is_trained():
+    """Nobody answers: the warm-up trees are all asked, then (no model yet) at most ``max_ask_rate`` of the trees
+    seen, never every tree; a tree neither answered nor scorable by a model is not trained on; once the last
+    ``warmup_trees`` questions went unanswered the run is ``idle`` (the Train node stops it), and one answer with a
+    preference ends that."""
+    cfg = TasteConfig(heads=2, warmup_trees=4, max_ask_rate=0.5)
+    taste = OnlineTaste(TasteModel(config=cfg), encoder=lambda imgs: imgs.flatten(1)[:, :4])
+    leaf_tree = torch.arange(4).repeat_interleave(2)
+    imgs = torch.rand(8, 3, 2, 2, generator=torch.Generator().manual_seed(3))
+    asked = []
+    assert not taste.idle
+    r, ex, st = taste.round(imgs, leaf_tree, lambda t: asked.append(t))          # None: nobody answered
+    assert asked == [0, 1, 2, 3] and ex.all() and st["taste_reasons"] == {"warm-up": 4} and taste.idle
+    r, ex, st = taste.round(imgs, leaf_tree, lambda t: asked.append(4 + t))
+    assert asked[4:] == [] and ex.all() and st["taste_asked"] == 0               # 5 asked of 5..8 seen > 0.5
+    r, ex, st = taste.round(imgs, leaf_tree, lambda t: asked.append(8 + t) or [(0, 1)])
+    assert asked[4:] == [9] and taste.model.thetas is not None and not taste.idle   # 5 of 10 seen: asked, answered
+    assert ex.tolist() == [True, False, False, False]                            # tree 8 came before the model

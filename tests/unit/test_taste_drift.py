@@ -19,7 +19,9 @@ TORN = torch.tensor([[1.0, 0.0, 0.0], [-1.0, 0.0, 0.0], [0.0, 0.2, 0.0]])
 def test_ask_reasons_in_their_order():
     cfg = TasteConfig(heads=3, warmup_trees=2, confident=0.9, max_ask_rate=0.5, min_ask_rate=0.1, novelty=1.5,
                       agreement_floor=0.6)
-    assert ask_reason(SURE, 0, 0, cfg) == "warm-up" and ask_reason(None, 9, 9, cfg) == "warm-up"
+    assert ask_reason(SURE, 0, 0, cfg) == "warm-up" and ask_reason(None, 1, 1, cfg) == "warm-up"
+    # no model after the warm-up trees (nobody answered with a preference): asked within the cap, not every tree
+    assert ask_reason(None, 9, 4, cfg) == "warm-up" and ask_reason(None, 9, 5, cfg) is None
     assert ask_reason(SURE, 9, 9, cfg, warned=True) == "warning"            # a warning overrides the cap
     assert ask_reason(SURE, 19, 1, cfg) == "floor"                           # 1 answer < 0.1 × 20 trees
     assert ask_reason(SURE, 19, 2, cfg) is None                              # floor met, sure, near, agreeing

@@ -152,9 +152,13 @@ def ask_reason(scores: Optional[torch.Tensor], trees_seen: int, answers: int, cf
     ``scores`` (K, n): the heads' scores of its leaves (None: no model yet); ``trees_seen``: trees before this one;
     ``answers``: questions asked so far; ``novelty``: :meth:`TasteModel.novelty` of its leaves; ``agreement``: the
     model's mean agreement with the artist's recent answers; ``warned``: a :func:`taste_warnings` warning asks for
-    this tree. Order: warm-up, warning, the floor rate; then, within ``max_ask_rate``: unsure, moved, disagrees."""
-    if trees_seen < cfg.warmup_trees or scores is None:
+    this tree. Order: warm-up, warning, the floor rate; then, within ``max_ask_rate``: unsure, moved, disagrees.
+    After the first ``warmup_trees`` trees a model not made yet (no answer with a preference) asks within
+    ``max_ask_rate`` too ("warm-up")."""
+    if trees_seen < cfg.warmup_trees:
         return "warm-up"
+    if scores is None:
+        return "warm-up" if answers + 1 <= cfg.max_ask_rate * (trees_seen + 1) else None
     if warned:
         return "warning"
     if answers < cfg.min_ask_rate * (trees_seen + 1):
@@ -440,8 +444,15 @@ class OnlineTaste:
     round_means: list = field(default_factory=list)    # per round, the leaves' mean features (D,)
     warmup_spread: list = field(default_factory=list)  # feature_spread of the warm-up rounds
     warned: bool = False                               # a warning asks about the next tree
+    unanswered: int = 0                                # questions in a row nobody answered (timed out)
     _novelty: list = field(default_factory=list)       # this round's trees' novelty
     active: set = field(default_factory=set)           # warnings raised and not yet cleared (raised once each)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing can be trained until the artist answers: no model yet (no answer with a preference) and the
+        last ``warmup_trees`` questions (at least one) timed out."""
+        return self.model.thetas is None and self.unanswered >= max(1, self.model.config.warmup_trees)
 
     def recent_agreement(self) -> Optional[float]:
         a = self.agreements[-self.model.config.recent:]
@@ -484,7 +495,7 @@ class OnlineTaste:
 
         Returns ``(rewards (n,) float32, exclude (n_trees,) bool, stats)``: asked trees get their win rates, the
         others the model's scores; a tree without preference is excluded, an unanswered one keeps the model's
-        scores (excluded while there is no model). ``stats["taste_warnings"]``: the warnings raised this round."""
+        scores (excluded, as a tree not asked, while there is no model). ``stats["taste_warnings"]``: the warnings raised this round."""
         from .answers import win_rates
 
         if features is None:
@@ -511,6 +522,7 @@ class OnlineTaste:
                 asked_trees.append(t)
                 reasons[reason] = reasons.get(reason, 0) + 1
                 pairs = ask(t)
+                self.unanswered = self.unanswered + 1 if pairs is None else 0
                 if pairs is None:                       # nobody answered: the model's guess, if it has one
                     if self.model.thetas is None:
                         exclude[t] = True
@@ -525,6 +537,8 @@ class OnlineTaste:
                     self.model.add(f, pairs)
                     rewards[idx] = win_rates(pairs, len(idx))
             else:
+                if self.model.thetas is None:           # no model to score it yet: not trained on
+                    exclude[t] = True
                 rewards[idx] = self.model.scores(f)
             self.trees_seen += 1
         warnings = self._watch(features.detach().double().cpu(), warmup)

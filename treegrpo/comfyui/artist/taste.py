@@ -11,6 +11,7 @@ from typing import Callable, Optional
 import torch
 
 from ...artist.taste import OnlineTaste, TasteConfig, TasteModel, from_labels
+from ...trainer import TrainingInterrupted
 
 
 class ClipVisionEncoder:
@@ -67,8 +68,10 @@ def train_node_taste(encoder, mode: str, timeout_s: float, config: Optional[Tast
     from ...scores import LeafScores
     from .questions import BOARD, ask_trees
 
+    from ..runtime import prompt_queued_at
+
     state: dict = {}
-    (board or BOARD).back(client_id)          # whoever queued this run is at the page now
+    (board or BOARD).back(client_id, prompt_queued_at())   # whoever queued this run since a tree fell back is here
 
     def online(ctx) -> OnlineTaste:
         if "taste" not in state:
@@ -92,8 +95,18 @@ def train_node_taste(encoder, mode: str, timeout_s: float, config: Optional[Tast
             answer = got.get(t)
             return None if answer is None else pairwise_wins(answer, int((leaf_tree == t).sum()))
 
+        def stop_if_idle():   # before the update: this iteration is not counted, the run resumes at it
+            if taste.idle:
+                raise ArtistAway(
+                    f"TreeGRPO {ctx.run_name}: nobody answered the last {taste.unanswered} questions and the taste "
+                    "model has no answer yet, so nothing can be trained until you answer; the run stopped before "
+                    f"iteration {ctx.iteration + 1} and is saved. Queue the workflow again when you are at the page "
+                    "(it resumes there), or set artist_ask to 'every N-th tree': the reward models then score the "
+                    "trees you leave")
+
         before = taste.model.answers
-        rewards, exclude, stats = taste.round(pictures, leaf_tree, one)
+        rewards, exclude, stats = taste.round(pictures, leaf_tree, lambda t: stop_if_idle() or one(t))
+        stop_if_idle()
         if taste.model.answers != before:
             taste.model.save(state["path"], extra={"run_name": ctx.run_name,
                                                    "features_path": getattr(encoder, "path", None) or "",
@@ -103,6 +116,11 @@ def train_node_taste(encoder, mode: str, timeout_s: float, config: Optional[Tast
 
     ask.state = state
     return ask
+
+
+class ArtistAway(TrainingInterrupted):
+    """The run stopped because nobody answers and nothing can be trained without an answer (a checkpoint of the
+    last whole iteration was written first)."""
 
 
 def taste_reward(path: Optional[str], clip_vision=None, **options):
