@@ -176,5 +176,10 @@ def backup_advantages(batch, raw: dict[str, torch.Tensor], weights: dict[str, fl
     batch.leaf_advantages = clip_advantages(a_leaf, cfg.adv_clip)
     batch.trainable = trainable
     batch.rewards = raw
-    return {"reward": float(total.mean()), "reward_std": float(total.std(correction=0)),
-            "flat_trees": int((~trainable).sum()), **{f"reward/{k}": float(v.mean()) for k, v in raw.items()}}
+    scored = torch.ones(batch.n_trees, dtype=torch.bool, device=leaf_tree.device)
+    if exclude_trees is not None:     # an artist's skip / no preference: its leaves hold no score
+        scored = ~exclude_trees.to(leaf_tree.device, torch.bool).reshape(-1)
+    shown = total[scored[leaf_tree]] if bool(scored.any()) else total
+    return {"reward": float(shown.mean()), "reward_std": float(shown.std(correction=0)),
+            "scored_trees": int(scored.sum()), "flat_trees": int((~trainable).sum()),
+            **{f"reward/{k}": float(v.mean()) for k, v in raw.items()}}

@@ -51,11 +51,14 @@ def iteration_line(stats: dict, total: Optional[int], *, run_name: str = "", las
 
     ``total`` None: a run without an end (the step nodes: one iteration per queued prompt), ``it 12``.
     ``stats``: the trainer's record of the iteration (``iteration`` is the index before it, so the count shown is
-    ``iteration + 1``; ``reward`` the mean training reward of its leaves; ``kl`` the update's KL estimate when the
+    ``iteration + 1``; ``reward`` the mean training reward of its leaves, of the trees scored when ``scored_trees``
+    says how many were (none: the artist skipped or left them all); ``kl`` the update's KL estimate when the
     KL term is on). ``last_eval``: the newest evaluation record (its ``eval_judge`` when a judge is set, else its
     ``eval_reward``, with the iteration it was taken at)."""
     done = int(stats.get("iteration", 0)) + 1
-    parts = [f"it {done}/{total}" if total else f"it {done}", f"reward {stats.get('reward', float('nan')):.3f}"]
+    reward = (f"reward {stats.get('reward', float('nan')):.3f}" if stats.get("scored_trees", 1)
+              else "no tree scored (all skipped or unanswered)")
+    parts = [f"it {done}/{total}" if total else f"it {done}", reward]
     if last_eval:
         key, label = ("eval_judge", "judge") if last_eval.get("eval_judge") is not None else ("eval_reward", "eval")
         parts.append(f"{label} {last_eval[key]:.3f} (it {last_eval.get('iteration', 0)})")

@@ -185,8 +185,16 @@ def test_excluded_trees_are_not_trained_on():
     cfg = AdvantageConfig(backup="mean", adv_clip=0, edge_baseline="none", flat_floor=0)
     ref, tb = _batch(), _batch()
     backup_advantages(ref, {"x": r}, {"x": 1.0}, cfg)
-    backup_advantages(tb, {"x": r}, {"x": 1.0}, cfg, exclude_trees=torch.tensor([False, True, False]))
+    st = backup_advantages(tb, {"x": r}, {"x": 1.0}, cfg, exclude_trees=torch.tensor([False, True, False]))
     assert tb.trainable.tolist() == [True, False, True]
+    # the reward shown is that of the trees scored (an unanswered tree's leaves hold a placeholder)
+    scored = tb.leaf_tree != 1
+    assert st["scored_trees"] == 2 and st["reward"] == pytest.approx(float(r[scored].mean()))
+    none = backup_advantages(_batch(), {"x": r}, {"x": 1.0}, cfg, exclude_trees=torch.ones(3, dtype=torch.bool))
+    assert none["scored_trees"] == 0
+    from treegrpo.progress import iteration_line
+    assert "no tree scored" in iteration_line({**none, "iteration": 0}, None)
+    assert "reward 0." in iteration_line({**st, "iteration": 0}, None)
     assert torch.equal(tb.advantages[-1][:8], ref.advantages[-1][:8])
     kept = collect_edges(tb, skip_zero_adv=False)
     assert kept.n_edges < collect_edges(ref, skip_zero_adv=False).n_edges and 1 not in set(kept.parent_tree.tolist())
