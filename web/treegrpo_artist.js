@@ -2,7 +2,9 @@
 // Questions arrive as "treegrpo.artist.question" websocket events (only in the tab that queued the prompt) and are
 // fetched again from /treegrpo/artist/pending after a reload. Keys: digits toggle a leaf (favourites) or pick the
 // next one (ranking, best/worst), Shift+digit marks a leaf bad, Enter sends, 0 = no preference, Esc = skip the tree,
-// Z zooms the leaf under the mouse. Keys are taken on window in the capture phase by one listener added when the
+// Z zooms the leaf under the mouse. "Stop the run" interrupts the prompt that asks (the dialog is modal: ComfyUI's own
+// Cancel button is under it). A question the server no longer has (it restarted, the run stopped) says so and only
+// closes; an answer that cannot reach the server keeps the dialog. Keys are taken on window in the capture phase by one listener added when the
 // extension is set up: window listeners of a phase run in the order they were added, and frontend popups that open
 // later add theirs then (ComfyUI's ComfyPopup stops Escape there), so the dialog sees its keys first.
 import { app } from "../../scripts/app.js";
@@ -62,16 +64,44 @@ function close() {
   current = null;
 }
 
+const GONE = "Queue the workflow again to go on: the run resumes from its last checkpoint, and the answers you gave " +
+  "are kept.";
+
+function gone(c, why) {                         // the server no longer waits for this question: say so, only close
+  if (c.gone) return;
+  c.gone = true;
+  clearInterval(c.timer);
+  c.el.querySelector(".countdown").textContent = "";
+  c.el.querySelectorAll("[data-act]").forEach((b) => { b.style.display = b.dataset.act === "close" ? "" : "none"; });
+  c.el.querySelector(".msg").textContent = `${why} ${GONE}`;
+}
+
 async function send(answer) {
   const c = current;
   if (!c) return;
+  if (c.gone) { close(); showNext(); return; }
   answer.seconds = (Date.now() - c.shownAt) / 1000;
-  const res = await api.fetchApi("/treegrpo/artist/answer", {
-    method: "POST", headers: { "Content-Type": "application/json" },
-    body: JSON.stringify({ id: c.q.id, nonce: c.q.nonce, answer }) });
+  let res;
+  c.sending = true;
+  try {
+    res = await api.fetchApi("/treegrpo/artist/answer", {
+      method: "POST", headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ id: c.q.id, nonce: c.q.nonce, answer }) });
+  } catch (e) {                                  // ComfyUI is down or restarting: nothing was sent, keep the dialog
+    c.sending = false;
+    c.el.querySelector(".msg").textContent = "ComfyUI cannot be reached (is it restarting?): the answer was not " +
+      "sent. Press Send again when it is back.";
+    return;
+  }
+  c.sending = false;
   if (!res.ok && res.status === 400) {          // a bad answer: say why, keep the dialog
     const j = await res.json().catch(() => ({}));
     c.el.querySelector(".msg").textContent = j.message || "the answer was refused";
+    return;
+  }
+  if (!res.ok && current === c) {               // 404 (the server restarted) or 409 (closed, answered elsewhere)
+    const j = await res.json().catch(() => ({}));
+    gone(c, `This answer did not count: ${j.message || `the server answered ${res.status}`}.`);
     return;
   }
   finished.add(c.q.nonce);
@@ -120,6 +150,9 @@ function render(c) {
 function onKey(e) {
   const c = current;
   if (!c) return;
+  if (c.gone && (e.key === "Enter" || e.key === "Escape")) {
+    close(); showNext(); e.preventDefault(); e.stopPropagation(); return;
+  }
   if (c.zoom) { c.zoom.remove(); c.zoom = null; e.preventDefault(); e.stopPropagation(); return; }
   let handled = true;
   const digit = /^Digit([0-9])$/.exec(e.code);
@@ -163,7 +196,10 @@ function showNext() {
     <div class="prompt"></div><div class="hint">${hint} · Enter sends · 0 no preference · Esc skip · Z zoom</div>
     <div class="groups"></div>
     <div class="bar"><button data-act="send">Send</button><button data-act="none">No preference</button>
-    <button data-act="skip">${check ? "Skip" : "Skip this tree"}</button><span class="countdown"></span><span class="msg"></span></div></div>`;
+    <button data-act="skip">${check ? "Skip" : "Skip this tree"}</button>
+    <button data-act="stop" title="interrupt this run (ComfyUI's Cancel); the answers given so far are kept">Stop the run</button>
+    <button data-act="close" style="display:none">Close</button>
+    <span class="countdown"></span><span class="msg"></span></div></div>`;
   el.querySelector(".prompt").textContent = check ? q.prompt : `Tree ${q.tree + 1}: “${q.prompt}”`;
   if (q.away > 0) {
     const away = document.createElement("div"); away.className = "away";
@@ -187,6 +223,8 @@ function showNext() {
   el.querySelector('[data-act="send"]').onclick = () => send(answerOf(current));
   el.querySelector('[data-act="none"]').onclick = () => send({ mode: "none" });
   el.querySelector('[data-act="skip"]').onclick = () => send({ mode: "skip" });
+  el.querySelector('[data-act="close"]').onclick = () => { if (current && current.el === el) { close(); showNext(); } };
+  el.querySelector('[data-act="stop"]').onclick = () => stopRun(el, q);
   document.body.appendChild(el);
   if (el.showModal) el.showModal(); else el.setAttribute("open", "");
   current = { q, el, state: { good: new Set(), bad: new Set(), order: [] }, shownAt: Date.now(), zoom: null };
@@ -199,11 +237,28 @@ function showNext() {
   render(current);
 }
 
+async function stopRun(el, q) {      // ComfyUI's Cancel for the prompt that asks: its wait ends, "closed" closes this
+  const msg = el.querySelector(".msg");
+  try {
+    const res = await api.fetchApi("/interrupt", { method: "POST", headers: { "Content-Type": "application/json" },
+                                                   body: JSON.stringify({ prompt_id: q.prompt_id }) });
+    msg.textContent = res.ok ? "Stopping the run…" : `ComfyUI refused to stop (${res.status})`;
+  } catch (e) {
+    msg.textContent = "ComfyUI cannot be reached (is it restarting?)";
+  }
+}
+
 async function refresh() {
+  const asked = Date.now();
   try {
     const res = await api.fetchApi(`/treegrpo/artist/pending?client_id=${encodeURIComponent(api.clientId || "")}`);
     if (!res.ok) return;
     const j = await res.json();
+    const c = current;    // shown before this request left and not answered meanwhile, yet not open on the server
+    if (c && !c.gone && !c.sending && c.shownAt < asked && !finished.has(c.q.nonce)
+        && !j.questions.some((q) => q.nonce === c.q.nonce)) {
+      gone(c, "The server no longer waits for this question (ComfyUI restarted, or the run stopped).");
+    }
     j.questions.forEach(enqueue);
     badge(j.waiting_elsewhere ? `TreeGRPO: ${j.waiting_elsewhere} question(s) waiting in another tab` : "");
   } catch (e) { /* the server restarted: the next event brings the state */ }
@@ -220,7 +275,8 @@ app.registerExtension({
       if (current && current.q.id === id) { close(); showNext(); }
     });
     api.addEventListener("treegrpo.artist.waiting", () => refresh());
-    api.addEventListener("status", () => refresh());       // also after a reconnect
+    api.addEventListener("status", () => refresh());
+    api.addEventListener("reconnected", () => refresh());  // ComfyUI came back (restarted?)
     window.__treegrpoArtist = { queue, refresh, get current() { return current; } };   // for the browser tests
     refresh();
   },

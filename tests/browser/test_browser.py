@@ -792,3 +792,52 @@ def test_late_responses_neither_close_the_next_question_nor_show_an_answered_one
     recs = artist_labels(ui_server)[before:]
     assert [(r["tree"], r["outcome"], r["answer"]["mode"]) for r in recs] == [(0, "answered", "favourites"),
                                                                             (1, "skip", "skip")]
+
+
+def test_the_artist_dialog_says_when_an_answer_cannot_count_and_stops_the_run(page, ui_server):
+    """What the dialog does when the server is gone or lost its question, and its own Stop (it is modal, so ComfyUI's
+    Cancel button is under it): an answer that cannot reach the server keeps the dialog and says so; one the server
+    no longer knows (404: it restarted) and a question /pending no longer lists say the answer did not count and what
+    to do, and only close; after a reload the question is back, and "Stop the run" interrupts the prompt."""
+    page.drop_workflow(REPO / "workflows" / "treegrpo_artist_demo_cpu.json")
+    before = len(artist_labels(ui_server))
+    pg = page.page
+    page.evaluate("() => window.app.queuePrompt(0, 1)")
+    dlg = pg.locator('#treegrpo-artist[data-question$=":0"]')
+    dlg.wait_for(state="visible", timeout=300_000)
+    msg, send, close = dlg.locator(".msg"), dlg.locator('[data-act="send"]'), dlg.locator('[data-act="close"]')
+    answers = "**/treegrpo/artist/answer"
+    pg.route(answers, lambda route: route.abort())                     # ComfyUI down
+    dlg.locator('.leaf[data-leaf="0"]').click()
+    pg.keyboard.press("Enter")
+    pg.wait_for_function("() => document.querySelector('#treegrpo-artist .msg').textContent.includes('cannot be "
+                         "reached')", timeout=10_000)
+    assert send.is_visible() and not close.is_visible()                # the answer can be sent again
+    pg.unroute(answers)
+    pg.route(answers, lambda route: route.fulfill(status=404, content_type="application/json", body=json.dumps(
+        {"ok": False, "message": "no question: it was never asked here or the server restarted"})))
+    pg.keyboard.press("Enter")
+    close.wait_for(state="visible", timeout=10_000)
+    assert "did not count" in msg.inner_text() and "Queue the workflow again" in msg.inner_text()
+    assert not send.is_visible() and dlg.locator(".countdown").inner_text() == ""
+    pg.unroute(answers)
+    close.click()
+    dlg.wait_for(state="detached", timeout=10_000)
+    page.open()                                                        # the question still waits on the server
+    dlg.wait_for(state="visible", timeout=60_000)
+    pending = "**/treegrpo/artist/pending*"                           # as if the server restarted: not listed
+    pg.route(pending, lambda route: route.fulfill(status=200, content_type="application/json",
+                                                  body=json.dumps({"questions": [], "waiting_elsewhere": 0})))
+    pg.evaluate("() => window.__treegrpoArtist.refresh()")
+    close.wait_for(state="visible", timeout=10_000)
+    assert "no longer waits" in msg.inner_text()
+    pg.unroute(pending)
+    page.open()
+    dlg.wait_for(state="visible", timeout=60_000)
+    dlg.locator('[data-act="stop"]').click()
+    dlg.wait_for(state="detached", timeout=60_000)                     # the wait ended: the server closed it
+    wait_queue_empty(ui_server)
+    page.close_dialogs()
+    last = next(iter(ch._http(ui_server.port, "/history?max_items=1").values()))
+    assert any(m[0] == "execution_interrupted" for m in last["status"]["messages"]), last["status"]
+    assert artist_labels(ui_server)[before:] == []                     # no answer counted, none made up
