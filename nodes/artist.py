@@ -33,24 +33,28 @@ class ArtistPicks(PackNode):
                                "connected below"),
                 RewardModel.Input("reward_model", optional=True,
                                   tooltip="the fallback for unanswered trees (on_timeout: use the reward model)"),
+                widget(io.Int, "away_s", optional=True, min=1, max=86400),
             ],
             outputs=[Rewards.Output(display_name="rewards", tooltip="per-leaf rewards for Advantage Backup")],
         )
 
     @classmethod
-    def validate_inputs(cls, mode=None, on_timeout=None, timeout_s=None):
+    def validate_inputs(cls, mode=None, on_timeout=None, timeout_s=None, away_s=None):
         ok = cls.check_combos(mode=mode, on_timeout=on_timeout)
         if ok is not True:
             return ok
         if timeout_s is not None and not 5 <= timeout_s <= 86400:
             return f"timeout_s: {timeout_s!r} is outside 5..86400 seconds"
+        if away_s is not None and not 1 <= away_s <= 86400:
+            return f"away_s: {away_s!r} is outside 1..86400 seconds"
         return cls.check_dependencies()
 
     @classmethod
-    def execute(cls, images, tree, mode, timeout_s, on_timeout, reward_model=None):
-        cfg = ArtistConfig(mode=mode, timeout_s=timeout_s, on_timeout=on_timeout)   # refuses bad values first
+    def execute(cls, images, tree, mode, timeout_s, on_timeout, reward_model=None, away_s=None):
+        cfg = ArtistConfig(mode=mode, timeout_s=timeout_s, on_timeout=on_timeout,
+                           away_s=ArtistConfig().away_s if away_s is None else away_s)   # refuses bad values first
         out = ask_artist(tree, images, mode=cfg.mode, timeout_s=cfg.timeout_s, on_timeout=cfg.on_timeout,
-                         reward_model=reward_model, **asking_context())
+                         reward_model=reward_model, away_s=cfg.away_s, **asking_context())
         return io.NodeOutput(out)
 
 

@@ -34,6 +34,7 @@ CONFIG_WIDGETS = {
     "mode": (ArtistConfig, "mode"), "timeout_s": (ArtistConfig, "timeout_s"), "on_timeout": (ArtistConfig, "on_timeout"),
     "artist_every": (ArtistConfig, "every"), "artist_ask": (ArtistConfig, "ask"), "artist_mode": (ArtistConfig, "mode"),
     "artist_timeout_s": (ArtistConfig, "timeout_s"), "artist_away_s": (ArtistConfig, "away_s"),
+    "away_s": (ArtistConfig, "away_s"),
     "artist_check_every": (ArtistConfig, "check_every"),
     "tail_steps_schedule": (TreeConfig, "tail_steps_schedule"), "lr_factor_schedule": (OptimConfig, "lr_factor_schedule"),
 }

@@ -90,11 +90,20 @@ def test_cancel_stops_the_wait_and_an_unanswered_tree_times_out(comfyui_server):
         assert post_answer(srv.port, q["id"], q["nonce"], {"mode": "none"})[0] == 409     # too late
         ws.wait_for(lambda e: e["type"] == "treegrpo.artist.closed" and e["data"]["id"] == q["id"], timeout=60,
                     what="the dialog told to close")
-        # nobody answers: after timeout_s each tree is skipped (not trained on) and the run goes on
-        pid = ch.post_prompt(srv.port, artist_graph(run, 1, timeout_s=5), client_id=ws.client_id)
+        # nobody answers: after timeout_s each tree is skipped (not trained on) and the run goes on; after the first
+        # went unanswered the next waits only away_s
+        g = artist_graph(run, 1, timeout_s=5)
+        g["score"]["inputs"]["away_s"] = 2
+        pid = ch.post_prompt(srv.port, g, client_id=ws.client_id)
         entry = ch.wait_history(srv.port, pid, timeout=600, check=True)
-    assert [r["outcome"] for r in labels(srv, run)][-2:] == ["timeout", "timeout"]
-    assert json.loads(entry["outputs"]["step"]["text"][0])["edges"] == 0
+        stats = json.loads(entry["outputs"]["step"]["text"][0])
+        assert stats["edges"] == 0 and stats["scored_trees"] == 0
+        # queued again after that: the person is at the page, the first question waits the full timeout_s again
+        g = artist_graph(run, 2, timeout_s=6)
+        g["score"]["inputs"]["away_s"] = 2
+        ch.wait_history(srv.port, ch.post_prompt(srv.port, g, client_id=ws.client_id), timeout=600, check=True)
+    assert [(r["outcome"], r["waited_s"]) for r in labels(srv, run)][-4:] == [("timeout", 5.0), ("timeout", 2.0),
+                                                                              ("timeout", 6.0), ("timeout", 2.0)]
 
 
 @contextlib.contextmanager

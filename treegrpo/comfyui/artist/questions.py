@@ -264,7 +264,7 @@ def _save_png(image, path: str) -> None:
 
 def ask_artist(tree, images, *, mode: str, timeout_s: float, on_timeout: str = ON_TIMEOUT[0], reward_model=None,
                board: ArtistBoard = BOARD, check_interrupt: Optional[Callable[[], None]] = None,
-               prompt_id: Optional[str] = None, client_id: Optional[str] = None) -> dict:
+               prompt_id: Optional[str] = None, client_id: Optional[str] = None, away_s: float = 30.0) -> dict:
     """Ask the person about every tree of ``tree`` (a TreeResult, the Artist Picks node) and turn the answers into
     leaf rewards: :func:`ask_trees` with the run's folder. Returns the Reward Scorer's socket value (``{"rewards":
     {"artist": (n,)}, "weights": {"artist": 1.0}}``) plus ``exclude_trees``, the trees without a preference."""
@@ -283,7 +283,8 @@ def ask_artist(tree, images, *, mode: str, timeout_s: float, on_timeout: str = O
                                  run_name=getattr(run, "run_name", ""), mode=mode, timeout_s=timeout_s,
                                  on_timeout=on_timeout, fallback=fallback,
                                  fallback_name=(reward_model or {}).get("name", "the reward model"), board=board,
-                                 check_interrupt=check_interrupt, prompt_id=prompt_id, client_id=client_id)
+                                 check_interrupt=check_interrupt, prompt_id=prompt_id, client_id=client_id,
+                                 away_grace_s=away_s)
     return {"rewards": {"artist": rewards}, "weights": {"artist": 1.0}, "exclude_trees": exclude}
 
 
