@@ -74,6 +74,15 @@ class LiveBytes(TorchDispatchMode):
         return out
 
 
+def needs_values(e: BaseException) -> bool:
+    """Whether ``e`` is a shape-only (fake) tensor refusing to give its values: ``.numpy()``, ``.item()`` and the
+    like, which a reward computed on the host (numpy, PIL) needs."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    return isinstance(e, DataDependentOutputException) or (
+        isinstance(e, RuntimeError) and "not supported for tensor subclasses" in str(e))
+
+
 def fake_mode():
     """torch's FakeTensorMode that also accepts the real weights of a loaded model (converted, not copied)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -559,9 +568,23 @@ def probe_policy(policy, prompt: str, guidance: float, params: Sequence[torch.Te
     except ValueError:  # no VAE connected
         pass
     if rewards and image_shape is not None:
+        on_host: set = set()      # rewards that read the images' values on the host (a JPEG size, an OCR engine)
+
+        def scores(imgs):
+            out = []
+            for k, r in enumerate(rewards):
+                if k in on_host:
+                    continue
+                try:
+                    out.append(r(imgs, [prompt] * imgs.shape[0]))
+                except Exception as e:  # noqa: BLE001 - only the shape-only probe's own refusal is taken
+                    if not needs_values(e):
+                        raise
+                    on_host.add(k)      # host memory, not the device's: nothing to measure here
+            return out
+
         def score(n):
-            return peak_of(lambda imgs: [r(imgs, [prompt] * n) for r in rewards],
-                           lambda: (torch.rand((n, *image_shape)),), fake)
+            return peak_of(scores, lambda: (torch.rand((n, *image_shape)),), fake)
         reward = curve(score, reward_rows)
     weights = dict(policy.memory_weights())
     den_params = int(policy.denoiser_parameters())

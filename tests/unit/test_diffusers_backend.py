@@ -232,3 +232,13 @@ def test_a_run_starts_from_either_lora_file_a_diffusers_run_wrote(saved, tmp_pat
         assert sorted(got.down) == sorted(want.down), path
         for n in want.down:
             assert torch.allclose(got.down[n], want.down[n]) and torch.allclose(got.up[n], want.up[n]), (path, n)
+
+
+@pytest.mark.parametrize("family", ["sd", "sdxl", "flux"])
+def test_the_memory_plan_measures_every_family_with_a_reward_computed_on_the_host(saved, tmp_path, family):
+    """With a memory budget (every GPU run) the plan's probe runs the denoiser, the VAE and the rewards on
+    shape-only tensors: an epsilon model's σ → timestep lookup and a JPEG-size reward (numpy / PIL, host memory)
+    once stopped every SD1.x / SDXL run and every jpeg run before its first iteration with a traceback."""
+    cfg = _train_cfg(saved[family], tmp_path, family, memory={"budget_gb": 4.0, "reuse_probe": False})
+    trainer, _ = run_training(cfg, progress=False)
+    assert trainer.memory_plan is not None and trainer.iteration == 1

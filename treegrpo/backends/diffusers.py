@@ -17,7 +17,6 @@ import dataclasses
 import json
 import os
 import tempfile
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
@@ -294,6 +293,10 @@ class DiffusersPolicy(Policy):
 
     def sigma_to_t(self, sigma: torch.Tensor) -> torch.Tensor:
         """Epsilon models: the fractional training timestep of ``σ`` (log-σ interpolation)."""
+        from torch._subclasses.fake_tensor import is_fake
+
+        if is_fake(sigma):     # the memory plan's probe measures shapes: there is no σ to look up
+            return torch.zeros(sigma.shape, dtype=torch.float32, device=sigma.device)
         ls = np.log(sigma.detach().float().clamp_min(1e-10).cpu().numpy())
         return torch.as_tensor(np.interp(ls, self._log_sigmas, np.arange(len(self._log_sigmas))),
                                dtype=torch.float32, device=sigma.device)
