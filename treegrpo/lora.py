@@ -201,12 +201,30 @@ def _metadata_number(metadata: Optional[dict], key: str) -> Optional[float]:
     return float(v)
 
 
+def adapter_alpha(metadata: Optional[dict]) -> Optional[float]:
+    """The LoRA alpha diffusers' ``save_lora_weights`` keeps in a file's ``lora_adapter_metadata`` (PEFT's
+    ``lora_alpha`` per component, e.g. ``{"unet.lora_alpha": 16, "unet.r": 4}``), or None when it says none, or
+    several that differ (the caller then reads alpha = rank, PEFT's own default)."""
+    raw = (metadata or {}).get("lora_adapter_metadata")
+    try:
+        d = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError:
+        return None
+    if not isinstance(d, dict):
+        return None
+    found = {float(v) for k, v in d.items() if (k == "lora_alpha" or k.endswith(".lora_alpha"))
+             and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0}
+    return found.pop() if len(found) == 1 else None
+
+
 def from_state_dict(sd: dict[str, torch.Tensor], metadata: Optional[dict] = None, prefix: Optional[str] = None) -> LoraWeights:
     """Parse ComfyUI (``lora_down/lora_up/alpha``) or PEFT (``lora_A/lora_B``) keys; strips ``prefix``
     (default: ``diffusion_model.`` for ComfyUI keys, none for PEFT keys)."""
     down, up, alpha = {}, {}, {}
     comfy = any(k.endswith(".lora_down.weight") for k in sd)
     peft_alpha = _metadata_number(metadata, "treegrpo.lora_alpha")
+    if peft_alpha is None:
+        peft_alpha = adapter_alpha(metadata)
     for k, v in sd.items():
         for suf, store in ((".lora_down.weight", down), (".lora_up.weight", up), (".lora_A.weight", down),
                            (".lora_B.weight", up)):

@@ -224,6 +224,9 @@ def test_a_run_starts_from_either_lora_file_a_diffusers_run_wrote(saved, tmp_pat
     trained, summary = run_training(_train_cfg(saved["sd"], tmp_path / "a", "sd"), progress=False)
     want = trained.lora.weights()
     assert any(float(u.abs().max()) > 0 for u in want.up.values())
+    from treegrpo.lora import from_state_dict
+    for path in (summary["lora"], summary["lora_diffusers"]):    # alpha 8 ≠ rank 4: read from either file's own
+        assert set(from_state_dict(*read_lora_file(path)).alpha.values()) == {8.0}, path   # metadata, not guessed
     for path in (summary["lora"], summary["lora_diffusers"]):
         cfg = _train_cfg(saved["sd"], tmp_path / "b", "sd", lora={"rank": 4, "alpha": 8.0, "init_from": path})
         policy, name = load_policy(cfg)
