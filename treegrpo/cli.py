@@ -241,13 +241,31 @@ def check_output_file(path: str, flag: str, suffix: str) -> None:
         raise ConfigError(f"{flag} {path!r}: write a {suffix} file")
 
 
+#: the key prefixes of a diffusers model's LoRA in ComfyUI's (kohya) style: ``lora_unet_<path with _ for .>``
+KOHYA_PREFIXES = ("lora_unet_", "lora_transformer_")
+
+
 def cmd_export(ns) -> int:
     from .lora import from_state_dict, read_lora_file, save_lora_file, to_comfy, to_peft
 
     check_output_file(ns.output, "output", ".safetensors")
     tensors, meta = read_lora_file(ns.input)
     w = from_state_dict(tensors, meta)
-    sd = to_comfy(w) if ns.format == "comfy" else to_peft(w, prefix=ns.prefix)
+    kohya = [p for p in KOHYA_PREFIXES if all(n.startswith(p) for n in w.modules)]
+    component = [p for p in ("unet.", "transformer.") if all(n.startswith(p) for n in w.modules)]
+    if ns.format == "comfy" and kohya:             # a diffusers run's ComfyUI file: ComfyUI's keys already
+        sd = to_comfy(w, prefix="")
+    elif ns.format == "comfy" and component:       # a diffusers run's PEFT file: ComfyUI's keys for a diffusers model
+        pre = KOHYA_PREFIXES[("unet.", "transformer.").index(component[0])]
+        sd = to_comfy(w, prefix=pre, name_map={n: n[len(component[0]):].replace(".", "_") for n in w.modules})
+    elif ns.format == "comfy":
+        sd = to_comfy(w)
+    elif kohya:
+        raise ConfigError(f"{ns.input} holds ComfyUI keys of a diffusers model ({kohya[0]}<path with _ for .>): their "
+                          "module paths cannot be read back. diffusers' load_lora_weights reads this file as it is, "
+                          "and the run that made it wrote <run_name>_diffusers.safetensors in PEFT keys beside it")
+    else:
+        sd = to_peft(w, prefix=ns.prefix)
     meta = dict(meta, **{"treegrpo.lora_alpha": str(next(iter(w.alpha.values())))})
     save_lora_file(ns.output, sd, meta)
     print(f"wrote {ns.output} ({len(w.modules)} modules, {ns.format} keys)")
@@ -399,7 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(s)
     s.set_defaults(func=cmd_sample)
 
-    e = sub.add_parser("export", help="convert a LoRA file between ComfyUI and PEFT/diffusers keys")
+    e = sub.add_parser("export", help="convert a LoRA file between ComfyUI and PEFT/diffusers keys (a diffusers "
+                                      "run's PEFT file to ComfyUI's lora_unet_ / lora_transformer_ keys)")
     e.add_argument("input")
     e.add_argument("output")
     e.add_argument("--format", choices=("comfy", "peft"), default="comfy")

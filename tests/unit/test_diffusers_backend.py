@@ -245,3 +245,22 @@ def test_the_memory_plan_measures_every_family_with_a_reward_computed_on_the_hos
     cfg = _train_cfg(saved[family], tmp_path, family, memory={"budget_gb": 4.0, "reuse_probe": False})
     trainer, _ = run_training(cfg, progress=False)
     assert trainer.memory_plan is not None and trainer.iteration == 1
+
+
+def test_export_turns_a_diffusers_runs_peft_file_into_its_comfyui_file_and_explains_the_other_way(saved, tmp_path,
+                                                                                                   capsys):
+    """A diffusers run writes its LoRA twice: ComfyUI's keys (``lora_unet_…``, which ComfyUI and diffusers both read)
+    and PEFT keys (``unet.…``). ``treegrpo export --format comfy`` of the PEFT file gives the ComfyUI file's tensors
+    under its keys (it gave ``diffusion_model.unet.…``, which neither loads); the ComfyUI file to PEFT is refused,
+    saying why and which file to use (it gave ``lora_unet_….lora_A``, which nothing loads)."""
+    _, summary = run_training(_train_cfg(saved["sd"], tmp_path / "run", "sd"), progress=False)
+    out = tmp_path / "exported.safetensors"
+    assert cli.main(["export", summary["lora_diffusers"], str(out), "--format", "comfy"]) == 0
+    got, want = read_lora_file(str(out))[0], read_lora_file(summary["lora"])[0]
+    assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
+    assert cli.main(["export", summary["lora"], str(out), "--format", "comfy"]) == 0     # ComfyUI's keys already
+    assert sorted(read_lora_file(str(out))[0]) == sorted(want)
+    capsys.readouterr()
+    assert cli.main(["export", summary["lora"], str(tmp_path / "peft.safetensors"), "--format", "peft"]) == 2
+    err = capsys.readouterr().err
+    assert "_diffusers.safetensors" in err and "load_lora_weights reads this file as it is" in err
