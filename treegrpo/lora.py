@@ -300,7 +300,11 @@ def safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: Optional[dict]
     locate the data, are unchanged), so equal LoRAs have equal checksums."""
     from safetensors.torch import save
 
-    raw = save({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, metadata=metadata)
+    return sorted_header(save({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, metadata=metadata))
+
+
+def sorted_header(raw: bytes) -> bytes:
+    """The safetensors file ``raw`` with its JSON header's keys sorted (see :func:`safetensors_bytes`)."""
     n = int.from_bytes(raw[:8], "little")
     header = json.dumps(json.loads(raw[8:8 + n]), sort_keys=True, separators=(",", ":")).encode()
     header += b" " * (-len(header) % 8)   # the data starts 8-byte aligned

@@ -180,6 +180,8 @@ def test_resume_gives_the_same_lora_bytes(saved, tmp_path):
     ta = read_lora_file(str(tmp_path / "a" / "tiny_sd.safetensors"))[0]
     tb = read_lora_file(str(tmp_path / "b" / "tiny_sd.safetensors"))[0]
     assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
+    for name in ("tiny_sd.safetensors", "tiny_sd_diffusers.safetensors"):   # both files: the same bytes
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
     ck = torch.load(sorted((tmp_path / "b" / "checkpoints").glob("*.pt"))[-1], weights_only=True)
     assert {"lora", "optimizer", "train_time", "torch_rng", "python_rng", "numpy_rng", "iteration"} <= set(ck)
 

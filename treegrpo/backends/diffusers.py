@@ -25,7 +25,7 @@ from torch import nn
 
 from ..config import PipelineConfig
 from ..io import atomic_write
-from ..lora import LoraWeights, peft_adapters_disabled, to_peft
+from ..lora import LoraWeights, peft_adapters_disabled, sorted_header, to_peft
 from ..memory import module_bytes
 from ..policy import Policy, Prediction
 
@@ -392,7 +392,10 @@ class DiffusersPolicy(Policy):
                 type(self.pipe).save_lora_weights(d, **{f"{attr}_lora_layers": to_peft(w),
                                                         f"{attr}_lora_adapter_metadata": meta},
                                                   weight_name="lora.safetensors")
-                os.replace(os.path.join(d, "lora.safetensors"), tmp)
+                with open(os.path.join(d, "lora.safetensors"), "rb") as fh:
+                    raw = fh.read()
+                with open(tmp, "wb") as fh:       # equal LoRAs, equal bytes (diffusers' header order varies)
+                    fh.write(sorted_header(raw))
 
         os.makedirs(folder, exist_ok=True)
         atomic_write(path, write)
