@@ -226,8 +226,8 @@ def check_resume(output_dir: str, cfg, *, allow_changes: bool = False, required:
     if changes and not allow_changes:
         raise CheckpointError(f"run {cfg.run_name!r} was trained with other settings (a resumed run goes on learning "
                               f"what it began to learn): {'; '.join(changes)}. Resume with the same settings (only the "
-                              "budget, evaluation, checkpointing and memory settings may change), start a new "
-                              f"run_name, or {override_hint}")
+                              "budget, evaluation, checkpointing, memory and the pipeline's precision and decode batch "
+                              f"may change), start a new run_name, or {override_hint}")
     return path
 
 

@@ -715,7 +715,8 @@ class TrainConfig:
 
     def training_settings(self) -> dict:
         """The settings that define what a run learns (a resumed run must keep them): everything but the budget
-        (iterations, time), evaluation, checkpointing, output, device, memory plan, backend and model path."""
+        (iterations, time), evaluation, checkpointing, output, device, memory plan, backend, model path and the
+        pipeline's precision and batching."""
         d = self.to_dict()
         d["optim"].pop("microbatch")     # gradient accumulation: the same update in other pieces
         d["lora"].pop("init_from")
@@ -723,7 +724,12 @@ class TrainConfig:
         d["rewards"] = [{"name": r["name"], "weight": r["weight"]} for r in d["rewards"]]
         keep = ("prompts", "prompts_file", "negative_prompt", "guidance_scale", "rewards", "tree", "advantage",
                 "lora", "optim", "prompts_per_iter", "trees_per_prompt", "seed", "video")
-        return {k: d[k] for k in keep}
+        out = {k: d[k] for k in keep}
+        # what the model is asked to make: its family, image size, schedule shift, Flux guidance and prompt length
+        # (not the weights' dtype, autocast, the decode batch or where single-file configs are read from)
+        out["pipeline"] = {k: d["pipeline"][k] for k in ("family", "height", "width", "shift", "guidance_embed",
+                                                         "max_sequence_length")}
+        return out
 
 
 def moved_fields(d: dict[str, Any]) -> dict[str, Any]:

@@ -45,6 +45,7 @@ def test_gradient_checkpointing_is_one_switch_and_the_earlier_one_still_reads(tm
     the chosen setting reaches the policy with or without a memory plan (here the CPU: none)."""
     import argparse
 
+    from treegrpo.checkpoint import config_changes
     from treegrpo.config import PipelineConfig
 
     base = cli.demo_config_dict()
@@ -690,3 +691,20 @@ def test_quiet_also_silences_the_libraries_loading_bars(monkeypatch):
         dlog.enable_progress_bar()
         tlog.enable_progress_bar()
     assert seen == [(False, False, False)]
+
+
+def test_a_resume_refuses_another_image_size_shift_flux_guidance_or_prompt_length_but_not_another_precision():
+    """What the model is asked to make is a training setting (a resume at another size went on silently); the
+    weights' dtype, autocast and the decode batch only change how it is computed."""
+    from treegrpo.checkpoint import config_changes
+    from treegrpo.config import PipelineConfig
+
+    now = TrainConfig(prompts=["a cat"], backend="diffusers", model="m",
+                      pipeline=PipelineConfig(height=512, width=512))
+    saved = now.to_dict()
+    for field, value in (("height", 256), ("width", 768), ("shift", 3.0), ("guidance_embed", 1.0),
+                         ("max_sequence_length", 128), ("family", "sdxl")):
+        old = dict(saved, pipeline=dict(saved["pipeline"], **{field: value}))
+        assert config_changes(old, now) == [f"pipeline.{field}: {value!r} -> {saved['pipeline'][field]!r}"]
+    for field, value in (("dtype", "float16"), ("autocast", False), ("decode_batch", 2), ("config", "/x")):
+        assert config_changes(dict(saved, pipeline=dict(saved["pipeline"], **{field: value})), now) == [], field
