@@ -126,10 +126,21 @@ def run_files(output_dir: str, run_name: str) -> list[str]:
     return found + checkpoint_paths(output_dir, run_name)
 
 
+def finished_an_iteration(output_dir: str, run_name: str) -> bool:
+    """Whether run ``run_name`` in ``output_dir`` got further than its start: a checkpoint, its logs or LoRA, or
+    an artist's answers (not only what a run writes before its first iteration ends: the base model's evaluation
+    grid and its "best" LoRA, which is the base model's)."""
+    names = (f"{run_name}.safetensors", f"{run_name}_diffusers.safetensors") + RUN_FOLDER_FILES
+    return bool(checkpoint_paths(output_dir, run_name)) or any(
+        os.path.isfile(os.path.join(output_dir, n)) for n in names)
+
+
 def check_fresh_start(output_dir: str, run_name: str) -> None:
     """Refuse to start run ``run_name`` afresh where an earlier run of that name left its files (it would replace
     its LoRA and logs): the user resumes it, archives it explicitly, or picks another name or folder."""
     found = run_files(output_dir, run_name)
+    if found and not finished_an_iteration(output_dir, run_name):
+        return   # stopped before its first iteration ended: the fresh start moves its files aside (archive_run)
     if found:
         shown = ", ".join(os.path.basename(p) for p in found[:4]) + (" ..." if len(found) > 4 else "")
         raise CheckpointError(f"output_dir {output_dir!r} already holds run {run_name!r} ({shown}); pass --resume to "

@@ -381,10 +381,13 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
 
     def save_stopped(self) -> None:
         """The run's files when it stops early or fails: the checkpoint of its last whole iteration (an update it
-        cut is undone first, :meth:`undo_update`) and the logs."""
+        cut is undone first, :meth:`undo_update`) and the logs; nothing when it stops before its first iteration
+        ends and nothing was saved (a checkpoint of no training would hold the folder and its settings)."""
         if self.undo_update():
             self.log(f"TreeGRPO {self.cfg.run_name}: stopped inside the update of iteration {self.iteration + 1}; "
                      f"the LoRA goes back to iteration {self.iteration}'s")
+        if self.iteration == 0 and self.checkpointed_iteration is None:
+            return   # no iteration finished and nothing saved yet: no run to resume (a rerun starts afresh)
         path = self.save_checkpoint()
         if path and self.iteration:
             self.log(f"TreeGRPO {self.cfg.run_name}: stopped after iteration {self.iteration}, saved in {path}; "

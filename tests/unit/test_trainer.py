@@ -708,3 +708,29 @@ def test_a_resume_refuses_another_image_size_shift_flux_guidance_or_prompt_lengt
         assert config_changes(old, now) == [f"pipeline.{field}: {value!r} -> {saved['pipeline'][field]!r}"]
     for field, value in (("dtype", "float16"), ("autocast", False), ("decode_batch", 2), ("config", "/x")):
         assert config_changes(dict(saved, pipeline=dict(saved["pipeline"], **{field: value})), now) == [], field
+
+
+def test_a_run_stopped_before_its_first_iteration_ends_leaves_nothing_that_holds_the_folder(tmp_path):
+    """Stopped (a Ctrl-C, a crash) inside iteration 1: no checkpoint of no training is written (one held the folder:
+    the corrected rerun was refused as "already holds run", and --resume with a changed lr as "other settings");
+    the rerun starts afresh, with other settings too. A run stopped after an iteration keeps its checkpoint."""
+    from treegrpo.backends import load_policy
+    from treegrpo.checkpoint import checkpoint_paths
+    from treegrpo.trainer import Trainer, TrainingInterrupted
+
+    cfg = _cfg(tmp_path, iterations=3, prompts_per_iter=2, run_name="r", eval_every=1)
+    policy, name = load_policy(cfg)
+    tr = Trainer(cfg, policy, build_rewards(cfg, torch.device("cpu")), progress=False, base_model_name=name,
+                 stop=lambda: bool(tr.evals))            # after the base model's evaluation, inside iteration 1
+    with pytest.raises(TrainingInterrupted):
+        tr.train()
+    assert checkpoint_paths(str(tmp_path), "r") == [] and tr.iteration == 0
+    again, _ = run_training(_cfg(tmp_path, iterations=1, prompts_per_iter=2, run_name="r", optim={"lr": 1e-3}),
+                            progress=False)
+    assert again.iteration == 1
+    policy, name = load_policy(cfg)
+    tr = Trainer(cfg, policy, build_rewards(cfg, torch.device("cpu")), progress=False, base_model_name=name,
+                 stop=lambda: len(tr.history) >= 1)
+    with pytest.raises(TrainingInterrupted):
+        tr.train(resume=True)
+    assert [os.path.basename(p) for p in checkpoint_paths(str(tmp_path), "r")][-1] == "r-0000001.pt"
