@@ -84,6 +84,12 @@ def prepare(cfg: TrainConfig, resume: bool = False, allow_changes: bool = False,
     if cfg.prompts_per_iter < world:
         raise ConfigError(f"TrainConfig.prompts_per_iter: {cfg.prompts_per_iter} prompts per iteration cannot be split "
                           f"over {world} processes; use at least {world}")
+    if cfg.backend == "diffusers" and cfg.model and os.path.isdir(cfg.model):
+        from .backends.diffusers import ModelLoadError, model_family
+        try:
+            model_family(cfg.model, cfg.pipeline)      # a pipeline.family the folder contradicts
+        except ModelLoadError as e:
+            raise ConfigError(str(e)) from None
     out = cfg.output_dir
     check_output_dir(out)
     ckpt.check_output_dir(out, cfg.run_name, None)      # a folder of another run; its base model once loaded

@@ -164,6 +164,16 @@ def test_detection_and_load_errors(saved, tmp_path):
         DiffusersPolicy.load(str(tmp_path))
     with pytest.raises(ConfigError, match=r"PipelineConfig\.height"):
         PipelineConfig(height=20)
+    # a family set against the folder's model_index.json: said on the command line before the model loads
+    cfg = _train_cfg(saved["sd"], tmp_path / "fam", "sd").to_dict()
+    (tmp_path / "run.json").write_text(json.dumps(cfg))
+    import treegrpo.backends as backends
+    real, backends.load_policy = backends.load_policy, None      # loading the model would fail this test
+    try:
+        assert cli.main(["train", "--config", str(tmp_path / "run.json"), "--pipeline.family", "sdxl"]) == 2
+    finally:
+        backends.load_policy = real
+    assert not (tmp_path / "fam").exists()
     with pytest.raises(ConfigError, match=r"TrainConfig\.model"):
         TrainConfig(backend="diffusers", prompts=["x"])
 

@@ -59,6 +59,23 @@ def detect_family(path: str, config_dir: Optional[str] = None) -> str:
     raise ModelLoadError(f"{index} names pipeline {name!r}; supported: {sorted(_CLASS_FAMILY)}")
 
 
+def model_family(path: str, pcfg) -> str:
+    """The family to load ``path`` as: ``pipeline.family``, or ``auto`` read from ``model_index.json``. A family
+    set against what the folder's ``model_index.json`` names (one this backend knows) is refused before anything
+    loads (the wrong pipeline class failed minutes later, inside the first prompt's encoding)."""
+    if pcfg.family == "auto":
+        return detect_family(path, pcfg.config)
+    try:
+        found = detect_family(path, pcfg.config)
+    except (ModelLoadError, OSError, ValueError):
+        return pcfg.family          # no index (a single file), or one naming a class this backend does not know
+    if found != pcfg.family:
+        raise ModelLoadError(f"pipeline.family is {pcfg.family!r}, but the model_index.json of {path!r} names a "
+                             f"{found!r} pipeline: leave pipeline.family at 'auto' (it reads the folder), or give a "
+                             f"{pcfg.family} model")
+    return found
+
+
 def _dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -82,7 +99,7 @@ def load_pipeline(path: str, pcfg: PipelineConfig, device: torch.device):
                              "model_index.json) or a .safetensors checkpoint")
     if pcfg.config and not os.path.isdir(pcfg.config):
         raise ModelLoadError(f"PipelineConfig.config: {pcfg.config!r} is not a folder")
-    family = pcfg.family if pcfg.family != "auto" else detect_family(path, pcfg.config)
+    family = model_family(path, pcfg)
     cls_name, attr, _ = FAMILIES[family]
     cls = getattr(diffusers, cls_name)
     dtype = _dtype(pcfg.dtype, device)
@@ -128,7 +145,7 @@ def latent_shape_from_files(path: str, pcfg: PipelineConfig) -> Optional[tuple[i
     folder = path if os.path.isdir(path) else pcfg.config
     if not folder or not os.path.isdir(folder):
         return None
-    family = pcfg.family if pcfg.family != "auto" else detect_family(path, pcfg.config)
+    family = model_family(path, pcfg)
     _, attr, _ = FAMILIES[family]
 
     def read(sub):
