@@ -154,6 +154,9 @@ def run_training(cfg: TrainConfig, resume: bool = False, progress: bool = True, 
     dist = DataParallel(cpu=device.type == "cpu") if launched() else None
     if dist is not None and device.type == "cuda":
         device = dist.device
+    if dist is not None and dist.rank == 0:     # said, so a launcher that started one process is noticed
+        print(f"TreeGRPO: data parallel over {dist.world} processes ({dist.state.backend or 'one device each'})",
+              flush=True)
     # fail on reward names/files before loading the model; score on the policy's device
     rewards_ready = build_rewards(cfg, device, checked=True)
     judges = build_rewards(cfg, device, cfg.eval_rewards, checked=True) if cfg.eval_every or cfg.eval_every_s else {}

@@ -99,6 +99,7 @@ def test_time_budget_and_time_based_lr_are_shared_by_the_ranks(tmp_path):
     (out / "cfg.json").write_text(json.dumps(cfg))
     r = _torchrun(["-m", "treegrpo.cli", "train", "--quiet", "--config", str(out / "cfg.json")], env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("TreeGRPO: data parallel over 2 processes (gloo)") == 1, r.stdout[-2000:]   # rank 0's
     log = json.load(open(out / "log.json"))["train"]
     assert len(log) >= 2 and log[-1]["train_time"] >= 3.0 > log[-2]["train_time"]
     assert log[-1]["lr"] < log[0]["lr"] == 3e-3
