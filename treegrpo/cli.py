@@ -363,7 +363,9 @@ class Parser(argparse.ArgumentParser):
                 flag = arg.split("=", 1)[0]
                 elsewhere = [n for n, q in parsers.items() if q is not chosen
                              and any(flag in a.option_strings for a in q._actions)]
-                if chosen is not None and elsewhere and flag not in known:   # another subcommand's flag
+                positional = [a.dest for a in (chosen._actions if chosen else []) if not a.option_strings]
+                if (chosen is not None and elsewhere and flag not in known   # another subcommand's flag
+                        and flag.lstrip("-").replace("-", "_") not in positional):
                     also = ("; treegrpo config --config FILE prints a config file's settings, validated"
                             if flag == "--dump-config" else "")
                     parts.append(f"{shorten(flag, 60)} (a flag of treegrpo {' / '.join(elsewhere)}, not of "
