@@ -164,12 +164,15 @@ def run_training(cfg: TrainConfig, resume: bool = False, progress: bool = True, 
     trainer = build_trainer(cfg, policy, rewards_ready, progress=progress, base_model_name=base_name, dist=dist,
                             judges=judges, stop=interrupts.interrupt_requested,
                             callbacks=[interrupts.CheckpointNote()])
-    summary = trainer.train(resume=resume)
-    if write_lora:
+    trainer.replace_earlier = overwrite     # else an earlier run that appeared while the model loaded is refused
+
+    def write_loras(summary: dict) -> None:   # in the locked folder: no other run starts in between
         summary["lora"] = trainer.save_lora()
         if trainer.rank == 0:  # the same tensors in diffusers' own key format, where the backend has one
             written = policy.save_diffusers_lora(
                 trainer.lora_weights(), os.path.join(cfg.output_dir, f"{cfg.run_name}_diffusers.safetensors"))
             if written:
                 summary["lora_diffusers"] = written
+
+    summary = trainer.train(resume=resume, finish=write_loras if write_lora else None)
     return trainer, summary

@@ -32,6 +32,7 @@ class RunFiles:
 
     #: the iteration of the checkpoint written or read last (None: none yet)
     checkpointed_iteration: Optional[int] = None
+    replace_earlier: bool = True       # a fresh start moves an earlier run of its name aside (False: refuses it)
     #: this process among ``world`` (data parallel, :class:`treegrpo.distributed.DataParallel` as ``dist``); the
     #: Trainer sets them, one process by default
     rank, world, dist = 0, 1, None
@@ -209,7 +210,11 @@ class RunFiles:
         if found:   # the newest readable one: a damaged latest falls back to the one before
             ckpt.claim_output_dir(self.out, self.cfg.run_name, self.base_model_name)
             return ckpt.read_latest_checkpoint(found, self.cfg.run_name)
-        # the earlier run of this name aside (also one on another base model), then the folder is ours
+        # the earlier run of this name aside (also one on another base model), then the folder is ours; unless
+        # replacing it was not asked for (the command line without --overwrite): one that finished iterations
+        # since the checks before the model loaded (a run of the same name ending meanwhile) is refused
+        if not self.replace_earlier:
+            ckpt.check_fresh_start(self.out, self.cfg.run_name)
         ckpt.check_output_dir(self.out, self.cfg.run_name, self.base_model_name, fresh=True)
         moved = ckpt.archive_run(self.out, self.cfg.run_name)
         if moved:

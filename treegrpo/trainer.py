@@ -394,8 +394,10 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
                      "the same run resumed goes on from there")
         self.write_logs()
 
-    def train(self, iterations: Optional[int] = None, resume: bool = False) -> dict:
+    def train(self, iterations: Optional[int] = None, resume: bool = False,
+              finish: Optional[Callable[[dict], None]] = None) -> dict:
         """Run until ``iterations`` (default ``cfg.iterations``) or the time budget; returns a summary.
+        ``finish(summary)`` writes the run's last files while the run folder is still locked (the LoRA files).
 
         On interrupt or error a checkpoint of the last completed iteration is written before raising."""
         if self.memory_plan is None and not self.memory_planned:
@@ -404,7 +406,10 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
         total = iterations or cfg.iterations
         lock = self._lock_run_folder()
         try:
-            return self._train(total, resume)
+            summary = self._train(total, resume)
+            if finish is not None:
+                finish(summary)
+            return summary
         finally:
             if lock is not None:
                 lock.release()

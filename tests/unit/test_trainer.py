@@ -734,3 +734,23 @@ def test_a_run_stopped_before_its_first_iteration_ends_leaves_nothing_that_holds
     with pytest.raises(TrainingInterrupted):
         tr.train(resume=True)
     assert [os.path.basename(p) for p in checkpoint_paths(str(tmp_path), "r")][-1] == "r-0000001.pt"
+
+
+def test_a_run_of_the_same_name_that_finished_while_this_one_loaded_is_refused_not_moved_aside(tmp_path):
+    """The checks before the model loads found the folder free; while the model loaded, another process's run of
+    the same name finished there. Without --overwrite the fresh start refuses it (it moved that run aside)."""
+    from treegrpo.backends import load_policy
+    from treegrpo.checkpoint import CheckpointError
+    from treegrpo.trainer import Trainer
+
+    run_training(_cfg(tmp_path / "other", iterations=1, prompts_per_iter=2, run_name="r"), progress=False)
+    cfg = _cfg(tmp_path / "out", iterations=1, prompts_per_iter=2, run_name="r")
+    policy, name = load_policy(cfg)
+    tr = Trainer(cfg, policy, build_rewards(cfg, torch.device("cpu")), progress=False, base_model_name=name)
+    tr.replace_earlier = False                         # the command line without --overwrite
+    import shutil
+    shutil.copytree(tmp_path / "other", tmp_path / "out", dirs_exist_ok=True)   # that run, finished meanwhile
+    before = sorted(p.name for p in (tmp_path / "out").iterdir())
+    with pytest.raises(CheckpointError, match="already holds run 'r'"):
+        tr.train()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == before
