@@ -62,6 +62,19 @@ def build_rewards(cfg: TrainConfig, device, specs: Optional[list] = None, checke
     return {r.name: load_reward(r.name, path=r.path, device=device, **r.options) for r in specs if r.weight > 0}
 
 
+def check_window_before_last_step(tree) -> None:
+    """A DDIM step (SD1.x / SD2.x / SDXL: epsilon and v models) into σ = 0 adds no noise, so the SDE window must end
+    before the last step, at every position it takes (a sliding or random window reaches ``max_start``)."""
+    last = (tree.window_start if tree.window_schedule == "fixed" else tree.max_start) + tree.window_width - 1
+    if last >= tree.steps - 1:
+        where = ("" if tree.window_schedule == "fixed" else
+                 f" at its last position (window_max_start {tree.max_start}; set tree.window_max_start "
+                 f"<= {tree.steps - 1 - tree.window_width})")
+        raise ConfigError(f"TreeConfig: the SDE window reaches the last step ({tree.steps - 1} of 0..{tree.steps - 1})"
+                          f"{where}, where an SD1.x/SD2.x/SDXL (DDIM) step adds no noise: end the window before it "
+                          f"(window_start + window_width <= {tree.steps - 1})")
+
+
 def prepare(cfg: TrainConfig, resume: bool = False, allow_changes: bool = False, overwrite: bool = False) -> None:
     """Every check that needs no model, before one is loaded (minutes for SDXL or Flux): the prompts, the reward
     names and options, the output folder, the LoRA to start from; for ``resume`` a checkpoint whose training
@@ -87,9 +100,11 @@ def prepare(cfg: TrainConfig, resume: bool = False, allow_changes: bool = False,
     if cfg.backend == "diffusers" and cfg.model and os.path.isdir(cfg.model):
         from .backends.diffusers import ModelLoadError, model_family
         try:
-            model_family(cfg.model, cfg.pipeline)      # a pipeline.family the folder contradicts
+            family = model_family(cfg.model, cfg.pipeline)      # a pipeline.family the folder contradicts
         except ModelLoadError as e:
             raise ConfigError(str(e)) from None
+        if family in ("sd", "sdxl"):
+            check_window_before_last_step(cfg.tree)
     out = cfg.output_dir
     check_output_dir(out)
     ckpt.check_output_dir(out, cfg.run_name, None)      # a folder of another run; its base model once loaded

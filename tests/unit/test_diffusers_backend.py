@@ -174,6 +174,18 @@ def test_detection_and_load_errors(saved, tmp_path):
     finally:
         backends.load_policy = real
     assert not (tmp_path / "fam").exists()
+    # an SDE window at the last step of an SD/SDXL (DDIM) model, where a step adds no noise: said before loading,
+    # also for a sliding window that gets there only at its last position (it failed there, mid-run)
+    from treegrpo.run import prepare
+    for tree, where in (({"window_start": 2}, "window_start + window_width <= 3"),
+                        ({"window_start": 1, "window_schedule": "sliding"}, "window_max_start <= 1")):
+        bad = _train_cfg(saved["sdxl"], tmp_path / "win", "sdxl",
+                         tree={"steps": 4, "window_width": 2, "branch": 2, **tree})
+        with pytest.raises(ConfigError, match="reaches the last step") as e:
+            prepare(bad)
+        assert where in str(e.value)
+    prepare(_train_cfg(saved["flux"], tmp_path / "win", "flux", tree={"steps": 4, "window_start": 2,
+                                                                      "window_width": 2, "branch": 2}))
     with pytest.raises(ConfigError, match=r"TrainConfig\.model"):
         TrainConfig(backend="diffusers", prompts=["x"])
 
