@@ -136,6 +136,8 @@ FLAG_CASES = [
      ["--tree.window-start (did you mean --tree.window_start?)"]),
     ("flag_section_missing", ["sample", "--branch", "3"], ["(did you mean --tree.branch?)"]),
     ("flag_typo", ["demo", "--iteratons", "3"], ["(did you mean --iterations?)"]),
+    ("demo_reward_prompt", ["train", "--prompts", "a cat"],
+     ["TrainConfig.rewards[0]: demo prompt 'a cat' must have the form 'a <colour> <shape>'"]),
     ("flag_of_another_command", ["train", "--dump-config"],
      ["--dump-config (a flag of treegrpo demo, not of treegrpo train; treegrpo config --config FILE prints"]),
     ("flag_long_value", ["train", "--tree.branch", LONG], ["--tree.branch: expected a whole number", "characters]"]),

@@ -24,6 +24,13 @@ class DemoAdherence:
 
     load = staticmethod(load_classifier)
 
+    @staticmethod
+    def check_prompts(prompts: list[str], who: str = "demo_adherence") -> None:
+        """Every prompt is one the demo's classifier scores, 'a <colour> <shape>' (ValueError naming the first
+        that is not), before any model is built."""
+        for p in prompts:
+            parse_prompt(p)
+
     def __init__(self, path: str | os.PathLike | None = None, device: str | torch.device = "cpu"):
         self.device = torch.device(device)
         self.classifier = self.load(path, device=self.device)
