@@ -105,6 +105,9 @@ def prepare(cfg: TrainConfig, resume: bool = False, allow_changes: bool = False,
             raise ConfigError(str(e)) from None
         if family in ("sd", "sdxl"):
             check_window_before_last_step(cfg.tree)
+        if cfg.pipeline.config:
+            warnings.warn(f"pipeline.config {cfg.pipeline.config!r} is not read: it gives the configs of a single-file "
+                          f"checkpoint, and {cfg.model!r} is a diffusers folder with its own")
     out = cfg.output_dir
     check_output_dir(out)
     ckpt.check_output_dir(out, cfg.run_name, None)      # a folder of another run; its base model once loaded

@@ -186,6 +186,9 @@ def test_detection_and_load_errors(saved, tmp_path):
         assert where in str(e.value)
     prepare(_train_cfg(saved["flux"], tmp_path / "win", "flux", tree={"steps": 4, "window_start": 2,
                                                                       "window_width": 2, "branch": 2}))
+    with pytest.warns(UserWarning, match="pipeline.config .* is not read"):     # a folder has its own configs
+        prepare(_train_cfg(saved["flux"], tmp_path / "win", "flux", pipeline={"height": 16, "width": 16,
+                                                                              "config": saved["sd"]}))
     with pytest.raises(ConfigError, match=r"TrainConfig\.model"):
         TrainConfig(backend="diffusers", prompts=["x"])
 
