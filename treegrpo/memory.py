@@ -580,7 +580,11 @@ def probe_policy(policy, prompt: str, guidance: float, params: Sequence[torch.Te
                 except Exception as e:  # noqa: BLE001 - only the shape-only probe's own refusal is taken
                     if not needs_values(e):
                         raise
-                    on_host.add(k)      # host memory, not the device's: nothing to measure here
+                    on_host.add(k)      # it prepares its images on the host (numpy, PIL): not measurable here
+                    import warnings
+                    warnings.warn(f"memory plan: reward {getattr(r, 'name', type(r).__name__)!r} prepares its images "
+                                  "on the CPU, so its activations are not measured (its weights are counted); if it "
+                                  "runs a large model on the GPU, leave room for it with memory.budget_gb")
             return out
 
         def score(n):

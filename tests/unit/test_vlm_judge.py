@@ -144,3 +144,17 @@ def test_the_reward_model_loader_takes_the_question_as_text(comfyui_pack, folder
                        question=q)
     assert any("read by the vlm_judge reward only; demo_adherence ignores it" in r.getMessage()
                for r in caplog.records)
+
+
+def test_a_memory_plan_with_the_judge_as_reward_runs_and_says_what_it_could_not_measure(folder, tmp_path):
+    """With a memory budget (every GPU run) the plan's shape-only probe cannot run the judge (its processor reads
+    the images with numpy): the run starts (it stopped with a traceback) and says the judge's activations are not
+    in the plan."""
+    from treegrpo import cli
+
+    d = cli.demo_config_dict()
+    d.update(iterations=1, eval_every=0, prompts_per_iter=2, output_dir=str(tmp_path / "plan"),
+             rewards=[{"name": "vlm_judge", "path": folder}], memory={"budget_gb": 4.0, "reuse_probe": False})
+    (tmp_path / "plan.json").write_text(json.dumps(d))
+    with pytest.warns(UserWarning, match="reward 'vlm_judge' prepares its images on the CPU"):
+        assert cli.main(["train", "--config", str(tmp_path / "plan.json"), "--quiet"]) == 0
