@@ -52,12 +52,20 @@ def iteration_line(stats: dict, total: Optional[int], *, run_name: str = "", las
     ``total`` None: a run without an end (the step nodes: one iteration per queued prompt), ``it 12``.
     ``stats``: the trainer's record of the iteration (``iteration`` is the index before it, so the count shown is
     ``iteration + 1``; ``reward`` the mean training reward of its leaves, of the trees scored when ``scored_trees``
-    says how many were (none: the artist skipped or left them all); ``kl`` the update's KL estimate when the
+    says how many were (none: the artist skipped or left them all); a taste model's run (``taste_trees``) shows the
+    trees asked and the model's recent agreement with the answers instead; ``kl`` the update's KL estimate when the
     KL term is on). ``last_eval``: the newest evaluation record (its ``eval_judge`` when a judge is set, else its
     ``eval_reward``, with the iteration it was taken at)."""
     done = int(stats.get("iteration", 0)) + 1
-    reward = (f"reward {stats.get('reward', float('nan')):.3f}" if stats.get("scored_trees", 1)
-              else "no tree scored (all skipped or unanswered)")
+    if "taste_trees" in stats:   # a taste model's run: its scores are log-odds beside the answers' win rates, and
+        # their scale moves as it learns, so the line says what the artist did and how the model agrees instead
+        reward = f"asked {stats.get('taste_asked', 0)}/{stats['taste_trees']} trees"
+        if stats.get("taste_recent_agreement") is not None:
+            reward += f" | taste agrees {float(stats['taste_recent_agreement']):.0%}"
+    elif stats.get("scored_trees", 1):
+        reward = f"reward {stats.get('reward', float('nan')):.3f}"
+    else:
+        reward = "no tree scored (all skipped or unanswered)"
     parts = [f"it {done}/{total}" if total else f"it {done}", reward]
     if last_eval:
         key, label = ("eval_judge", "judge") if last_eval.get("eval_judge") is not None else ("eval_reward", "eval")

@@ -83,5 +83,8 @@ def test_iteration_line_and_clock():
                           last_eval={"iteration": 2, "eval_reward": 0.5, "eval_judge": 0.52}, s_per_it=38.2,
                           left_s=7140)
     assert line == "TreeGRPO sd15: it 4/200 | reward 0.431 | judge 0.520 (it 2) | KL 1.2e-03 | 38.2 s/it | 1h59m left"
+    # a taste model's run: what was asked and how the model agrees, not a mix of log-odds and win rates
+    taste = {"iteration": 3, "reward": 7.7, "taste_asked": 2, "taste_trees": 8, "taste_recent_agreement": 0.8333}
+    assert iteration_line(taste, 200, run_name="t") == "TreeGRPO t: it 4/200 | asked 2/8 trees | taste agrees 83%"
     assert format_duration(42) == "42s" and format_duration(185) == "3m05s" and format_duration(3 * 86400 + 4 * 3600) \
         == "3d04h"
