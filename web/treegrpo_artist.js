@@ -4,7 +4,7 @@
 // next one (ranking, best/worst), Shift+digit marks a leaf bad, Enter sends, 0 = no preference, Esc = skip the tree,
 // Z zooms the leaf under the mouse. "Stop the run" interrupts the prompt that asks (the dialog is modal: ComfyUI's own
 // Cancel button is under it). A question the server no longer has (it restarted, the run stopped) says so and only
-// closes; an answer that cannot reach the server keeps the dialog. Keys are taken on window in the capture phase by one listener added when the
+// closes (one answered elsewhere, or expired, just closes); an answer that cannot reach the server keeps the dialog. Keys are taken on window in the capture phase by one listener added when the
 // extension is set up: window listeners of a phase run in the order they were added, and frontend popups that open
 // later add theirs then (ComfyUI's ComfyPopup stops Escape there), so the dialog sees its keys first.
 import { app } from "../../scripts/app.js";
@@ -76,6 +76,13 @@ function gone(c, why) {                         // the server no longer waits fo
   c.el.querySelector(".msg").textContent = `${why} ${GONE}`;
 }
 
+function settle(c, state) {    // the server's word on a showing no longer open to answers (null: it does not know it)
+  if (state === "pending") return;
+  if (state === null || state === undefined) gone(c, "ComfyUI no longer knows this question (it restarted).");
+  else if (state === "cancelled") gone(c, "The run stopped before this answer arrived.");
+  else if (current === c) { close(); showNext(); }   // answered (here or in another tab), expired, shown again: the run goes on
+}
+
 async function send(answer) {
   const c = current;
   if (!c) return;
@@ -99,9 +106,14 @@ async function send(answer) {
     c.el.querySelector(".msg").textContent = j.message || "the answer was refused";
     return;
   }
-  if (!res.ok && current === c) {               // 404 (the server restarted) or 409 (closed, answered elsewhere)
+  if (!res.ok && res.status >= 500) {           // ComfyUI (or a proxy before it) failed: the question still waits
+    c.el.querySelector(".msg").textContent = `ComfyUI could not take the answer (HTTP ${res.status}): press Send ` +
+      "again.";
+    return;
+  }
+  if (!res.ok && current === c) {               // 404: the server restarted; 409: closed, answered elsewhere
     const j = await res.json().catch(() => ({}));
-    gone(c, `This answer did not count: ${j.message || `the server answered ${res.status}`}.`);
+    settle(c, res.status === 404 ? null : j.state);
     return;
   }
   finished.add(c.q.nonce);
@@ -254,10 +266,12 @@ async function refresh() {
     const res = await api.fetchApi(`/treegrpo/artist/pending?client_id=${encodeURIComponent(api.clientId || "")}`);
     if (!res.ok) return;
     const j = await res.json();
-    const c = current;    // shown before this request left and not answered meanwhile, yet not open on the server
-    if (c && !c.gone && !c.sending && c.shownAt < asked && !finished.has(c.q.nonce)
+    const c = current;    // shown before this request left and not answered meanwhile, yet not open on the server:
+    if (c && !c.gone && !c.sending && c.shownAt < asked && !finished.has(c.q.nonce)   // ask what became of it
         && !j.questions.some((q) => q.nonce === c.q.nonce)) {
-      gone(c, "The server no longer waits for this question (ComfyUI restarted, or the run stopped).");
+      const q = new URLSearchParams({ id: c.q.id, nonce: c.q.nonce });
+      const st = await api.fetchApi(`/treegrpo/artist/state?${q}`);
+      if (st.ok && current === c && !c.sending) settle(c, (await st.json()).state);
     }
     j.questions.forEach(enqueue);
     badge(j.waiting_elsewhere ? `TreeGRPO: ${j.waiting_elsewhere} question(s) waiting in another tab` : "");
@@ -269,10 +283,11 @@ app.registerExtension({
   async setup() {
     window.addEventListener("keydown", onKey, true);        // first in line (see the note at the top)
     api.addEventListener(QUESTION, (e) => enqueue(e.detail));
-    api.addEventListener("treegrpo.artist.closed", (e) => {
-      const id = e.detail && e.detail.id;
-      for (let k = queue.length - 1; k >= 0; k--) if (queue[k].id === id) finished.add(queue.splice(k, 1)[0].nonce);
-      if (current && current.q.id === id) { close(); showNext(); }
+    api.addEventListener("treegrpo.artist.closed", (e) => {   // sent to every tab; only the question's showing closes
+      const id = e.detail && e.detail.id, nonce = e.detail && e.detail.nonce;
+      const mine = (q) => q.id === id && (!nonce || q.nonce === nonce);
+      for (let k = queue.length - 1; k >= 0; k--) if (mine(queue[k])) finished.add(queue.splice(k, 1)[0].nonce);
+      if (current && mine(current.q)) { close(); showNext(); }
     });
     api.addEventListener("treegrpo.artist.waiting", () => refresh());
     api.addEventListener("status", () => refresh());

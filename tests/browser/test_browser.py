@@ -796,9 +796,10 @@ def test_late_responses_neither_close_the_next_question_nor_show_an_answered_one
 
 def test_the_artist_dialog_says_when_an_answer_cannot_count_and_stops_the_run(page, ui_server):
     """What the dialog does when the server is gone or lost its question, and its own Stop (it is modal, so ComfyUI's
-    Cancel button is under it): an answer that cannot reach the server keeps the dialog and says so; one the server
-    no longer knows (404: it restarted) and a question /pending no longer lists say the answer did not count and what
-    to do, and only close; after a reload the question is back, and "Stop the run" interrupts the prompt."""
+    Cancel button is under it): an answer that cannot reach the server, or that it fails on (5xx), keeps the dialog
+    and says so; one the server no longer knows (404: it restarted), and a question /pending no longer lists that the
+    server does not know, say so and what to do, and only close; one answered elsewhere just closes; after a reload
+    the question is back, and "Stop the run" interrupts the prompt."""
     page.drop_workflow(REPO / "workflows" / "treegrpo_artist_demo_cpu.json")
     before = len(artist_labels(ui_server))
     pg = page.page
@@ -814,24 +815,45 @@ def test_the_artist_dialog_says_when_an_answer_cannot_count_and_stops_the_run(pa
                          "reached')", timeout=10_000)
     assert send.is_visible() and not close.is_visible()                # the answer can be sent again
     pg.unroute(answers)
+    pg.route(answers, lambda route: route.fulfill(status=503, body="proxy: ComfyUI restarting"))
+    pg.keyboard.press("Enter")
+    pg.wait_for_function("() => document.querySelector('#treegrpo-artist .msg').textContent.includes('HTTP 503')",
+                         timeout=10_000)
+    assert send.is_visible() and not close.is_visible()                # a server error: Send again
+    pg.unroute(answers)
     pg.route(answers, lambda route: route.fulfill(status=404, content_type="application/json", body=json.dumps(
-        {"ok": False, "message": "no question: it was never asked here or the server restarted"})))
+        {"ok": False, "message": "no question: it was never asked here or the server restarted", "state": None})))
     pg.keyboard.press("Enter")
     close.wait_for(state="visible", timeout=10_000)
-    assert "did not count" in msg.inner_text() and "Queue the workflow again" in msg.inner_text()
+    assert "no longer knows this question" in msg.inner_text() and "Queue the workflow again" in msg.inner_text()
     assert not send.is_visible() and dlg.locator(".countdown").inner_text() == ""
     pg.unroute(answers)
     close.click()
     dlg.wait_for(state="detached", timeout=10_000)
     page.open()                                                        # the question still waits on the server
     dlg.wait_for(state="visible", timeout=60_000)
-    pending = "**/treegrpo/artist/pending*"                           # as if the server restarted: not listed
+    pending, state = "**/treegrpo/artist/pending*", "**/treegrpo/artist/state*"
     pg.route(pending, lambda route: route.fulfill(status=200, content_type="application/json",
                                                   body=json.dumps({"questions": [], "waiting_elsewhere": 0})))
+    # not listed any more because another tab answered it: the dialog just closes, the run goes on
+    pg.route(state, lambda route: route.fulfill(status=200, content_type="application/json",
+                                                body=json.dumps({"state": "answered"})))
+    pg.evaluate("() => window.__treegrpoArtist.refresh()")
+    dlg.wait_for(state="detached", timeout=10_000)
+    pg.unroute(state)
+    pg.unroute(pending)
+    page.open()
+    dlg.wait_for(state="visible", timeout=60_000)
+    # not listed and not known at all, as after a restart: it did not count, and what to do
+    pg.route(pending, lambda route: route.fulfill(status=200, content_type="application/json",
+                                                  body=json.dumps({"questions": [], "waiting_elsewhere": 0})))
+    pg.route(state, lambda route: route.fulfill(status=200, content_type="application/json",
+                                                body=json.dumps({"state": None})))
     pg.evaluate("() => window.__treegrpoArtist.refresh()")
     close.wait_for(state="visible", timeout=10_000)
-    assert "no longer waits" in msg.inner_text()
+    assert "no longer knows this question" in msg.inner_text() and "Queue the workflow again" in msg.inner_text()
     pg.unroute(pending)
+    pg.unroute(state)
     page.open()
     dlg.wait_for(state="visible", timeout=60_000)
     dlg.locator('[data-act="stop"]').click()

@@ -7,6 +7,7 @@ import json
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -250,5 +251,9 @@ def test_a_page_opened_again_after_its_tab_closed_answers_the_waiting_questions(
                 assert time.monotonic() < deadline, f"the reopened page was never served tree {tree}"
                 time.sleep(0.2)
             assert post_answer(srv.port, got[0]["id"], got[0]["nonce"], {"mode": "favourites", "good": [tree]})[0] == 200
+            again.wait_for(lambda e: e["type"] == "treegrpo.artist.closed" and e["data"]["nonce"] == got[0]["nonce"],
+                           timeout=60, what="the end of the question, told to the page that took it over")
+            q = urllib.parse.urlencode({"id": got[0]["id"], "nonce": got[0]["nonce"]})
+            assert ch._http(srv.port, f"/treegrpo/artist/state?{q}") == {"state": "answered"}
         ch.wait_history(srv.port, pid, timeout=600, check=True)
     assert [(r["tree"], r["answered_by"]) for r in labels(srv, run)] == [(0, "artist"), (1, "artist")]

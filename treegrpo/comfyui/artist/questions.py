@@ -8,10 +8,12 @@ pack's routes run in the server's event loop. They share :data:`BOARD` under a l
   tab gets ``treegrpo.artist.waiting`` (a count, no images);
 * ``GET /treegrpo/artist/pending?client_id=…`` serves the open questions of that tab again (a page reload), and those
   of a tab no longer open (a page opened again gets a new ``client_id``), and the count of the other open tabs';
+* ``GET /treegrpo/artist/state?id=…&nonce=…``: what became of a showing the page no longer sees open (``state_of``);
 * ``POST /treegrpo/artist/answer`` with ``{"id", "nonce", "answer"}``: 200 when it answers an open question, 404 for a
   question that does not exist, 409 for a stale nonce, an answered or an expired question, 400 for a bad answer;
 * ``wait`` returns the answer, or None at the timeout (the caller applies its fallback); it checks ComfyUI's
-  interrupt every 0.25 s, so Cancel stops the wait at once (the question is closed and a late answer refused).
+  interrupt every 0.25 s, so Cancel stops the wait at once (the question is closed and a late answer refused); its end
+  is sent to every tab as ``treegrpo.artist.closed`` (id, nonce and state, no images).
 """
 from __future__ import annotations
 
@@ -146,12 +148,13 @@ class ArtistBoard:
             with self._cv:
                 if q.state == "pending":
                     q.state = "cancelled"
-            self._emit(CLOSED_EVENT, {"id": q.id, "state": q.state}, q.client_id)
+            # to every tab: a page that took over a closed tab's questions shows them too (it carries no images)
+            self._broadcast(CLOSED_EVENT, {"id": q.id, "nonce": q.nonce, "state": q.state})
             self._emit_waiting()
 
     # -- the answering side (routes)
     def answer(self, qid: str, nonce: str, data: Any) -> tuple[int, str]:
-        """(HTTP status, message) of an answer posted for question ``qid``."""
+        """(HTTP status, message) of an answer posted for question ``qid``; :meth:`state_of` says a 409's cause."""
         with self._cv:
             q = self._questions.get(qid)
             if q is None:
@@ -171,6 +174,15 @@ class ArtistBoard:
             self._cv.notify_all()
         return 200, "ok"
 
+    def state_of(self, qid: str, nonce: str) -> Optional[str]:
+        """The state of that showing of question ``qid`` (pending, answered, expired, cancelled; "replaced" when a
+        newer showing took its place), or None when the server does not know it (it restarted)."""
+        with self._cv:
+            q = self._questions.get(qid)
+            if q is None:
+                return None
+            return q.state if q.nonce == nonce else "replaced"
+
     def pending(self, client_id: Optional[str]) -> dict:
         """The open questions tab ``client_id`` can answer (in full): its own, and those of a tab that is no longer
         open (closed, or a prompt queued without one), so a page opened again takes them over; and how many open
@@ -187,6 +199,14 @@ class ArtistBoard:
             self._send(event, data, client_id)
         except Exception as e:  # noqa: BLE001 - a closed socket must not stop the run; the page can poll /pending
             logging.warning("TreeGRPO: could not send %s to the page: %s", event, e)
+
+    def _broadcast(self, event: str, data: dict) -> None:
+        if self._send is None:
+            return
+        try:
+            self._send(event, data, None)
+        except Exception as e:  # noqa: BLE001 - a closed socket must not stop the run
+            logging.warning("TreeGRPO: could not send %s to the pages: %s", event, e)
 
     def _emit_waiting(self) -> None:
         if self._send is None:
@@ -215,7 +235,7 @@ BOARD = ArtistBoard(send=_server_send, connected=_server_connected)
 
 
 def register_routes() -> None:
-    """Add the pack's two routes to ComfyUI's server (once; a no-op without a server)."""
+    """Add the pack's routes to ComfyUI's server (once; a no-op without a server)."""
     from ..runtime import server_routes
 
     srv, web = server_routes("_treegrpo_artist_routes")
@@ -226,6 +246,11 @@ def register_routes() -> None:
     async def pending(request):
         return web.json_response(BOARD.pending(request.rel_url.query.get("client_id")))
 
+    @srv.routes.get("/treegrpo/artist/state")
+    async def state(request):
+        q = request.rel_url.query
+        return web.json_response({"state": BOARD.state_of(q.get("id", ""), q.get("nonce", ""))})
+
     @srv.routes.post("/treegrpo/artist/answer")
     async def answer(request):
         try:
@@ -235,7 +260,8 @@ def register_routes() -> None:
         if not isinstance(body, dict) or not isinstance(body.get("id"), str) or not isinstance(body.get("nonce"), str):
             return web.json_response({"error": 'post {"id": …, "nonce": …, "answer": {…}}'}, status=400)
         status, msg = BOARD.answer(body["id"], body["nonce"], body.get("answer"))
-        return web.json_response({"ok": status == 200, "message": msg}, status=status)
+        return web.json_response({"ok": status == 200, "message": msg,
+                                  "state": BOARD.state_of(body["id"], body["nonce"])}, status=status)
 
 
 LABELS_FILE, CHECKS_FILE = "artist_labels.jsonl", "artist_checks.jsonl"
