@@ -581,6 +581,8 @@ def probe_policy(policy, prompt: str, guidance: float, params: Sequence[torch.Te
                     if not needs_values(e):
                         raise
                     on_host.add(k)      # it prepares its images on the host (numpy, PIL): not measurable here
+                    if getattr(r, "host_only", False) or getattr(getattr(r, "reward", None), "host_only", False):
+                        continue        # and all its work stays there (a JPEG size): nothing to measure
                     import warnings
                     warnings.warn(f"memory plan: reward {getattr(r, 'name', type(r).__name__)!r} prepares its images "
                                   "on the CPU, so its activations are not measured (its weights are counted); if it "

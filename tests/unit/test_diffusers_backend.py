@@ -270,7 +270,10 @@ def test_the_memory_plan_measures_every_family_with_a_reward_computed_on_the_hos
     shape-only tensors: an epsilon model's σ → timestep lookup and a JPEG-size reward (numpy / PIL, host memory)
     once stopped every SD1.x / SDXL run and every jpeg run before its first iteration with a traceback."""
     cfg = _train_cfg(saved[family], tmp_path, family, memory={"budget_gb": 4.0, "reuse_probe": False})
-    trainer, _ = run_training(cfg, progress=False)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*prepares its images on the CPU")   # JPEG: nothing to say
+        trainer, _ = run_training(cfg, progress=False)
     assert trainer.memory_plan is not None and trainer.iteration == 1
 
 

@@ -28,6 +28,8 @@ class JpegCompressibility:
     name = "jpeg_compressibility"
     sign = -1.0
 
+    host_only = True    # PIL on the CPU: no accelerator memory for the memory plan to measure
+
     def __init__(self, path=None, device="cpu", quality: int = 95):
         if path:
             raise ValueError(f"{self.name} needs no weight file, got path={path!r}")
