@@ -187,8 +187,8 @@ class Train(PackNode):
                 widget(io.Combo, "artist_ask", "every N-th tree: ask about every artist_every-th tree, the reward "
                        "model scores the rest; when unsure: a taste model learns from your answers, scores the "
                        "trees and asks you only where it is unsure (at most one tree in artist_every; always the "
-                       "first 12; 12 unanswered in a row before any answer stop the run, saved: nothing can train "
-                       "without one), and is saved as models/reward_models/<run_name>_taste.safetensors",
+                       "first 12; 12 unanswered in a row before any answer with a preference stop the run, saved: "
+                       "nothing can train without one), and is saved as models/reward_models/<run_name>_taste.safetensors",
                        optional=True),
                 io.ClipVision.Input("taste_features", optional=True,
                                     tooltip="artist_ask 'when unsure': the image features the taste model learns on "

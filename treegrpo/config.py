@@ -725,9 +725,10 @@ class TrainConfig:
         keep = ("prompts", "prompts_file", "negative_prompt", "guidance_scale", "rewards", "tree", "advantage",
                 "lora", "optim", "prompts_per_iter", "trees_per_prompt", "seed", "video")
         out = {k: d[k] for k in keep}
-        # what the model is asked to make: its family, image size, schedule shift, Flux guidance and prompt length
-        # (not the weights' dtype, autocast, the decode batch or where single-file configs are read from)
-        out["pipeline"] = {k: d["pipeline"][k] for k in ("family", "height", "width", "shift", "guidance_embed",
+        # what the model is asked to make: image size, schedule shift, Flux guidance and prompt length (not the
+        # weights' dtype, autocast, the decode batch, where single-file configs are read from, or the family: the
+        # checkpoint's base model names it, and "auto" and its value are the same model)
+        out["pipeline"] = {k: d["pipeline"][k] for k in ("height", "width", "shift", "guidance_embed",
                                                          "max_sequence_length")}
         return out
 

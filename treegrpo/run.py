@@ -65,9 +65,12 @@ def build_rewards(cfg: TrainConfig, device, specs: Optional[list] = None, checke
 def check_window_before_last_step(tree) -> None:
     """A DDIM step (SD1.x / SD2.x / SDXL: epsilon and v models) into σ = 0 adds no noise, so the SDE window must end
     before the last step, at every position it takes (a sliding or random window reaches ``max_start``)."""
-    last = (tree.window_start if tree.window_schedule == "fixed" else tree.max_start) + tree.window_width - 1
+    # the window's positions: an ODE-sampling method (NFT, AWM) samples no window, only its evaluation KL uses the
+    # fixed window_start
+    moves = tree.window_schedule != "fixed" and tree.method != "ode"
+    last = (tree.max_start if moves else tree.window_start) + tree.window_width - 1
     if last >= tree.steps - 1:
-        where = ("" if tree.window_schedule == "fixed" else
+        where = ("" if not moves else
                  f" at its last position (window_max_start {tree.max_start}; set tree.window_max_start "
                  f"<= {tree.steps - 1 - tree.window_width})")
         raise ConfigError(f"TreeConfig: the SDE window reaches the last step ({tree.steps - 1} of 0..{tree.steps - 1})"
@@ -97,7 +100,7 @@ def prepare(cfg: TrainConfig, resume: bool = False, allow_changes: bool = False,
     if cfg.prompts_per_iter < world:
         raise ConfigError(f"TrainConfig.prompts_per_iter: {cfg.prompts_per_iter} prompts per iteration cannot be split "
                           f"over {world} processes; use at least {world}")
-    if cfg.backend == "diffusers" and cfg.model and os.path.isdir(cfg.model):
+    if cfg.backend == "diffusers" and cfg.model and os.path.exists(cfg.model):
         from .backends.diffusers import ModelLoadError, model_family
         try:
             family = model_family(cfg.model, cfg.pipeline)      # a pipeline.family the folder contradicts
@@ -105,7 +108,7 @@ def prepare(cfg: TrainConfig, resume: bool = False, allow_changes: bool = False,
             raise ConfigError(str(e)) from None
         if family in ("sd", "sdxl"):
             check_window_before_last_step(cfg.tree)
-        if cfg.pipeline.config:
+        if cfg.pipeline.config and os.path.isdir(cfg.model):
             warnings.warn(f"pipeline.config {cfg.pipeline.config!r} is not read: it gives the configs of a single-file "
                           f"checkpoint, and {cfg.model!r} is a diffusers folder with its own")
     out = cfg.output_dir

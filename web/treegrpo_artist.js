@@ -4,7 +4,9 @@
 // next one (ranking, best/worst), Shift+digit marks a leaf bad, Enter sends, 0 = no preference, Esc = skip the tree,
 // Z zooms the leaf under the mouse. "Stop the run" interrupts the prompt that asks (the dialog is modal: ComfyUI's own
 // Cancel button is under it). A question the server no longer has (it restarted, the run stopped) says so and only
-// closes (one answered elsewhere, or expired, just closes); an answer that cannot reach the server keeps the dialog. Keys are taken on window in the capture phase by one listener added when the
+// closes (one answered elsewhere, or expired, just closes); an answer that cannot reach the server keeps the dialog. A
+// click or a key in the page while this tab's questions fall back unanswered tells the server its person is back
+// (full waits again; a queued prompt does not say so: Auto Queue queues without anyone there). Keys are taken on window in the capture phase by one listener added when the
 // extension is set up: window listeners of a phase run in the order they were added, and frontend popups that open
 // later add theirs then (ComfyUI's ComfyPopup stops Escape there), so the dialog sees its keys first.
 import { app } from "../../scripts/app.js";
@@ -35,6 +37,8 @@ const STYLE = `
 const QUESTION = "treegrpo.artist.question";
 const queue = [];          // questions for this tab, oldest first
 let current = null;        // {q, state, el, timer, shownAt}
+let away = 0;               // this tab's trees that fell back unanswered (the server's count, from /pending)
+let toldHere = 0;           // when the page last said its person is here (ms)
 const finished = new Set(); // nonces of the showings answered, closed or expired here: a /pending response fetched
                             // before the answer reached the server, arriving after it, must not show them again
 
@@ -260,6 +264,14 @@ async function stopRun(el, q) {      // ComfyUI's Cancel for the prompt that ask
   }
 }
 
+function here() {           // a click or a key while this tab's questions fall back: its person is here again
+  if (!away || Date.now() - toldHere < 5000) return;
+  toldHere = Date.now();
+  api.fetchApi("/treegrpo/artist/here", { method: "POST", headers: { "Content-Type": "application/json" },
+                                          body: JSON.stringify({ client_id: api.clientId || "" }) })
+    .then((res) => { if (res.ok) away = 0; }).catch(() => {});
+}
+
 async function refresh() {
   const asked = Date.now();
   try {
@@ -273,6 +285,7 @@ async function refresh() {
       const st = await api.fetchApi(`/treegrpo/artist/state?${q}`);
       if (st.ok && current === c && !c.sending) settle(c, (await st.json()).state);
     }
+    away = j.away || 0;
     j.questions.forEach(enqueue);
     badge(j.waiting_elsewhere ? `TreeGRPO: ${j.waiting_elsewhere} question(s) waiting in another tab` : "");
   } catch (e) { /* the server restarted: the next event brings the state */ }
@@ -282,6 +295,8 @@ app.registerExtension({
   name: "treegrpo.artist",
   async setup() {
     window.addEventListener("keydown", onKey, true);        // first in line (see the note at the top)
+    window.addEventListener("keydown", here, true);
+    window.addEventListener("pointerdown", here, true);
     api.addEventListener(QUESTION, (e) => enqueue(e.detail));
     api.addEventListener("treegrpo.artist.closed", (e) => {   // sent to every tab; only the question's showing closes
       const id = e.detail && e.detail.id, nonce = e.detail && e.detail.nonce;

@@ -803,6 +803,15 @@ def test_the_artist_dialog_says_when_an_answer_cannot_count_and_stops_the_run(pa
     page.drop_workflow(REPO / "workflows" / "treegrpo_artist_demo_cpu.json")
     before = len(artist_labels(ui_server))
     pg = page.page
+    # while this tab's questions fall back (the server says "away"), a click in the page says its person is back
+    pg.route("**/treegrpo/artist/pending*", lambda route: route.fulfill(
+        status=200, content_type="application/json", body=json.dumps({"questions": [], "waiting_elsewhere": 0,
+                                                                      "away": 3})))
+    pg.evaluate("() => window.__treegrpoArtist.refresh()")
+    with pg.expect_request("**/treegrpo/artist/here", timeout=10_000) as told:
+        pg.mouse.click(5, 300)
+    assert json.loads(told.value.post_data)["client_id"]
+    pg.unroute("**/treegrpo/artist/pending*")
     page.evaluate("() => window.app.queuePrompt(0, 1)")
     dlg = pg.locator('#treegrpo-artist[data-question$=":0"]')
     dlg.wait_for(state="visible", timeout=300_000)

@@ -99,12 +99,20 @@ def test_cancel_stops_the_wait_and_an_unanswered_tree_times_out(comfyui_server):
         entry = ch.wait_history(srv.port, pid, timeout=600, check=True)
         stats = json.loads(entry["outputs"]["step"]["text"][0])
         assert stats["edges"] == 0 and stats["scored_trees"] == 0
-        # queued again after that: the person is at the page, the first question waits the full timeout_s again
+        # queued again (Auto Queue does so with nobody there): still away, short waits
         g = artist_graph(run, 2, timeout_s=6)
         g["score"]["inputs"]["away_s"] = 2
         ch.wait_history(srv.port, ch.post_prompt(srv.port, g, client_id=ws.client_id), timeout=600, check=True)
-    assert [(r["outcome"], r["waited_s"]) for r in labels(srv, run)][-4:] == [("timeout", 5.0), ("timeout", 2.0),
-                                                                              ("timeout", 6.0), ("timeout", 2.0)]
+        # the page saw its person (a click: the dialog's script posts /here): full waits again
+        assert ch._http(srv.port, f"/treegrpo/artist/pending?client_id={ws.client_id}")["away"] == 4
+        req = urllib.request.Request(f"http://127.0.0.1:{srv.port}/treegrpo/artist/here", method="POST",
+                                     data=json.dumps({"client_id": ws.client_id}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        assert urllib.request.urlopen(req, timeout=30).status == 200
+        g["tree"]["inputs"]["seed"] = 3
+        ch.wait_history(srv.port, ch.post_prompt(srv.port, g, client_id=ws.client_id), timeout=600, check=True)
+    assert [(r["outcome"], r["waited_s"]) for r in labels(srv, run)][-6:] == [
+        ("timeout", 5.0), ("timeout", 2.0), ("timeout", 2.0), ("timeout", 2.0), ("timeout", 6.0), ("timeout", 2.0)]
 
 
 @contextlib.contextmanager

@@ -8,6 +8,8 @@ pack's routes run in the server's event loop. They share :data:`BOARD` under a l
   tab gets ``treegrpo.artist.waiting`` (a count, no images);
 * ``GET /treegrpo/artist/pending?client_id=…`` serves the open questions of that tab again (a page reload), and those
   of a tab no longer open (a page opened again gets a new ``client_id``), and the count of the other open tabs';
+* ``POST /treegrpo/artist/here`` with ``{"client_id"}``: the page saw its person (a click or a key) while that tab's
+  questions fell back: full waits again (:meth:`ArtistBoard.back`);
 * ``GET /treegrpo/artist/state?id=…&nonce=…``: what became of a showing the page no longer sees open (``state_of``);
 * ``POST /treegrpo/artist/answer`` with ``{"id", "nonce", "answer"}``: 200 when it answers an open question, 404 for a
   question that does not exist, 409 for a stale nonce, an answered or an expired question, 400 for a bad answer;
@@ -102,9 +104,9 @@ class ArtistBoard:
             return self._away[client_id]
 
     def back(self, client_id: Optional[str], queued_at: Optional[float] = None) -> None:
-        """Tab ``client_id`` queued the prompt now running at ``queued_at`` (s since the epoch; None: now): when
-        that was after its last tree fell back, the person is here again and its questions wait the full time; a
-        prompt queued before (a batch, Auto Queue) does not say so."""
+        """The person at tab ``client_id`` is here again (they used the page, or queued at ``queued_at``, s since the
+        epoch; None: now): its questions wait the full time again; unless ``queued_at`` is before its last tree fell
+        back (a prompt of a batch queued before they left says nothing)."""
         with self._cv:
             if queued_at is not None and queued_at < self._fell_back_at.get(client_id, -math.inf):
                 return
@@ -190,7 +192,7 @@ class ArtistBoard:
         with self._cv:
             open_ = [q for q in self._questions.values() if q.state == "pending"]
         mine = [q.payload() for q in open_ if q.client_id == client_id or not self._connected(q.client_id)]
-        return {"questions": mine, "waiting_elsewhere": len(open_) - len(mine)}
+        return {"questions": mine, "waiting_elsewhere": len(open_) - len(mine), "away": self.away(client_id)}
 
     def _emit(self, event: str, data: dict, client_id: Optional[str]) -> None:
         if self._send is None or client_id is None:
@@ -251,6 +253,17 @@ def register_routes() -> None:
         q = request.rel_url.query
         return web.json_response({"state": BOARD.state_of(q.get("id", ""), q.get("nonce", ""))})
 
+    @srv.routes.post("/treegrpo/artist/here")
+    async def here(request):      # the page saw its person (a click or a key) while its questions fell back
+        try:
+            body = await request.json()
+        except (ValueError, json.JSONDecodeError):
+            body = None
+        if not isinstance(body, dict) or not isinstance(body.get("client_id"), str):
+            return web.json_response({"error": 'post {"client_id": …}'}, status=400)
+        BOARD.back(body["client_id"])
+        return web.json_response({"ok": True})
+
     @srv.routes.post("/treegrpo/artist/answer")
     async def answer(request):
         try:
@@ -296,9 +309,6 @@ def ask_artist(tree, images, *, mode: str, timeout_s: float, on_timeout: str = O
     {"artist": (n,)}, "weights": {"artist": 1.0}}``) plus ``exclude_trees``, the trees without a preference."""
     import folder_paths
 
-    from ..runtime import prompt_queued_at
-
-    board.back(client_id, prompt_queued_at())     # queued after the last tree fell back: the person is here
     run = tree.run
     folder = run.folder if run is not None else os.path.join(folder_paths.get_output_directory(), "treegrpo", "artist")
     fallback = None
@@ -329,7 +339,8 @@ def ask_trees(batch, images, *, folder: str, iteration: int, seed, run_name: str
     ``on_timeout`` ``skip`` ("skip the tree") excludes it, ``reward_model`` ("use the reward model") scores it with
     ``fallback(images (k, 3, H, W), prompts)``.
     An artist who walked away: after a question of this tab timed out, the next ones wait only ``away_grace_s``
-    (when that is shorter) until the tab answers again; the dialog shows how many trees fell back meanwhile.
+    (when that is shorter) until the tab answers again or its page is used (``/here``); the dialog shows how many
+    trees fell back meanwhile.
     Each record says who scored the tree (``answered_by``: ``artist``, ``reward model``, ``timeout_by`` — e.g. the
     taste model — or ``skipped``). Every answer is appended to ``<folder>/artist_labels.jsonl`` with the leaf images
     kept in ``<folder>/artist/``. A tree the artist answered about before a crash cut this iteration (the same run,

@@ -98,11 +98,11 @@ def train_node_taste(encoder, mode: str, timeout_s: float, config: Optional[Tast
         def stop_if_idle():   # before the update: this iteration is not counted, the run resumes at it
             if taste.idle:
                 raise ArtistAway(
-                    f"TreeGRPO {ctx.run_name}: nobody answered the last {taste.unanswered} questions and the taste "
-                    "model has no answer yet, so nothing can be trained until you answer; the run stopped before "
-                    f"iteration {ctx.iteration + 1} and is saved. Queue the workflow again when you are at the page "
-                    "(it resumes there), or set artist_ask to 'every N-th tree': the reward models then score the "
-                    "trees you leave")
+                    f"TreeGRPO {ctx.run_name}: nobody answered the last {taste.unanswered} questions and no answer "
+                    "has yet said what you prefer (the taste model needs one), so nothing can be trained until you "
+                    f"answer; the run stopped before iteration {ctx.iteration + 1} and is saved. Queue the workflow "
+                    "again when you are at the page (it resumes there), or set artist_ask to 'every N-th tree': the "
+                    "reward models then score the trees you leave")
 
         before = taste.model.answers
         rewards, exclude, stats = taste.round(pictures, leaf_tree, lambda t: stop_if_idle() or one(t))
