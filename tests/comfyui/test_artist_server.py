@@ -60,7 +60,7 @@ def test_the_artist_answers_each_tree_and_the_picks_train(comfyui_server):
             mine = ch._http(srv.port, f"/treegrpo/artist/pending?client_id={ws.client_id}")
             theirs = ch._http(srv.port, f"/treegrpo/artist/pending?client_id={other.client_id}")
             assert [x["nonce"] for x in mine["questions"]] == [q["nonce"]]
-            assert theirs == {"questions": [], "waiting_elsewhere": 1}
+            assert theirs == {"questions": [], "waiting_elsewhere": 1, "away": 0}
             assert post_answer(srv.port, q["id"], "0" * 32, {"mode": "favourites", "good": [0]})[0] == 409
             assert post_answer(srv.port, q["id"], q["nonce"], {"mode": "favourites", "good": [7]})[0] == 400
             assert post_answer(srv.port, q["id"], q["nonce"], {"mode": "favourites", "good": [tree],

@@ -17,13 +17,13 @@ def test_a_page_opened_again_takes_over_the_questions_of_a_tab_that_closed():
     board = ArtistBoard(connected=lambda cid: cid in open_tabs)
     q = _ask(board, "tab-1")
     assert [x["nonce"] for x in board.pending("tab-1")["questions"]] == [q.nonce]
-    assert board.pending("tab-2") == {"questions": [], "waiting_elsewhere": 1}
+    assert board.pending("tab-2") == {"questions": [], "waiting_elsewhere": 1, "away": 0}
     open_tabs.discard("tab-1")                        # the tab was closed; a new one opens
     open_tabs.add("tab-3")
     got = board.pending("tab-3")
     assert [x["nonce"] for x in got["questions"]] == [q.nonce] and got["waiting_elsewhere"] == 0
     assert board.answer(q.id, q.nonce, {"mode": "favourites", "good": [1]}) == (200, "ok")
-    assert board.pending("tab-3") == {"questions": [], "waiting_elsewhere": 0}
+    assert board.pending("tab-3") == {"questions": [], "waiting_elsewhere": 0, "away": 0}
     # a prompt queued without a page (the API, no client id) is answerable from any open page
     q2 = _ask(board, None, tree=1)
     assert [x["nonce"] for x in board.pending("tab-2")["questions"]] == [q2.nonce]
