@@ -44,19 +44,40 @@ def _one_line(prompt: str) -> str:
     return " ".join(prompt.split())
 
 
+CSV_HINT = ("a prompt with commas or quotes goes in double quotes, its own quotes doubled "
+            '(\"a cat, studio lighting\" or \"\"\"OPEN\"\" on a door\"), or use a .txt file, one prompt a line')
+
+
 def _from_csv(text: str, path: str) -> list[str]:
-    rows = list(csv.reader(io.StringIO(text)))
-    rows = [r for r in rows if any(c.strip() for c in r)]
+    """The prompt column (``prompt``, ``text`` or ``caption`` in a header; else the only column) of a CSV table. A row
+    that does not parse as CSV, or that has more fields than the table has columns, is refused naming it: a comma
+    or a quote inside an unquoted prompt would otherwise cut the prompt silently."""
+    reader = csv.reader(io.StringIO(text), strict=True)
+    rows = []
+    try:
+        for r in reader:
+            if any(c.strip() for c in r):
+                rows.append((reader.line_num, r))
+    except csv.Error as e:
+        raise PromptFileError(f"prompt file {path!r}, line {reader.line_num}: not valid CSV ({e}); {CSV_HINT}") from None
     if not rows:
         return []
-    header = [c.strip().lower() for c in rows[0]]
+    header = [c.strip().lower() for c in rows[0][1]]
     col = next((header.index(k) for k in PROMPT_KEYS if k in header), None)
+    body = rows if col is None else rows[1:]
+    width = 1 if col is None else len(header)
+    for n, r in body:
+        if len(r) > width:
+            what = (f"the header has {width} column{'s' if width > 1 else ''}" if col is not None else
+                    "the file has no header naming the prompt column (prompt, text or caption), so each row is one "
+                    "prompt")
+            raise PromptFileError(f"prompt file {path!r}, line {n}: {len(r)} fields where {what}; {CSV_HINT}")
     if col is None:
-        return [r[0] for r in rows if r and r[0].strip()]      # no header: the first column
+        return [r[0] for _, r in rows if r[0].strip()]
     out = []
-    for n, r in enumerate(rows[1:], start=2):
+    for n, r in body:
         if col >= len(r):
-            raise PromptFileError(f"prompt file {path!r}, row {n}: has no {header[col]!r} column value")
+            raise PromptFileError(f"prompt file {path!r}, line {n}: has no {header[col]!r} column value")
         out.append(r[col])
     return out
 

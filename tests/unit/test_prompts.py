@@ -23,14 +23,20 @@ def test_reward_text_strips_weighting_and_embeddings(prompt, want):
 def test_prompt_files_in_three_formats(tmp_path):
     (tmp_path / "a.txt").write_text("one\n\n two  words \n")
     (tmp_path / "b.csv").write_text("caption,other\n\"x, y\",1\nz,2\n")
-    (tmp_path / "c.csv").write_text("first\nsecond\n")                      # no header: the first column
+    (tmp_path / "c.csv").write_text("first\n\"second, quoted\"\n")          # no header: one prompt a row
     (tmp_path / "d.jsonl").write_text(json.dumps({"prompt": "p1"}) + "\n" + json.dumps("p2") + "\n")
     assert read_prompt_file(str(tmp_path / "a.txt")) == ["one", "two words"]
     assert read_prompt_file(str(tmp_path / "b.csv")) == ["x, y", "z"]
-    assert read_prompt_file(str(tmp_path / "c.csv")) == ["first", "second"]
+    assert read_prompt_file(str(tmp_path / "c.csv")) == ["first", "second, quoted"]
     assert read_prompt_file(str(tmp_path / "d.jsonl")) == ["p1", "p2"]
     for name, text, match in [("e.txt", "", "holds no prompts"), ("f.jsonl", '{"x": 1}\n', 'line 1: an object'),
-                              ("g.md", "x", "use a .txt"), ("h.txt", "a\x00b", "binary")]:
+                              ("g.md", "x", "use a .txt"), ("h.txt", "a\x00b", "binary"),
+                              # a comma or a quote in an unquoted CSV prompt cut it silently (to "a cat", to
+                              # "OPEN written on a shop door": the ocr reward then refused its missing quotes)
+                              ("i.csv", "a cat, studio lighting, 4k\n", "line 1: 3 fields where the file has no header"),
+                              ("j.csv", "prompt\nx\na cat, studio lighting\n", "line 3: 2 fields where the header has 1"),
+                              ("k.csv", '"OPEN" written on a shop door\n', "line 1: not valid CSV"),
+                              ("l.csv", 'prompt\n"a cat\nb\n', "not valid CSV .unexpected end of data")]:
         (tmp_path / name).write_text(text)
         with pytest.raises(PromptFileError, match=match):
             read_prompt_file(str(tmp_path / name))
