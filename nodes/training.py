@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 
 import comfy.samplers
 from comfy_api.latest import io, ui
@@ -236,6 +237,12 @@ class Train(PackNode):
                      io.Image.Output(display_name="samples", tooltip="evaluation samples with the LoRA")],
             is_output_node=True,
         )
+
+    @classmethod
+    def fingerprint_inputs(cls, existing_run="resume", **_):
+        """'new' and 'overwrite' start a run at every queue: never answered from ComfyUI's cache of the last one
+        (queued again with the graph unchanged, no run started)."""
+        return uuid.uuid4().hex if existing_run in EXISTING_RUN[1:] else existing_run
 
     @classmethod
     def validate_inputs(cls, steps=None, window_start=None, window_width=None, branch=None,

@@ -364,3 +364,19 @@ def test_reward_models_score_under_comfy_memory_management(rt, tmp_path):
     assert next(model.module.parameters()).device.type == "cpu"  # offloaded after scoring
     demo = ManagedReward(load_reward("demo_adherence"))          # weightless-to-manage rewards pass through
     assert demo(images, ["a red circle"] * 3).shape == (3,)
+
+
+def test_a_train_node_queued_again_unchanged_with_new_or_overwrite_starts_a_run_each_time(rt):
+    """existing_run 'new' (and 'overwrite') is a run per queue: ComfyUI answered the second queue of an unchanged
+    graph from its cache, and no run started; 'resume' of a finished run may come from the cache."""
+    root = Path(rt.base_dir) / "output" / "treegrpo"
+    g = train_graph("queued_new", 1)
+    g["train"]["inputs"]["existing_run"] = "new"
+    for _ in range(2):
+        rt.execute(json.loads(json.dumps(g)))      # each queue posts the graph anew (ComfyUI keeps notes in it)
+    assert (root / "queued_new").is_dir() and (root / "queued_new-2").is_dir()
+    g["train"]["inputs"]["existing_run"] = "resume"
+    rt.execute(json.loads(json.dumps(g)))
+    before = {p.name for p in root.iterdir()}
+    r = rt.execute(json.loads(json.dumps(g)))
+    assert {p.name for p in root.iterdir()} == before and r.success
