@@ -56,12 +56,25 @@ def schedule_at(sched: list, iteration: int, default):
 RUN_NAME_BYTES = 120
 
 
+#: names Windows keeps for devices, whatever the extension (``CON``, ``nul.txt``, ``COM1.safetensors``)
+WINDOWS_DEVICES = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
+
+
+def windows_reserved(name: str) -> bool:
+    """Whether ``name`` (one path component) cannot be a file on Windows: a device name, with any extension, or a
+    name ending in '.' or ' ' (Windows drops them: ``run.`` would be ``run``)."""
+    return name.split(".")[0].strip().upper() in WINDOWS_DEVICES or name.endswith((".", " "))
+
+
 def check_run_name(name: str) -> str:
     """A run name is a file name: letters, digits, '-', '_' or '.', not starting with '.' (so neither '..' nor a
     hidden file), at most :data:`RUN_NAME_BYTES` bytes of UTF-8; returns it, else raises ConfigError."""
     if not (isinstance(name, str) and name and all(ch.isalnum() or ch in "-_." for ch in name)
             and not name.startswith(".")):
         raise ConfigError(f"TrainConfig.run_name: use letters, digits, '-', '_' or '.' (not first), got {name!r}")
+    if windows_reserved(name):
+        raise ConfigError(f"TrainConfig.run_name: {name!r} cannot be a file name on Windows (a device name such as "
+                          "CON, NUL, COM1, or a name ending in '.'); choose another")
     size = len(name.encode("utf-8"))
     if size > RUN_NAME_BYTES:
         raise ConfigError(f"TrainConfig.run_name: {size} bytes is too long for the file names made from it; use at "

@@ -85,6 +85,17 @@ VALIDATION_CASES = [
                              "save": {"class_type": "TreeGRPOSaveLoRA",
                                       "inputs": {"lora": ["train", 1], "filename_prefix": "../../x"}}},
      "save", "must be a relative name inside models/loras"),
+    # checked when queued: the LoRA is saved after the training (a long name failed there, after hours)
+    *[(f"save_prefix_{name}", {**tcn.train_graph("bad_save", 1),
+                               "save": {"class_type": "TreeGRPOSaveLoRA",
+                                        "inputs": {"lora": ["train", 1], "filename_prefix": prefix}}}, "save", fragment)
+      for name, prefix, fragment in [
+          ("windows_drive", "C:\\Users\\me\\lora", "must be a relative name inside models/loras"),
+          ("folder_only", "treegrpo/", "ends in a folder or a hidden name"),
+          ("hidden", "treegrpo/x/.", "ends in a folder or a hidden name"),
+          ("device_name", "treegrpo/CON", "'CON' cannot be a file or folder name on Windows"),
+          ("too_long", "treegrpo/" + "x" * 300, "use at most 200")]],
+    ("state_run_name_windows_device", step(run={"run_name": "nul"}), "run", "cannot be a file name on Windows"),
 ]
 
 
