@@ -203,7 +203,7 @@ class Train(PackNode):
                        "rate throughout", optional=True, multiline=False),
                 io.String.Input("eval_prompts", default="", multiline=True, optional=True,
                                 tooltip="held-out evaluation prompts, one a line (the Prompt List's eval_prompts); "
-                                        "empty = evaluate on the training prompts"),
+                                        "empty = evaluate on the first 32 training prompts"),
                 io.Combo.Input("existing_run", options=list(EXISTING_RUN), default="resume", optional=True,
                                tooltip="when run_name already trained: resume it (same settings only), start a new "
                                        "numbered run beside it (run_name-2, -3, ...; the old one stays), or overwrite "

@@ -56,6 +56,11 @@ def schedule_at(sched: list, iteration: int, default):
 RUN_NAME_BYTES = 120
 
 
+#: the most fixed noises per evaluation prompt (each is a whole sample at every evaluation)
+MAX_EVAL_SEEDS = 64
+#: the training prompts evaluated when no evaluation prompts are given (a prompt file may hold thousands)
+DEFAULT_EVAL_PROMPTS = 32
+
 #: names Windows keeps for devices, whatever the extension (``CON``, ``nul.txt``, ``COM1.safetensors``)
 WINDOWS_DEVICES = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
 
@@ -573,7 +578,7 @@ class TrainConfig:
     eval_every: int = _f(10, "evaluate on fixed (prompt, noise) pairs every N iterations (0 = off)")
     eval_every_s: float = _f(0.0, "also evaluate whenever the training time passes a multiple of this many seconds "
                              "(0 = off): equal resolution in time when comparing methods")
-    eval_prompts: list = _f([], "evaluation prompts (default: the training prompts)")
+    eval_prompts: list = _f([], "evaluation prompts (default: the first 32 training prompts)")
     eval_seeds: int = _f(4, "fixed noises per evaluation prompt")
     eval_rewards: list = _f([], "held-out judges: reward models (RewardSpec) scored on the evaluation samples only, "
                                 "never trained on; their weighted mean is the log's eval_judge")
@@ -649,7 +654,9 @@ class TrainConfig:
         _require(self.eval_every >= 0, c, "eval_every", f"must be >= 0, got {self.eval_every}")
         _require(math.isfinite(self.eval_every_s) and self.eval_every_s >= 0, c, "eval_every_s",
                  f"must be a number of seconds >= 0, got {self.eval_every_s}")
-        _require(self.eval_seeds >= 1, c, "eval_seeds", f"must be >= 1, got {self.eval_seeds}")
+        _require(1 <= self.eval_seeds <= MAX_EVAL_SEEDS, c, "eval_seeds",
+                 f"must be 1..{MAX_EVAL_SEEDS} fixed noises per evaluation prompt, got {self.eval_seeds}")
+        _require(0 <= self.seed < 2 ** 63, c, "seed", f"must be a whole number 0 .. 2**63 - 1, got {self.seed}")
         _require(self.checkpoint_every >= 0, c, "checkpoint_every", f"must be >= 0, got {self.checkpoint_every}")
         _require(self.keep_checkpoints >= 1, c, "keep_checkpoints", f"must be >= 1, got {self.keep_checkpoints}")
         _require(self.time_budget_s >= 0, c, "time_budget_s", f"must be >= 0, got {self.time_budget_s}")

@@ -29,7 +29,7 @@ from . import checkpoint as ckpt
 from . import memory
 from .advantages import backup_advantages, check_rewards
 from .callbacks import TrainerCallback
-from .config import AdvantageConfig, TrainConfig, schedule_at
+from .config import DEFAULT_EVAL_PROMPTS, AdvantageConfig, TrainConfig, schedule_at
 from .distributed import pool_over_ranks
 from .evaluation import Evaluation, next_multiple
 from .hacking import best_index
@@ -97,7 +97,7 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
                 raise ValueError(f"no reward model given for {missing}")
         self.weights = {r.name: r.weight for r in cfg.rewards if r.weight > 0}
         self.prompts = cfg.load_prompts()
-        self.eval_prompts = list(cfg.eval_prompts) or self.prompts
+        self.eval_prompts = list(cfg.eval_prompts) or self.prompts[:DEFAULT_EVAL_PROMPTS]
         self.progress, self.stop, self.step_callback, self.dist = progress, stop, step_callback, dist
         self.iteration_callback = iteration_callback
         self.rank = dist.rank if dist is not None else 0
@@ -143,7 +143,7 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
             raise ValueError("rebind: the new policy must carry this trainer's LoRA")
         self.cfg, self.policy = cfg, policy
         self.prompts = cfg.load_prompts()
-        self.eval_prompts = list(cfg.eval_prompts) or self.prompts
+        self.eval_prompts = list(cfg.eval_prompts) or self.prompts[:DEFAULT_EVAL_PROMPTS]
         self.out = cfg.output_dir
 
     # ------------------------------------------------------------------ helpers

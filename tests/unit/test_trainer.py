@@ -755,3 +755,19 @@ def test_a_run_of_the_same_name_that_finished_while_this_one_loaded_is_refused_n
     with pytest.raises(CheckpointError, match="already holds run 'r'"):
         tr.train()
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == before
+
+
+def test_without_evaluation_prompts_a_long_prompt_list_is_evaluated_on_its_first_32(tmp_path):
+    """A prompt file of hundreds of lines and no eval_prompts: every evaluation sampled every prompt × eval_seeds
+    (480 prompts: 70 s an evaluation on the demo model, thousands of images on a real one)."""
+    from treegrpo.backends import load_policy
+    from treegrpo.trainer import Trainer
+
+    prompts = [f"a {c} {s}" for c in ("red", "green", "blue", "yellow", "magenta", "cyan")
+               for s in ("circle", "square", "triangle", "cross")] * 3
+    cfg = _cfg(tmp_path, prompts=prompts, eval_every=1)
+    tr = Trainer(cfg, load_policy(cfg)[0], build_rewards(cfg, torch.device("cpu")), progress=False)
+    assert tr.eval_prompts == prompts[:32]
+    for field, value in (("eval_seeds", 65), ("seed", 2 ** 63), ("seed", -1)):
+        with pytest.raises(ConfigError, match=f"TrainConfig.{field}"):
+            _cfg(tmp_path, **{field: value})
