@@ -203,8 +203,23 @@ def config_changes(saved: dict, cfg, source: str = "the checkpoint") -> list[str
                       "and left out (update TreeGRPO to use them)")
     before = _flat(old.training_settings())
     now = _flat(cfg.training_settings())
-    return [f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(before) | set(now))
+    return [change_text(k, before.get(k), now.get(k)) for k in sorted(set(before) | set(now))
             if before.get(k) != now.get(k)]
+
+
+def change_text(field: str, before, now) -> str:
+    """``field: before -> now``; for two lists (the prompts), their lengths and the first entry that differs, not
+    both whole lists (a prompt file's hundreds of lines hid the one that changed)."""
+    from .config import shorten
+
+    if isinstance(before, list) and isinstance(now, list) and (len(before) > 3 or len(now) > 3):
+        i = next((i for i, (a, b) in enumerate(zip(before, now)) if a != b), min(len(before), len(now)))
+        at = (f"entry {i + 1}: {shorten(repr(before[i]), 80)} -> {shorten(repr(now[i]), 80)}"
+              if i < min(len(before), len(now)) else
+              f"entry {i + 1} {'added' if len(now) > len(before) else 'removed'}: "
+              f"{shorten(repr((now if len(now) > len(before) else before)[i]), 80)}")
+        return f"{field}: {len(before)} -> {len(now)} entries, the first change at {at}"
+    return f"{field}: {before!r} -> {now!r}"
 
 
 def prompts_digest(prompts: list) -> str:

@@ -771,3 +771,16 @@ def test_without_evaluation_prompts_a_long_prompt_list_is_evaluated_on_its_first
     for field, value in (("eval_seeds", 65), ("seed", 2 ** 63), ("seed", -1)):
         with pytest.raises(ConfigError, match=f"TrainConfig.{field}"):
             _cfg(tmp_path, **{field: value})
+
+
+def test_a_refused_resume_names_the_prompt_that_changed_not_both_whole_lists():
+    from treegrpo.checkpoint import config_changes
+
+    prompts = [f"a {c} circle" for c in ("red", "green", "blue", "yellow", "magenta", "cyan")] * 40
+    now = TrainConfig(prompts=prompts)
+    edited = list(prompts)
+    edited[117] = "a red circle, 4k"
+    assert config_changes(dict(now.to_dict(), prompts=edited), now) == [
+        "prompts: 240 -> 240 entries, the first change at entry 118: 'a red circle, 4k' -> 'a yellow circle'"]
+    assert config_changes(dict(now.to_dict(), prompts=prompts[:-1]), now) == [
+        "prompts: 239 -> 240 entries, the first change at entry 240 added: 'a cyan circle'"]
