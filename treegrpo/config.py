@@ -815,10 +815,33 @@ def shorten(value: Any, limit: int = 80) -> str:
     return f"{text[:keep]}…[{len(text) - 2 * keep} characters]…{text[-keep:]}"
 
 
+def _yaml_loader(yaml):
+    """PyYAML's safe loader reading every number as YAML 1.2 and JSON do (YAML 1.1 takes ``1e-4`` for text, and the
+    learning rate was refused as "not a number"), and refusing a key given twice (it kept the last one silently)."""
+    import re
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"the key {key!r} appears twice in one mapping (YAML keeps only the last)",
+                        key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(
+        r"^[-+]?(?:[0-9][0-9_]*)?(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)$|^[-+]?[0-9][0-9_]*\.[0-9_]*$|^[-+]?\.[0-9_]+$"),
+        list("-+0123456789."))
+    return Loader
+
+
 def read_config_file(path: str) -> dict:
     """The mapping in a JSON (or YAML) config file; errors name the file and what is wrong with it."""
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open(path, encoding="utf-8-sig") as fh:      # an editor's byte-order mark is not an error
             text = fh.read()
     except IsADirectoryError:
         raise ConfigError(f"--config {path!r} is a folder; give the config file (JSON) inside it") from None
@@ -827,6 +850,9 @@ def read_config_file(path: str) -> dict:
                           "UTF-8 JSON") from None
     except OSError as e:
         raise ConfigError(f"--config {path!r}: cannot read it ({e.strerror})") from None
+    if not text.strip():
+        raise ConfigError(f"--config {path!r} is empty: write the run's settings in it (treegrpo demo --dump-config "
+                          "prints a complete example)")
     if path.endswith((".yaml", ".yml")):
         try:
             import yaml  # optional
@@ -834,7 +860,7 @@ def read_config_file(path: str) -> dict:
             raise ConfigError(f"--config {path!r} is YAML and PyYAML is not installed: pip install pyyaml, or write "
                               "the config as JSON") from None
         try:
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_yaml_loader(yaml))
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

@@ -252,7 +252,7 @@ def test_an_output_dir_that_cannot_be_written(tmp_path, capsys, monkeypatch):
     ("{ \"prompts\": [", "is not valid JSON"), ("null", "must hold a mapping"), ("[1, 2]", "must hold a mapping"),
     ('{"tree": {"branch": 2}, "prompts": ["a"], "tree": {"branch": 3}}', "the key 'tree' appears twice"),
     ('{"tree": {"branch": 2, "branch": 3}}', "the key 'branch' appears twice"),
-    (b"\xff\xfe{}", "is not UTF-8"),
+    (b"\xff\xfe{}", "is not UTF-8"), ("", "is empty: write the run's settings"), ("  \n", "is empty"),
 ])
 def test_a_bad_config_file(tmp_path, capsys, monkeypatch, content, fragment):
     _no_model(monkeypatch)
@@ -270,8 +270,21 @@ def test_a_bad_yaml_config_file(tmp_path, capsys, monkeypatch):
     for argv in (["train", "--config", path], ["config", "--config", path]):
         msg = _run(argv, capsys)
         assert "c.yaml' is not valid YAML" in msg and "line 4" in msg, msg
+    path = write(tmp_path, "d.yaml", "prompts: [a red circle]\ntree: {branch: 2}\ntree: {branch: 3}\n")
+    assert "the key 'tree' appears twice" in _run(["config", "--config", path], capsys)   # kept the last, silently
     monkeypatch.setitem(sys.modules, "yaml", None)             # PyYAML not installed
     assert "pip install pyyaml, or write the config as JSON" in _run(["config", "--config", path], capsys)
+
+
+def test_a_config_file_as_editors_write_it_is_read(tmp_path, capsys):
+    """A byte-order mark (Windows editors) and YAML's 1e-4 (a string under YAML 1.1: the learning rate was refused as
+    "not a number") read as a user means them."""
+    path = write(tmp_path, "c.yaml", "prompts: [a red circle]\noptim: {lr: 1e-4, warmup: 2}\n")
+    assert cli.main(["config", "--config", path]) == 0
+    assert json.loads(capsys.readouterr().out)["optim"]["lr"] == 1e-4
+    (tmp_path / "b.json").write_bytes(b"\xef\xbb\xbf" + json.dumps({"prompts": ["a red circle"]}).encode())
+    assert cli.main(["config", "--config", str(tmp_path / "b.json")]) == 0
+    assert json.loads(capsys.readouterr().out)["prompts"] == ["a red circle"]
 
 
 def test_every_config_field_is_a_flag():
