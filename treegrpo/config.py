@@ -235,8 +235,8 @@ class TreeConfig:
         _require(mx <= self.steps - self.window_width, c, "window_max_start",
                  f"must be <= steps - window_width = {self.steps - self.window_width}, got {mx}")
         _require(self.leaf_cap >= 0, c, "leaf_cap", f"must be >= 0, got {self.leaf_cap}")
-        _require(self.noise_level > 0 and math.isfinite(self.noise_level), c, "noise_level",
-                 f"must be > 0, got {self.noise_level}")
+        _require(0 < self.noise_level <= 10 and math.isfinite(self.noise_level), c, "noise_level",
+                 f"must be in (0, 10] (0.7 is usual; over 2 the samples are mostly noise), got {self.noise_level}")
         _require(0 < self.eta <= 1, c, "eta", f"must be in (0, 1], got {self.eta}")
         _require(self.tail_steps >= 0, c, "tail_steps", f"must be >= 0, got {self.tail_steps}")
         _require(self.tail_steps <= MAX_STEPS, c, "tail_steps", f"must be <= {MAX_STEPS} (every leaf runs this many "

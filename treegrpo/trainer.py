@@ -251,6 +251,12 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
     def score_images(self, images: torch.Tensor, prompts: list[str]) -> dict[str, torch.Tensor]:
         """Raw reward per model, (B,) float32 each, for images (B, 3, H, W) or videos (B, F, 3, H, W) (the mean over
         each video's frames); bad values raise naming the model."""
+        if not bool(torch.isfinite(images).all()):
+            raise FloatingPointError(
+                f"the decoded images of iteration {self.iteration + 1} hold NaN or infinite values: the sampling "
+                "diverged before any reward saw them. Likely the LoRA's updates blew up (optim.lr too high) or the SDE "
+                "noise is too strong (tree.noise_level); start again with a lower optim.lr, or resume an earlier "
+                "checkpoint with --allow-changes and a lower --optim.lr")
         out = {}
         for name in self.weights:
             out[name] = score_over_frames(self.rewards[name], images, prompts)

@@ -101,7 +101,7 @@ CONFIG_CASES = [
     ("branch_schedule_len", {"tree.branch_schedule": [4, 2]}, "needs one entry per window step (3), got [4, 2]"),
     ("microbatch_zero", {"optim.microbatch": 0}, "OptimConfig.microbatch: must be >= 1"),
     ("lr_schedule", {"optim.lr_schedule": "step"}, "OptimConfig.lr_schedule: must be one of"),
-    ("eval_seeds_zero", {"eval_seeds": 0}, "TrainConfig.eval_seeds: must be >= 1"),
+    ("eval_seeds_zero", {"eval_seeds": 0}, "TrainConfig.eval_seeds: must be 1..64"),
     ("keep_zero", {"keep_checkpoints": 0}, "TrainConfig.keep_checkpoints: must be >= 1"),
     ("time_budget_neg", {"time_budget_s": -5}, "TrainConfig.time_budget_s"),
     ("memory_plan", {"memory.plan": "always"}, "MemoryConfig.plan: must be one of"),

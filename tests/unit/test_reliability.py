@@ -34,7 +34,8 @@ CATALOGUE = [
     (lambda: TreeConfig(steps=2, window_start=0, window_width=3), ConfigError, r"window_width 3 exceeds steps 2"),
     (lambda: TreeConfig(branch=4, window_width=5), ConfigError, r"1024 leaves per tree exceed max_leaves=256"),
     (lambda: TreeConfig(branch=1, window_width=2), ConfigError, r"at least 2 leaves"),
-    (lambda: TreeConfig(noise_level=-1.0), ConfigError, r"TreeConfig\.noise_level: must be > 0"),
+    (lambda: TreeConfig(noise_level=-1.0), ConfigError, r"TreeConfig\.noise_level: must be in \(0, 10\]"),
+    (lambda: TreeConfig(noise_level=1e6), ConfigError, r"TreeConfig\.noise_level: must be in \(0, 10\]"),
     (lambda: TreeConfig(eta=1.5), ConfigError, r"TreeConfig\.eta: must be in \(0, 1\]"),
     (lambda: TreeConfig(tail_solver="rk4"), ConfigError, r"TreeConfig\.tail_solver: must be one of"),
     (lambda: TreeConfig(window_schedule="zigzag"), ConfigError, r"TreeConfig\.window_schedule: must be one of"),
@@ -198,3 +199,13 @@ def test_disk_full_during_save_leaves_the_previous_file_intact(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["lora.safetensors"]
     tensors, meta = read_lora_file(path)
     assert meta["treegrpo.step"] == "1"
+
+
+def test_a_diverged_run_is_said_to_have_diverged_not_blamed_on_its_reward(tmp_path, capsys):
+    """A learning rate of 1e6: the LoRA blows up and the images turn NaN; the line says the sampling diverged and
+    what to change (it said the reward model returned non-finite values: check the reward model)."""
+    rc = cli.main(["train", "--optim.lr", "1e6", "--iterations", "4", "--eval-every", "0", "--quiet",
+                   "--output-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "hold NaN or infinite values: the sampling diverged" in err and "optim.lr" in err, err
+    assert "check the reward model" not in err
