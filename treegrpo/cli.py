@@ -249,6 +249,10 @@ def cmd_export(ns) -> int:
     from .lora import from_state_dict, read_lora_file, save_lora_file, to_comfy, to_peft
 
     check_output_file(ns.output, "output", ".safetensors")
+    if os.path.exists(ns.output) and os.path.exists(ns.input) and os.path.samefile(ns.output, ns.input):
+        raise ConfigError(f"output {ns.output!r} is the input file: give another name (the input stays as it is)")
+    if os.path.exists(ns.output) and not ns.force:
+        raise ConfigError(f"output {ns.output!r} exists: give another name, or add --force to replace it")
     tensors, meta = read_lora_file(ns.input)
     w = from_state_dict(tensors, meta)
     kohya = [p for p in KOHYA_PREFIXES if all(n.startswith(p) for n in w.modules)]
@@ -434,6 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("output")
     e.add_argument("--format", choices=("comfy", "peft"), default="comfy")
     e.add_argument("--prefix", default="", help="PEFT key prefix (e.g. 'unet.' or 'transformer.')")
+    e.add_argument("--force", action="store_true", help="replace the output file when it exists")
     e.set_defaults(func=cmd_export)
 
     r = sub.add_parser("rewards", help="list the registered reward models")

@@ -708,6 +708,13 @@ def test_export_checks_its_output_before_reading(tmp_path, capsys):
                                           str(tmp_path / "b.safetensors")], capsys)
     assert not (tmp_path / "no").exists() and not (tmp_path / "b.safetensors").exists()
     assert cli.main(["export", src, str(tmp_path / "b.safetensors"), "--format", "peft"]) == 0
+    # a file of the user's is never replaced unasked, and the input never rewritten in place
+    made = (tmp_path / "b.safetensors").read_bytes()
+    assert "exists: give another name, or add --force" in _run(["export", src, str(tmp_path / "b.safetensors")],
+                                                               capsys)
+    assert (tmp_path / "b.safetensors").read_bytes() == made
+    assert "is the input file" in _run(["export", src, src, "--force"], capsys)
+    assert cli.main(["export", src, str(tmp_path / "b.safetensors"), "--force"]) == 0
 
 
 def test_sample_applies_the_modules_ranks_and_alpha_the_lora_file_holds(tmp_path, capsys):

@@ -291,7 +291,7 @@ def test_export_turns_a_diffusers_runs_peft_file_into_its_comfyui_file_and_expla
     assert cli.main(["export", summary["lora_diffusers"], str(out), "--format", "comfy"]) == 0
     got, want = read_lora_file(str(out))[0], read_lora_file(summary["lora"])[0]
     assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
-    assert cli.main(["export", summary["lora"], str(out), "--format", "comfy"]) == 0     # ComfyUI's keys already
+    assert cli.main(["export", summary["lora"], str(out), "--format", "comfy", "--force"]) == 0   # ComfyUI's keys
     assert sorted(read_lora_file(str(out))[0]) == sorted(want)
     capsys.readouterr()
     assert cli.main(["export", summary["lora"], str(tmp_path / "peft.safetensors"), "--format", "peft"]) == 2

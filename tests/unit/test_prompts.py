@@ -94,3 +94,9 @@ def test_iteration_line_and_clock():
     assert iteration_line(taste, 200, run_name="t") == "TreeGRPO t: it 4/200 | asked 2/8 trees | taste agrees 83%"
     assert format_duration(42) == "42s" and format_duration(185) == "3m05s" and format_duration(3 * 86400 + 4 * 3600) \
         == "3d04h"
+
+
+def test_the_train_nodes_prompt_box_drops_a_pasted_byte_order_mark():
+    from treegrpo.comfyui.train_node import prompt_lines
+
+    assert prompt_lines("\ufeffa red circle\r\n\n  a blue square \n\ufeff\n") == ["a red circle", "a blue square"]

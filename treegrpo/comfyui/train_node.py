@@ -25,8 +25,8 @@ from .runtime import checkpointing_choice
 
 
 def prompt_lines(text: Optional[str]) -> list[str]:
-    """The non-empty lines of a multiline prompt widget, stripped."""
-    return [p.strip() for p in (text or "").splitlines() if p.strip()]
+    """The non-empty lines of a multiline prompt widget, stripped (a byte-order mark pasted with them too)."""
+    return [p.strip().lstrip("\ufeff").strip() for p in (text or "").splitlines() if p.strip().lstrip("\ufeff").strip()]
 
 
 def reward_inputs(reward_model: dict, reward_model_2: Optional[dict], weight_2: float,
