@@ -241,12 +241,8 @@ def check_output_file(path: str, flag: str, suffix: str) -> None:
         raise ConfigError(f"{flag} {path!r}: write a {suffix} file")
 
 
-#: the key prefixes of a diffusers model's LoRA in ComfyUI's (kohya) style: ``lora_unet_<path with _ for .>``
-KOHYA_PREFIXES = ("lora_unet_", "lora_transformer_")
-
-
 def cmd_export(ns) -> int:
-    from .lora import from_state_dict, read_lora_file, save_lora_file, to_comfy, to_peft
+    from .lora import KOHYA_PREFIXES, from_state_dict, read_lora_file, save_lora_file, to_comfy, to_peft
 
     check_output_file(ns.output, "output", ".safetensors")
     if os.path.exists(ns.output) and os.path.exists(ns.input) and os.path.samefile(ns.output, ns.input):

@@ -248,8 +248,10 @@ def from_state_dict(sd: dict[str, torch.Tensor], metadata: Optional[dict] = None
     return LoraWeights(strip(down), strip(up), strip(alpha))
 
 
+#: the key prefixes of a diffusers model's LoRA in ComfyUI's (kohya) style: ``lora_unet_<path with _ for .>``
+KOHYA_PREFIXES = ("lora_unet_", "lora_transformer_")
 #: prefixes LoRA files put before a module path: ComfyUI's diffusers-style keys, ComfyUI's model prefix, PEFT's
-FILE_PREFIXES = ("lora_unet_", "lora_transformer_", "diffusion_model.", "unet.", "transformer.")
+FILE_PREFIXES = KOHYA_PREFIXES + ("diffusion_model.", "unet.", "transformer.")
 
 
 def match_model_modules(w: LoraWeights, model: nn.Module) -> LoraWeights:

@@ -26,7 +26,8 @@ from .runtime import checkpointing_choice
 
 def prompt_lines(text: Optional[str]) -> list[str]:
     """The non-empty lines of a multiline prompt widget, stripped (a byte-order mark pasted with them too)."""
-    return [p.strip().lstrip("\ufeff").strip() for p in (text or "").splitlines() if p.strip().lstrip("\ufeff").strip()]
+    lines = (p.strip().lstrip("\ufeff").strip() for p in (text or "").splitlines())
+    return [p for p in lines if p]
 
 
 def reward_inputs(reward_model: dict, reward_model_2: Optional[dict], weight_2: float,
