@@ -242,7 +242,8 @@ def check_output_file(path: str, flag: str, suffix: str) -> None:
 
 
 def cmd_export(ns) -> int:
-    from .lora import KOHYA_PREFIXES, from_state_dict, read_lora_file, save_lora_file, to_comfy, to_peft
+    from .lora import (KOHYA_PREFIXES, from_state_dict, read_lora_file, save_lora_file, to_comfy, to_peft,
+                       with_alpha)
 
     check_output_file(ns.output, "output", ".safetensors")
     if os.path.exists(ns.output) and os.path.exists(ns.input) and os.path.samefile(ns.output, ns.input):
@@ -264,9 +265,10 @@ def cmd_export(ns) -> int:
         raise ConfigError(f"{ns.input} holds ComfyUI keys of a diffusers model ({kohya[0]}<path with _ for .>): their "
                           "module paths cannot be read back. diffusers' load_lora_weights reads this file as it is, "
                           "and the run that made it wrote <run_name>_diffusers.safetensors in PEFT keys beside it")
-    else:
+    else:                                          # PEFT keeps one alpha: modules with another are rescaled to it
+        w = with_alpha(w, w.alpha[w.modules[0]])
         sd = to_peft(w, prefix=ns.prefix)
-    meta = dict(meta, **{"treegrpo.lora_alpha": str(next(iter(w.alpha.values())))})
+    meta = dict(meta, **{"treegrpo.lora_alpha": str(w.alpha[w.modules[0]])})
     save_lora_file(ns.output, sd, meta)
     print(f"wrote {ns.output} ({len(w.modules)} modules, {ns.format} keys)")
     return 0

@@ -41,6 +41,14 @@ class LoraWeights:
         return sorted(self.down)
 
 
+def with_alpha(w: LoraWeights, alpha: float) -> LoraWeights:
+    """The same LoRA with every module's alpha ``alpha``: each ``up`` (out, r) is scaled by ``alpha_n / alpha`` so
+    every module's update ``(alpha_n / r)·up·down`` is unchanged (a file whose modules have other alphas then fits a
+    LoRA with one alpha, and PEFT's single ``lora_alpha``)."""
+    up = {n: (u if w.alpha[n] == alpha else u * (w.alpha[n] / alpha)) for n, u in w.up.items()}
+    return LoraWeights(dict(w.down), up, {n: float(alpha) for n in w.down})
+
+
 def add_lora(model: nn.Module, cfg: LoraConfig, adapter_name: str = "default",
              rank_pattern: Optional[dict[str, int]] = None) -> list[nn.Parameter]:
     """Inject PEFT LoRA layers into ``model`` (in place), freeze the base; returns the LoRA parameters.

@@ -33,7 +33,7 @@ from .config import DEFAULT_EVAL_PROMPTS, AdvantageConfig, TrainConfig, schedule
 from .distributed import pool_over_ranks
 from .evaluation import Evaluation, next_multiple
 from .hacking import best_index
-from .lora import PeftLoRA, check_base_model, from_state_dict, match_modules, read_lora_file
+from .lora import PeftLoRA, check_base_model, from_state_dict, match_modules, read_lora_file, with_alpha
 from .planning import MemoryPlanning
 from .policy import Policy
 from .run_files import RunFiles
@@ -112,8 +112,10 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
         if cfg.lora.init_from:
             t, meta = read_lora_file(cfg.lora.init_from)
             check_base_model(meta, self.base_model_name, cfg.lora.init_from)
-            # whatever key style the file has (ComfyUI's, diffusers', PEFT's): the names of this run's LoRA modules
-            self.lora.load(match_modules(from_state_dict(t, meta), list(self.lora.weights().down)))
+            # whatever key style the file has (ComfyUI's, diffusers', PEFT's): the names of this run's LoRA modules;
+            # the file's update at this run's alpha (the one its files are described with)
+            w = match_modules(from_state_dict(t, meta), list(self.lora.weights().down))
+            self.lora.load(with_alpha(w, cfg.lora.alpha))
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
         #: an optimiser step of an iteration that :meth:`record` has not closed has begun: the LoRA and the optimiser
         #: state belong to no iteration until it closes, or until :meth:`undo_update` puts back the copy of them taken

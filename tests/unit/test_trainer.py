@@ -784,3 +784,58 @@ def test_a_refused_resume_names_the_prompt_that_changed_not_both_whole_lists():
         "prompts: 240 -> 240 entries, the first change at entry 118: 'a red circle, 4k' -> 'a yellow circle'"]
     assert config_changes(dict(now.to_dict(), prompts=prompts[:-1]), now) == [
         "prompts: 239 -> 240 entries, the first change at entry 240 added: 'a cyan circle'"]
+
+
+def test_a_run_started_from_a_lora_of_other_alphas_keeps_its_update_and_describes_its_files_rightly(tmp_path):
+    """``lora.init_from`` of a file whose alpha is not this run's (16 and 4 here, against the config's 8): the run
+    starts from the file's update ``(alpha/r)·up·down`` exactly, and its files say the alpha they are scaled with
+    (the run wrote the config's alpha in the metadata over the file's: the PEFT file, whose only alpha is the
+    metadata's, was then read at another strength; a module alpha that differed from the others was dropped)."""
+    from treegrpo.lora import save_lora_file, to_comfy
+    from treegrpo.trainer import Trainer
+    from treegrpo.backends import load_policy
+
+    _, summary = run_training(_cfg(tmp_path / "a", iterations=1, prompts_per_iter=2, run_name="a"), progress=False)
+    w = from_state_dict(*read_lora_file(summary["lora"]))
+    names = w.modules
+    for i, n in enumerate(names):
+        w.alpha[n] = 16.0 if i % 2 else 4.0
+    src = save_lora_file(str(tmp_path / "other_alpha.safetensors"), to_comfy(w), {})
+
+    def update(lw):                         # module -> (alpha / r)·up·down
+        return {n: lw.alpha[n] / lw.down[n].shape[0] * lw.up[n] @ lw.down[n] for n in lw.modules}
+
+    want = update(w)
+    cfg = _cfg(tmp_path / "b", iterations=1, prompts_per_iter=2, run_name="b", lora={"alpha": 8.0, "init_from": src})
+    policy, name = load_policy(cfg)
+    trainer = Trainer(cfg, policy, build_rewards(cfg, "cpu"), progress=False, base_model_name=name)
+    got = trainer.lora.weights()
+    assert set(got.alpha.values()) == {8.0}
+    for n in names:
+        assert torch.allclose(update(got)[n], want[n], atol=1e-6), n
+    trainer.save_lora(str(tmp_path / "b.safetensors"))
+    trainer.save_lora(str(tmp_path / "b_peft.safetensors"), fmt="peft")
+    for path in ("b.safetensors", "b_peft.safetensors"):
+        t, meta = read_lora_file(str(tmp_path / path))
+        assert meta["treegrpo.lora_alpha"] == "8.0"
+        back = update(from_state_dict(t, meta))
+        assert all(torch.allclose(back[n], want[n], atol=1e-6) for n in names), path
+
+
+def test_export_to_peft_keeps_each_modules_update_when_the_alphas_differ(tmp_path):
+    """PEFT keys carry one alpha (in the metadata): ``treegrpo export --format peft`` of a ComfyUI file whose
+    modules have other alphas rescales their ``up`` to the first one's, so every update stays what it was."""
+    from treegrpo.lora import save_lora_file, to_comfy
+
+    _, summary = run_training(_cfg(tmp_path / "a", iterations=1, prompts_per_iter=2, run_name="a"), progress=False)
+    w = from_state_dict(*read_lora_file(summary["lora"]))
+    for i, n in enumerate(w.modules):
+        w.alpha[n] = 16.0 if i % 2 else 4.0
+    src = save_lora_file(str(tmp_path / "in.safetensors"), to_comfy(w), {})
+    out = str(tmp_path / "out.safetensors")
+    assert cli.main(["export", src, out, "--format", "peft"]) == 0
+    got = from_state_dict(*read_lora_file(out))
+    for n in w.modules:
+        a = w.alpha[n] / w.down[n].shape[0] * w.up[n] @ w.down[n]
+        b = got.alpha[n] / got.down[n].shape[0] * got.up[n] @ got.down[n]
+        assert torch.allclose(a, b, atol=1e-6), n

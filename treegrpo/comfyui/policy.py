@@ -112,12 +112,13 @@ class ComfyLoRA(nn.Module):
         return LoraWeights(down, up, {n: self.alpha for n in self.names})
 
     def load(self, w: LoraWeights) -> None:
-        from ..lora import LoraFileError
+        from ..lora import LoraFileError, with_alpha
         missing = sorted(set(self.names) - set(w.down))
         extra = sorted(set(w.down) - set(self.names))
         if extra or missing:
             raise LoraFileError(f"LoRA modules do not match this model (missing {missing[:3]}, unknown {extra[:3]}): "
                                 "was it trained for another base model or other targets?")
+        w = with_alpha(w, float(w.alpha[self.names[0]]))     # one alpha here: the others' ups rescaled to it
         with torch.no_grad():
             for n in self.names:
                 k = self._key(n)
