@@ -120,8 +120,11 @@ def test_model_forward_shapes_and_lora_targets():
     assert {"to_q", "to_k", "to_v", "to_out"} <= names
     n_attn = sum(1 for n, _ in model.named_modules() if n.endswith("to_q"))
     assert n_attn == model.config.depth
-    with pytest.raises(ValueError, match="expects latents"):
-        model(torch.randn(2, 3, 8, 8), torch.rand(2), tokens[:2])
+    with pytest.raises(ValueError, match=f"makes {RESOLUTION}×{RESOLUTION} images, not 8×32: set width and height "
+                                         f"to {RESOLUTION}"):
+        model(torch.randn(2, 3, 32, 8), torch.rand(2), tokens[:2])
+    with pytest.raises(ValueError, match="takes 3-channel latents .* demo model's own VAE"):
+        model(torch.randn(2, 4, RESOLUTION, RESOLUTION), torch.rand(2), tokens[:2])
 
 
 def test_load_demo_model_round_trip(tmp_path):
