@@ -62,17 +62,18 @@ def build_rewards(cfg: TrainConfig, device, specs: Optional[list] = None, checke
     return {r.name: load_reward(r.name, path=r.path, device=device, **r.options) for r in specs if r.weight > 0}
 
 
-def check_window_before_last_step(tree) -> None:
+def check_window_before_last_step(tree, moving_fix: Optional[str] = None) -> None:
     """A DDIM step (SD1.x / SD2.x / SDXL: epsilon and v models) into σ = 0 adds no noise, so the SDE window must end
-    before the last step, at every position it takes (a sliding or random window reaches ``max_start``)."""
+    before the last step, at every position it takes (a sliding or random window reaches ``max_start``).
+    ``moving_fix``: what to change when a moving window's last position is the one that reaches it (the command
+    line's ``tree.window_max_start`` by default)."""
     # the window's positions: an ODE-sampling method (NFT, AWM) samples no window, only its evaluation KL uses the
     # fixed window_start
     moves = tree.window_schedule != "fixed" and tree.method != "ode"
     last = (tree.max_start if moves else tree.window_start) + tree.window_width - 1
     if last >= tree.steps - 1:
-        where = ("" if not moves else
-                 f" at its last position (window_max_start {tree.max_start}; set tree.window_max_start "
-                 f"<= {tree.steps - 1 - tree.window_width})")
+        fix = moving_fix or f"set tree.window_max_start <= {tree.steps - 1 - tree.window_width}"
+        where = "" if not moves else f" at its last position (window_max_start {tree.max_start}; {fix})"
         raise ConfigError(f"TreeConfig: the SDE window reaches the last step ({tree.steps - 1} of 0..{tree.steps - 1})"
                           f"{where}, where an SD1.x/SD2.x/SDXL (DDIM) step adds no noise: end the window before it "
                           f"(window_start + window_width <= {tree.steps - 1})")

@@ -214,6 +214,27 @@ def test_step_nodes_on_tiny_real_architectures(rt, arch):
         assert mod in linear, k
 
 
+def test_an_sd_window_at_the_last_step_is_refused_before_any_tree_is_sampled(rt):
+    """An SD1.x model's (DDIM) last step, into σ = 0, adds no noise: a window ending there is refused when the
+    sampler sees the model, saying what to change, before its prefix runs (it failed after the prefix with "SDE std
+    is 0"); flow models (SD3 here) may branch at the last step."""
+    nodes = {"m": {"class_type": "TreeGRPOTestTinyModel", "inputs": {"arch": "sd15", "seed": 0}},
+             "lat": {"class_type": "EmptyLatentImage", "inputs": {"width": 64, "height": 64, "batch_size": 2}}}
+    g = step_graph("tiny_sd15_last_step", 1, nodes, ["m", 0], ["m", 1], ["m", 2],
+                   {"class_type": "TreeGRPOTestLatentToImage", "inputs": {"samples": ["tree", 1]}},
+                   reward="jpeg_incompressibility", prompt="x")
+    g["tree"]["inputs"].update(window_start=4, window_width=2)          # steps 6: the window's last step is 5
+    since = len(rt.progress)
+    with pytest.raises(ch.ComfyExecutionError) as e:
+        rt.execute(g)
+    msg = e.value.result.error["exception_message"]
+    assert "the SDE window reaches the last step (5 of 0..5)" in msg and "window_start + window_width <= 5" in msg
+    assert not any((p.get("node") or p.get("node_id")) == "tree" for p in rt.progress[since:])
+    g["m"]["inputs"]["arch"] = "sd3"
+    g["run"]["inputs"]["run_name"] = "tiny_sd3_last_step"
+    assert _step_stats(rt.execute(g))["edges"] > 0
+
+
 class _LogLines(logging.Handler):
     def __init__(self):
         super().__init__(logging.DEBUG)

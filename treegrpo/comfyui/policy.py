@@ -310,6 +310,13 @@ class ComfyPolicy(Policy):
         self._extra: dict = {}
         self.guider = _make_guider(self.patcher, conds)
 
+    def check_window(self, tree) -> None:
+        """Before any tree is sampled: a σ-space model's (SD1.x / SDXL, DDIM) SDE window must end before the last
+        step, where its step adds no noise (:class:`treegrpo.config.ConfigError` saying what to change)."""
+        if self.prediction == "epsilon":
+            from ..run import check_window_before_last_step
+            check_window_before_last_step(tree, moving_fix="use more steps, or the fixed window")
+
     def _lora_cfg(self, cfg: Optional[LoraConfig]) -> LoraConfig:
         """``cfg`` with ``targets: [auto]`` (or no config) resolved to the model family's defaults."""
         import dataclasses

@@ -136,6 +136,7 @@ def sample_tree(model, positive, negative, latent: dict, tree_cfg: TreeConfig, *
                              scheduler=scheduler,
                              seed=run.seed if run is not None else seed,
                              gradient_checkpointing=run is not None and run.gradient_checkpointing == "on")
+        policy.check_window(tc.tree)
         if trainer is None:
             trainer = build_trainer(tc, policy, progress=False, base_model_name=name)
             trainer.log = logging.info      # the console: "resumed from ...", the memory plan

@@ -241,6 +241,7 @@ def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict
     ckpt.check_not_in_use(out)      # another ComfyUI training into this folder
     policy = ComfyPolicy(model, prompts, conds, latent_shape, vae=vae, lora_cfg=cfg.lora, scheduler=scheduler,
                          seed=cfg.seed, gradient_checkpointing=cfg.memory.checkpointing == "on", video=cfg.video)
+    policy.check_window(cfg.tree)
     bar = runtime.comfy_progress(cfg.iterations)
     with torch.inference_mode(False):
         trainer = build_trainer(dataclasses.replace(cfg, output_dir=out), policy, rewards,
