@@ -473,12 +473,17 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
             if bar:
                 bar.close()
                 bar = None
-            if self.iteration != self.checkpointed_iteration:
-                self.save_checkpoint()    # the end is checkpointed whatever checkpoint_every says
+            # the end is checkpointed whatever checkpoint_every says, after the end's own evaluation when there is
+            # one (a run queued again at its end then does not evaluate it again); an end callback that fails
+            # before it is saved by save_stopped
+            final_eval = self.evaluating and (not self.evals or self.evals[-1]["iteration"] != self.iteration)
+            if not final_eval and self.iteration != self.checkpointed_iteration:
+                self.save_checkpoint()
             for cb in self.callbacks:
                 cb.on_train_end(self)
-            if self.evaluating and (not self.evals or self.evals[-1]["iteration"] != self.iteration):
+            if final_eval:
                 self.record_evaluation()
+                self.save_checkpoint()
         except BaseException:
             self.save_stopped()
             raise

@@ -309,6 +309,30 @@ def test_train_node_full_loop_writes_lora_and_images(rt):
     assert len(log["train"]) == 3
 
 
+def test_a_finished_run_queued_again_after_a_restart_shows_its_samples_without_sampling_them_again(rt, monkeypatch):
+    """A finished run queued again once ComfyUI forgot its outputs (a restart) shows the same sample grid and samples
+    nothing: the grid is kept in the run folder as shown, and the run's last evaluation (iteration 1 here, off the
+    eval_every grid) is in its last checkpoint (both were made again)."""
+    from treegrpo.evaluation import Evaluation
+    g = train_graph("kept_preview", 1)
+    g["samples"] = {"class_type": "PreviewImage", "inputs": {"images": ["train", 3]}}
+    first = rt.execute(json.loads(json.dumps(g)))
+    folder = Path(rt.base_dir) / "output" / "treegrpo" / "kept_preview" / "evals"
+    kept = sorted(folder.glob("preview_000001_*.png"))
+    assert len(kept) == 1
+    calls = []
+    real = Evaluation.evaluate
+    monkeypatch.setattr(Evaluation, "evaluate", lambda self, *a, **kw: calls.append(kw) or real(self, *a, **kw))
+    rt.reset_cache()
+    again = rt.execute(json.loads(json.dumps(g)))
+    assert not calls
+    from PIL import Image
+    import numpy as np
+    a, b = (np.asarray(Image.open(Path(rt.base_dir) / "temp" / r.outputs["samples"]["images"][0]["subfolder"] /
+                                  r.outputs["samples"]["images"][0]["filename"])) for r in (first, again))
+    assert a.shape[0] > 16 and np.array_equal(a, b)
+
+
 def test_train_node_schedules_reach_the_trainer(rt):
     """The Train node's schedule widgets (JSON text): iteration 0 samples a one-step tail at the full learning rate,
     iteration 1 a two-step tail at half of it; NFE per iteration = 2 prompts x (1 prefix + 3 window rows + 4 leaves x

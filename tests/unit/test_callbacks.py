@@ -59,7 +59,7 @@ def test_every_event_in_its_order_and_two_callbacks_in_list_order(tmp_path):
     tr.train()
     assert rec.events == [("begin", 0), ("evaluate", 0), ("step", 0), ("iteration", 0), ("step", 1),
                           ("iteration", 1), ("evaluate", 2), ("checkpoint", 2), ("step", 2), ("iteration", 2),
-                          ("checkpoint", 3), ("evaluate", 3)]      # the end's checkpoint, the final evaluation
+                          ("evaluate", 3), ("checkpoint", 3)]      # the final evaluation, the end's checkpoint
     assert order == ["recorder"] * 3
     assert all(h["seen_by"] == "recorder" for h in tr.history)
 

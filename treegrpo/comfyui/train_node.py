@@ -267,7 +267,9 @@ def run_previews(trainer: Trainer, prompts: list[str]) -> tuple[torch.Tensor, to
     """The Train node's optional outputs, as ComfyUI IMAGEs (1, H, W, 3): the reward curve and a grid of
     evaluation samples (2 per prompt, up to 8 prompts). A failure here (a plotting library missing, a reward
     model erroring) is logged and answered with a blank image: the LoRA is already saved."""
-    from ..report import curve_image, image_grid, signals_image
+    from ..io import atomic_write
+    from ..report import curve_image, image_grid, signals_image, to_pil
+    from .watch import preview_grid_path, read_grid
 
     def curve():
         if trainer.evals:
@@ -275,9 +277,17 @@ def run_previews(trainer: Trainer, prompts: list[str]) -> tuple[torch.Tensor, to
         return curve_image([h["reward"] for h in trainer.history])
 
     def grid():
-        with torch.inference_mode(False):
-            ev = trainer.evaluate(prompts=prompts[:8], seeds=2, return_images=True)
-        g = image_grid(ev["images"], nrow=2, scale=max(1, 128 // max(1, ev["images"].shape[-1])))
+        # kept in the run folder as it is shown: a finished run queued again (ComfyUI restarted, its cache gone)
+        # shows the same picture without sampling it again
+        path = preview_grid_path(trainer.out, trainer.iteration, prompts[:8])
+        g = read_grid(path)
+        if g is None:
+            with torch.inference_mode(False):
+                ev = trainer.evaluate(prompts=prompts[:8], seeds=2, return_images=True)
+            g = image_grid(ev["images"], nrow=2, scale=max(1, 128 // max(1, ev["images"].shape[-1])))
+            if trainer.rank == 0:
+                atomic_write(path, lambda tmp: to_pil(g).save(tmp, format="PNG"))
+            g = read_grid(path)
         return g.movedim(0, -1)[None].float()
 
     return _optional("reward curve", curve, trainer), _optional("sample grid", grid, trainer)

@@ -255,6 +255,15 @@ def eval_grid_path(run_folder: str, iteration: int) -> str:
     return os.path.join(run_folder, "evals", f"eval_{iteration:06d}.png")
 
 
+def preview_grid_path(run_folder: str, iteration: int, prompts: list[str]) -> str:
+    """Where the Train node's sample grid of ``iteration`` on ``prompts`` is kept (a finished run queued again, after
+    ComfyUI restarted, shows it instead of sampling it again): ``<run folder>/evals/preview_<iteration>_<digest of
+    the prompts>.png``."""
+    import hashlib
+    digest = hashlib.sha256("\n".join(prompts).encode("utf-8")).hexdigest()[:12]
+    return os.path.join(run_folder, "evals", f"preview_{iteration:06d}_{digest}.png")
+
+
 def read_grid(path: str) -> Optional[torch.Tensor]:
     """A kept evaluation grid as (3, H, W) float in [0, 1]; None when it is not there (moved, deleted)."""
     from ..report import read_picture
