@@ -315,7 +315,7 @@ def folder_owner(output_dir: str) -> Optional[dict]:
     return other if isinstance(other, dict) else {}
 
 
-def check_output_dir(output_dir: str, run_name: str, base_model: Optional[str], *, fresh: bool = False,
+def check_run_folder(output_dir: str, run_name: str, base_model: Optional[str], *, fresh: bool = False,
                      hint: Optional[str] = None) -> None:
     """Refuse ``output_dir`` when its ``run.json`` names another run; or the same run on another base model, unless
     the run starts afresh (``fresh``: its earlier files are moved aside, :func:`archive_run`). ``base_model`` None:
@@ -336,6 +336,6 @@ def check_output_dir(output_dir: str, run_name: str, base_model: Optional[str], 
 
 
 def claim_output_dir(output_dir: str, run_name: str, base_model: str, *, fresh: bool = False) -> None:
-    """Record the run in ``<output_dir>/run.json`` after :func:`check_output_dir`."""
-    check_output_dir(output_dir, run_name, base_model, fresh=fresh)
+    """Record the run in ``<output_dir>/run.json`` after :func:`check_run_folder`."""
+    check_run_folder(output_dir, run_name, base_model, fresh=fresh)
     atomic_write_json(os.path.join(output_dir, "run.json"), {"run_name": run_name, "base_model": base_model})

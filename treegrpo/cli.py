@@ -276,14 +276,13 @@ def cmd_export(ns) -> int:
 
 def read_checked_lora(path: str, flag: str = "--lora") -> tuple[dict, dict]:
     """The tensors and metadata of a LoRA file, refused (ConfigError) when it holds NaN or infinite values."""
-    import torch
-    from .lora import read_lora_file
+    from .lora import LoraFileError, check_finite, read_lora_file
 
     t, meta = read_lora_file(path)
-    bad = [k for k, v in t.items() if not torch.isfinite(v).all()]
-    if bad:
-        raise ConfigError(f"{flag} {path!r} holds NaN or infinite values ({bad[:3]}{' ...' if len(bad) > 3 else ''}): "
-                          "the training diverged; use an earlier checkpoint's LoRA")
+    try:
+        check_finite(t, path)
+    except LoraFileError as e:
+        raise ConfigError(f"{flag} {e}") from None
     return t, meta
 
 

@@ -349,6 +349,14 @@ def read_lora_file(path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     return tensors, meta
 
 
+def check_finite(tensors: dict[str, torch.Tensor], path: str) -> None:
+    """Refuse (LoraFileError) a LoRA file holding NaN or infinite values: the training that wrote it diverged."""
+    bad = [k for k, v in tensors.items() if not torch.isfinite(v).all()]
+    if bad:
+        raise LoraFileError(f"{path!r} holds NaN or infinite values ({bad[:3]}{' ...' if len(bad) > 3 else ''}): "
+                            "the training that wrote it diverged; use an earlier checkpoint's LoRA")
+
+
 class LoraDict(dict):
     """A ComfyUI-key LoRA state dict (ComfyUI's LORA_MODEL type) that carries its file metadata."""
 

@@ -114,10 +114,16 @@ def prepare(cfg: TrainConfig, resume: bool = False, allow_changes: bool = False,
                           f"checkpoint, and {cfg.model!r} is a diffusers folder with its own")
     out = cfg.output_dir
     check_output_dir(out)
-    ckpt.check_output_dir(out, cfg.run_name, None)      # a folder of another run; its base model once loaded
+    ckpt.check_run_folder(out, cfg.run_name, None)      # a folder of another run; its base model once loaded
     ckpt.check_not_in_use(out)
     if cfg.lora.init_from and not os.path.isfile(cfg.lora.init_from):
         raise ConfigError(f"LoraConfig.init_from: no LoRA file at {cfg.lora.init_from!r}")
+    if cfg.lora.init_from:      # a diverged run's LoRA trains NaN from the first step
+        from .lora import LoraFileError, check_finite, read_lora_file
+        try:
+            check_finite(read_lora_file(cfg.lora.init_from)[0], cfg.lora.init_from)
+        except LoraFileError as e:
+            raise ConfigError(f"LoraConfig.init_from: {e}") from None
     if resume:
         ckpt.check_resume(out, cfg, allow_changes=allow_changes)
     elif not overwrite:

@@ -215,7 +215,7 @@ class RunFiles:
         # since the checks before the model loaded (a run of the same name ending meanwhile) is refused
         if not self.replace_earlier:
             ckpt.check_fresh_start(self.out, self.cfg.run_name)
-        ckpt.check_output_dir(self.out, self.cfg.run_name, self.base_model_name, fresh=True)
+        ckpt.check_run_folder(self.out, self.cfg.run_name, self.base_model_name, fresh=True)
         moved = ckpt.archive_run(self.out, self.cfg.run_name)
         if moved:
             self.log(f"an earlier run {self.cfg.run_name!r} was moved to {moved}")

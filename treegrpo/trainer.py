@@ -33,7 +33,8 @@ from .config import DEFAULT_EVAL_PROMPTS, AdvantageConfig, TrainConfig, schedule
 from .distributed import pool_over_ranks
 from .evaluation import Evaluation, next_multiple
 from .hacking import best_index
-from .lora import PeftLoRA, check_base_model, from_state_dict, match_modules, read_lora_file, with_alpha
+from .lora import (PeftLoRA, check_base_model, check_finite, from_state_dict, match_modules, read_lora_file,
+                   with_alpha)
 from .planning import MemoryPlanning
 from .policy import Policy
 from .run_files import RunFiles
@@ -111,6 +112,7 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
         self.params = list(self.lora.parameters())
         if cfg.lora.init_from:
             t, meta = read_lora_file(cfg.lora.init_from)
+            check_finite(t, cfg.lora.init_from)
             check_base_model(meta, self.base_model_name, cfg.lora.init_from)
             # whatever key style the file has (ComfyUI's, diffusers', PEFT's): the names of this run's LoRA modules;
             # the file's update at this run's alpha (the one its files are described with)

@@ -228,15 +228,29 @@ FILE_CASES = [
     ("init_from_missing", lambda t: {"lora.init_from": str(t / "none.safetensors")}, "LoraConfig.init_from"),
     ("init_from_not_lora", lambda t: {"lora.init_from": write(t, "junk.safetensors", b"not a safetensors file")},
      "junk.safetensors"),
+    ("init_from_nan", lambda t: {"lora.init_from": _nan_lora(t)}, "LoraConfig.init_from: "),
 ]
+
+
+def _nan_lora(t) -> str:
+    """A diverged run's LoRA (ComfyUI keys, one NaN)."""
+    import torch
+    from treegrpo.lora import save_lora_file
+    up = torch.zeros(8, 4)
+    up[0, 0] = float("nan")
+    return save_lora_file(str(t / "nan.safetensors"), {"diffusion_model.blocks.0.attn.to_q.lora_up.weight": up,
+                                                        "diffusion_model.blocks.0.attn.to_q.lora_down.weight":
+                                                            torch.zeros(4, 8)})
 
 
 @pytest.mark.parametrize("case,over,fragment", FILE_CASES, ids=[c[0] for c in FILE_CASES])
 def test_bad_files_and_folders_are_named(tmp_path, capsys, monkeypatch, case, over, fragment):
-    if case != "init_from_not_lora":   # a LoRA file is read with the model (its keys are checked against it)
-        _no_model(monkeypatch)
+    _no_model(monkeypatch)      # all said before the model loads (a LoRA's keys are checked against it after)
     cfg = write(tmp_path, "c.json", base(tmp_path, **over(tmp_path)))
-    assert fragment in _run(["train", "--config", cfg], capsys)
+    err = _run(["train", "--config", cfg], capsys)
+    assert fragment in err
+    if case == "init_from_nan":
+        assert "NaN or infinite values" in err and "diverged" in err
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
@@ -924,8 +938,8 @@ def test_a_run_on_another_base_model_starts_afresh_but_never_resumes(tmp_path):
     with pytest.raises(ValueError, match=r"trained on 'SDXL/UNet/2567', not on 'Flux/Flux/11901'.*--overwrite"):
         Run(out, "Flux/Flux/11901").begin(resume=True)
     with pytest.raises(ValueError, match=r"not on 'Flux/Flux/11901'.*Set existing_run to 'new'"):
-        ckpt.check_output_dir(str(out), "r", "Flux/Flux/11901", hint="Set existing_run to 'new'")
-    ckpt.check_output_dir(str(out), "r", None)                  # the model not known yet: only the run is compared
+        ckpt.check_run_folder(str(out), "r", "Flux/Flux/11901", hint="Set existing_run to 'new'")
+    ckpt.check_run_folder(str(out), "r", None)                  # the model not known yet: only the run is compared
     assert (out / "r.safetensors").read_text() == "sdxl run"    # nothing moved by a refusal
     run = Run(out, "Flux/Flux/11901")
     run.begin(resume=False)                                     # overwrite / a fresh start: the earlier run aside
@@ -934,7 +948,7 @@ def test_a_run_on_another_base_model_starts_afresh_but_never_resumes(tmp_path):
     assert json.loads((moved / "run.json").read_text()) == {"run_name": "r", "base_model": "SDXL/UNet/2567"}
     assert json.loads((out / "run.json").read_text()) == {"run_name": "r", "base_model": "Flux/Flux/11901"}
     with pytest.raises(ValueError, match=r"holds run 'r' on 'Flux/Flux/11901'; this is run 's'"):
-        ckpt.check_output_dir(str(out), "s", None, fresh=True)
+        ckpt.check_run_folder(str(out), "s", None, fresh=True)
 
 
 def test_resume_and_overwrite_together_are_refused(tmp_path, capsys, monkeypatch):

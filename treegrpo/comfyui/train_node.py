@@ -235,7 +235,7 @@ def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict
             "previous-<time>/)")
     if resume:
         ckpt.check_resume(out, dataclasses.replace(cfg, output_dir=out), required=False, override_hint=hint)
-    ckpt.check_output_dir(out, cfg.run_name, runtime.model_name(model),
+    ckpt.check_run_folder(out, cfg.run_name, runtime.model_name(model),
                           fresh=not (resume and ckpt.checkpoint_paths(out, cfg.run_name)),
                           hint=hint[0].upper() + hint[1:])
     ckpt.check_not_in_use(out)      # another ComfyUI training into this folder
