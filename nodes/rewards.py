@@ -1,17 +1,15 @@
 """Reward Model Loader and Reward Scorer nodes."""
 from __future__ import annotations
 
-import json
 import logging
-import os
 
 import folder_paths
 from comfy_api.latest import io
 
 from treegrpo.comfyui.reward_files import FOLDER, NO_FILE, register_model_folder
 from treegrpo.comfyui.runtime import ManagedReward
-from treegrpo.rewards.base import (available, check_options, load_reward, missing_package, reward_files_help,
-                                   reward_options)
+from treegrpo.rewards.base import (available, load_reward, missing_package, options_help, parse_options,
+                                   reward_files_help)
 from treegrpo.rewards.scoring import score_images
 from treegrpo.rewards.vlm_judge import DEFAULT_QUESTION as VLM_DEFAULT_QUESTION
 from treegrpo.video import group_frames
@@ -90,28 +88,6 @@ class RewardModelLoader(PackNode):
             from treegrpo.comfyui.artist.taste import taste_reward
             return io.NodeOutput({"name": reward, "model": ManagedReward(taste_reward(path, clip_vision, **opts))})
         return io.NodeOutput({"name": reward, "model": ManagedReward(load_reward(reward, path=path, **opts))})
-
-
-def parse_options(reward: str, text: str | None) -> dict:
-    """The loader's ``options`` JSON, checked against what reward ``reward`` accepts (names and types)."""
-    text = (text or "").strip() or "{}"
-    try:
-        opts = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"options: not JSON ({e.msg} at line {e.lineno} column {e.colno}); write an object such "
-                         'as {"dtype": "bfloat16"}') from None
-    if not isinstance(opts, dict):
-        raise ValueError(f"options: must be a JSON object such as {{\"dtype\": \"bfloat16\"}}, got {text!r}")
-    check_options(reward, opts, where="options")
-    return opts
-
-
-def options_help() -> str:
-    """Every reward's options with their defaults (the tooltip)."""
-    def show(p):
-        return p.name if p.default is p.empty else f"{p.name}={json.dumps(p.default)}"
-    return "Options: " + "; ".join(f"{n}: {', '.join(show(p) for p in reward_options(n).values()) or 'none'}"
-                                   for n in available())
 
 
 class RewardScorer(PackNode):

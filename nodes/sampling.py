@@ -7,10 +7,11 @@ from comfy_api.latest import io
 from treegrpo.comfyui.demo import load_demo_comfy
 from treegrpo.comfyui.families import check_trainable
 from treegrpo.comfyui.steps import sample_tree
-from treegrpo.config import ConfigError, TreeConfig
+from treegrpo.comfyui.train_node import tree_config
+from treegrpo.config import ConfigError
 
 from .sockets import CATEGORY, PackNode, Run, Tree
-from .widgets import config_default, widget
+from .widgets import widget
 
 
 def tree_inputs():
@@ -43,16 +44,6 @@ def tail_inputs():
                "most of a tree's model calls, so fewer steps of dpmpp_2m make an iteration much cheaper",
                min=0, max=200, optional=True),
     ]
-
-
-def tree_config(steps, window_start, window_width, branch, noise_level, window_schedule="fixed", antithetic=True,
-                tail_solver=None, tail_steps=None, **kw) -> TreeConfig:
-    return TreeConfig(steps=steps, window_start=window_start, window_width=window_width, branch=branch,
-                      noise_level=noise_level, eta=min(1.0, noise_level), window_schedule=window_schedule,
-                      antithetic=bool(antithetic), tail_solver=tail_solver or config_default("tail_solver"),
-                      tail_steps=config_default("tail_steps") if tail_steps is None else tail_steps,
-                      window_max_start=-1 if window_schedule == "fixed" else
-                      min(steps - window_width, max(window_start, steps // 2 - 1)), **kw)
 
 
 def validate_tree(steps=None, window_start=None, window_width=None, branch=None) -> bool | str:

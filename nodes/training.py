@@ -10,14 +10,14 @@ from comfy_api.latest import io, ui
 from treegrpo.comfyui.families import check_trainable, parse_targets, targets_tooltip
 from treegrpo.comfyui.runtime import checkpointing_choice, patched_model
 from treegrpo.comfyui.steps import RunState, train_step
-from treegrpo.comfyui.train_node import prompt_lines, reward_inputs, run_train_node, train_node_config
+from treegrpo.comfyui.train_node import prompt_lines, reward_inputs, run_train_node, train_node_config, tree_config
 from treegrpo.comfyui.watch import EXISTING_RUN
 from treegrpo.config import ConfigError, LoraConfig, OptimConfig, TreeConfig, check_run_name
 from treegrpo.lora import LoraDict
 from treegrpo.presets import CHOICES as PRESET_CHOICES
 from treegrpo.presets import apply_preset, presets_help
 
-from .sampling import tail_inputs, tree_config, tree_inputs, validate_tree
+from .sampling import tail_inputs, tree_inputs, validate_tree
 from .sockets import CATEGORY, PackNode, RewardModel, Run, Tree
 from .widgets import schedule_value, widget
 
@@ -312,9 +312,7 @@ class Train(PackNode):
             width=width, height=height, scheduler=scheduler, guidance=guidance, artist=artist,
             taste_features=taste_features, existing_run=existing_run, save_every=save_every)
         lora = LoraDict(trainer.lora_tensors("comfy"), metadata=trainer.metadata())
-        out_model = model.clone()
-        trainer.lora.patch(out_model)
-        return io.NodeOutput(out_model, lora, curve, grid,
+        return io.NodeOutput(patched_model(model, trainer.lora), lora, curve, grid,
                              ui=ui.PreviewImage(grid.cpu(), cls=cls))
 
 

@@ -16,8 +16,7 @@ from . import interrupts
 from .demo.config import demo_config_dict, demo_run_config_dict  # noqa: F401  (benchmarks and tests read them here)
 from .config import ConfigError, TrainConfig, config_sections, read_config_file, shorten
 # building a run lives in treegrpo.run; the CLI's names for it stay (benchmarks and scripts call cli.run_training)
-from .run import (build_rewards, check_output_dir, check_reward_names, check_size, prepare,  # noqa: F401
-                  run_training)
+from .run import build_rewards, check_reward_names, run_training  # noqa: F401
 
 _SUBS = tuple(config_sections())      # every section of the config is a group of flags
 
@@ -81,7 +80,7 @@ def add_config_flags(p: argparse.ArgumentParser) -> None:
                            help=f"{f.metadata.get('help', '')} (default: {_show_default(f)})")
         if sub == "pipeline":   # the flag of a field that moved (config.moved_fields): scripts that pass it still run
             g.add_argument("--pipeline.gradient_checkpointing", dest=f"cfg:{MOVED_FLAG}", default=None, metavar="V",
-                           help="true = --memory.checkpointing on (the earlier name of that switch)")
+                           help=argparse.SUPPRESS)   # true = --memory.checkpointing on (that switch's earlier name)
 
 
 def _show_default(f) -> str:
@@ -306,7 +305,7 @@ def cmd_sample(ns) -> int:
     from .report import image_grid, to_pil
     from .tree import sample_ode
 
-    d = read_config_file(ns.config) if ns.config else demo_config_dict()
+    d = read_config_file(ns.config) if ns.config else demo_run_config_dict()
     cfg = TrainConfig.from_dict(apply_flags(d, ns))
     # everything that needs no model first: the output path, the sample count, the LoRA file and its values
     check_output_file(ns.output, "--output", ".png")

@@ -292,7 +292,8 @@ class AdvantageConfig:
     reward_stats: Literal["tree", "prompt"] = _f("tree", "tree | prompt: group over which each reward is standardised")
     eps: float = _f(1e-6, "added to standard deviations")
     adv_clip: float = _f(5.0, "clip edge advantages to [-adv_clip, adv_clip] (0 = off)")
-    flat_floor: float = _f(1e-3, "trees whose aggregated-reward spread (std) is below this are not trained")
+    flat_floor: float = _f(1e-3, "trees whose weighted raw reward's spread (std over the tree's leaves) is below this "
+                                "are not trained")
     std_scope: Literal["tree", "batch"] = _f("tree", "tree | batch: divide centred rewards by the std within each tree (GRPO) or "
                         "over the whole batch (near-flat trees then get small advantages)")
     edge_baseline: Literal["siblings", "none"] = _f("siblings", "siblings | none: subtract from each edge's advantage the mean over its "
@@ -485,7 +486,7 @@ class SignalsConfig:
     hf_ceiling: float = _f(1.5, "warn when the samples' high-frequency energy exceeds this multiple of the base "
                                 "model's (0 = off)")
     kl_estimate: bool = _f(True, "estimate the KL to the base model (LoRA off) over the SDE window at every "
-                                 "evaluation (2 extra denoiser calls per window step)")
+                                 "evaluation (one extra denoiser call per window step, two with CFG)")
     keep_best: bool = _f(True, "also keep <run_name>_best.safetensors: the LoRA of the evaluation with the best "
                                "held-out judge score (the best evaluation reward when there is no judge)")
 
@@ -727,11 +728,6 @@ class TrainConfig:
                 dropped += sorted(f"{sub}.{k}" for k in set(out[sub]) - kn)
                 out[sub] = {k: v for k, v in out[sub].items() if k in kn}
         return cls(**out), dropped
-
-    @classmethod
-    def from_file(cls, path: str) -> "TrainConfig":
-        """Read a JSON (or, when PyYAML is installed, YAML) config file."""
-        return cls.from_dict(read_config_file(path))
 
     def training_settings(self) -> dict:
         """The settings that define what a run learns (a resumed run must keep them): everything but the budget

@@ -1,6 +1,7 @@
-"""Building a run, shared by the CLI, the Train node, the step nodes, the benchmarks and the tests: :func:`prepare`
-(every check that needs no model, each once, before minutes of loading), :func:`build_rewards`,
-:func:`build_trainer`, and :func:`run_training` (the CLI's whole run: prepare, load, train, save)."""
+"""Building a run: :func:`build_rewards` and :func:`build_trainer` (the CLI, the Train node, the step nodes, the
+benchmarks and the tests), :func:`prepare` (the command line's checks, every one that needs no model, each once,
+before minutes of loading; the Train node makes its own in :mod:`treegrpo.comfyui.train_node`), and
+:func:`run_training` (the CLI's whole run: prepare, load, train, save)."""
 from __future__ import annotations
 
 import os

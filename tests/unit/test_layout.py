@@ -44,7 +44,7 @@ def imports_of(path: Path) -> set[str]:
 
 
 def layer(mod: str) -> str:
-    if mod in ("treegrpo.cli", "treegrpo.demo.compare"):      # the commands
+    if mod in ("treegrpo.cli", "treegrpo.__main__", "treegrpo.demo.compare"):      # the commands
         return "cli"
     if mod == "treegrpo.run":                                   # building a run: picks the backend a config names
         return "run"

@@ -351,4 +351,9 @@ def markdown_summary(registry=None) -> str:
 
 if __name__ == "__main__":   # inside ComfyUI's python: the README's summary (--table: docs/families.md's table)
     import sys
+
+    import torch
+    if not torch.cuda.is_available():      # the table needs no GPU: ComfyUI's --cpu, before its model management loads
+        from comfy.cli_args import args
+        args.cpu = True
     print(markdown_table() if "--table" in sys.argv else markdown_summary())

@@ -46,6 +46,22 @@ def reward_inputs(reward_model: dict, reward_model_2: Optional[dict], weight_2: 
     return rewards, specs, judges
 
 
+def tree_config(steps: int, window_start: int, window_width: int, branch: int, noise_level: float,
+                window_schedule: str = "fixed", antithetic=True, tail_solver: Optional[str] = None,
+                tail_steps: Optional[int] = None, **kw) -> TreeConfig:
+    """The tree widgets of the Tree Sampler and the Train node as a :class:`TreeConfig` (``kw``: its other fields).
+    Two rules differ from the command line's defaults: an SD1.x/SDXL model's DDIM η is ``noise_level`` (at most 1;
+    ``tree.eta`` is 1 there), and a sliding or random window stays in the first half of the steps (it starts no later
+    than ``max(window_start, steps // 2 − 1)``); no tail widget: the config's tail."""
+    fields = TreeConfig.__dataclass_fields__
+    return TreeConfig(steps=steps, window_start=window_start, window_width=window_width, branch=branch,
+                      noise_level=noise_level, eta=min(1.0, noise_level), window_schedule=window_schedule,
+                      antithetic=bool(antithetic), tail_solver=tail_solver or fields["tail_solver"].default,
+                      tail_steps=fields["tail_steps"].default if tail_steps is None else tail_steps,
+                      window_max_start=-1 if window_schedule == "fixed" else
+                      min(steps - window_width, max(window_start, steps // 2 - 1)), **kw)
+
+
 def train_node_config(*, prompts: list[str], negative: str, reward_specs: list[dict], judges: list[str], cfg: float,
                       tree: TreeConfig, iterations: int, prompts_per_iteration: int, lora_rank: int,
                       lora_alpha: float, targets: list[str], learning_rate: float, lr_factor_schedule: list,

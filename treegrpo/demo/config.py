@@ -4,7 +4,9 @@ from __future__ import annotations
 
 
 def demo_config_dict() -> dict:
-    """The embedded demo run (docs/design.md §5): shapes flow model, prompt-adherence reward."""
+    """The embedded demo task (docs/design.md §5): shapes flow model, prompt-adherence reward; the base the tests and
+    benchmarks build on. What ``treegrpo demo`` and the other commands run without a config is
+    :func:`demo_run_config_dict`."""
     from .shapes import all_prompts
 
     return {

@@ -6,6 +6,7 @@ A reward model maps decoded images and their prompts to one float per image:
 from __future__ import annotations
 
 import inspect
+import json
 from typing import Callable, Protocol
 
 import torch
@@ -132,6 +133,29 @@ def check_options(name: str, options: dict, where: str = "options") -> None:
             resolve_dtype(options["dtype"], torch.device("cpu"))
         except ValueError as e:
             raise ValueError(f"{where}: option 'dtype' of reward {name!r}: {e}") from None
+
+
+def parse_options(reward: str, text: str | None) -> dict:
+    """The Reward Model Loader's ``options`` JSON text as a dict, checked against what reward ``reward`` accepts
+    (names and types): ValueError saying what is wrong."""
+    text = (text or "").strip() or "{}"
+    try:
+        opts = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"options: not JSON ({e.msg} at line {e.lineno} column {e.colno}); write an object such "
+                         'as {"dtype": "bfloat16"}') from None
+    if not isinstance(opts, dict):
+        raise ValueError(f"options: must be a JSON object such as {{\"dtype\": \"bfloat16\"}}, got {text!r}")
+    check_options(reward, opts, where="options")
+    return opts
+
+
+def options_help() -> str:
+    """Every reward's options with their defaults (the Reward Model Loader's tooltip)."""
+    def show(p):
+        return p.name if p.default is p.empty else f"{p.name}={json.dumps(p.default)}"
+    return "Options: " + "; ".join(f"{n}: {', '.join(show(p) for p in reward_options(n).values()) or 'none'}"
+                                   for n in available())
 
 
 def check_reward_prompts(name: str, prompts: list[str]) -> None:

@@ -1,0 +1,57 @@
+"""LoRA files where ComfyUI's LoraLoader lists them (``models/loras``): the Save LoRA node's file name from its
+``filename_prefix`` (checked when the prompt is queued, on the rules of every system a workflow may run on) and a
+counter, written atomically. Imported only inside ComfyUI (``folder_paths`` lazily)."""
+from __future__ import annotations
+
+import os
+
+from ..config import windows_reserved
+from ..lora import save_lora_file
+
+
+def prefix_error(prefix: str):
+    """Why ``prefix`` cannot name a file inside models/loras, on any system the workflow may run on, or None (checked
+    when the prompt is queued: the LoRA is saved after the training)."""
+    p = prefix.strip().replace("\\", "/").lstrip("/")
+    parts = p.split("/")
+    if not p or ".." in parts or ":" in p:      # ':' a drive (C:/...) or a stream on Windows: outside models/loras
+        return f"filename_prefix {prefix!r} must be a relative name inside models/loras, e.g. treegrpo/my_lora"
+    if not parts[-1] or parts[-1].startswith("."):
+        return (f"filename_prefix {prefix!r} ends in a folder or a hidden name: end it with the file's name, e.g. "
+                f"{'/'.join(parts[:-1] + ['my_lora'])}")
+    bad = next((c for c in parts if windows_reserved(c) or any(ch in c for ch in '<>"|?*')), None)
+    if bad is not None:
+        return f"filename_prefix {prefix!r}: {bad!r} cannot be a file or folder name on Windows; choose another"
+    long = next((c for c in parts if len(c.encode("utf-8")) > 200), None)
+    if long is not None:
+        return (f"filename_prefix {prefix!r}: the name {long[:30]!r}... is {len(long.encode('utf-8'))} bytes; file "
+                "systems allow 255 with the counter and extension: use at most 200")
+    return None
+
+
+def save_to_loras(lora: dict, prefix: str) -> str:
+    """Write ``lora`` (ComfyUI keys; its ``metadata`` when it has one) as
+    ``<models/loras>/<prefix>_<counter>.safetensors`` (the first free 5-digit counter), atomically; returns the path.
+    ValueError for a prefix :func:`prefix_error` refuses or a file where its folder should be."""
+    import folder_paths
+
+    if not lora:
+        raise ValueError("empty LoRA: nothing to save")
+    root = folder_paths.get_folder_paths("loras")[0]
+    if prefix_error(prefix):
+        raise ValueError(prefix_error(prefix))
+    prefix = prefix.strip().replace("\\", "/").lstrip("/")
+    folder = os.path.join(root, os.path.dirname(prefix))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ValueError(f"filename_prefix {prefix!r}: a file stands where its folder {folder!r} should be; rename "
+                         "that file or choose another prefix (the trained LoRA is also kept in the run's "
+                         "folder)") from None
+    base = os.path.basename(prefix)
+    n = 1
+    while os.path.exists(os.path.join(folder, f"{base}_{n:05d}.safetensors")):
+        n += 1
+    path = os.path.join(folder, f"{base}_{n:05d}.safetensors")
+    save_lora_file(path, dict(lora), getattr(lora, "metadata", {}))
+    return path
