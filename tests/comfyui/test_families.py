@@ -51,6 +51,18 @@ def test_readme_and_docs_family_tables_are_the_generated_ones(comfyui_pack):
         "docs/families.md is stale: paste `python -m treegrpo.comfyui.families --table`"
 
 
+def test_the_table_command_runs_in_comfyuis_python_without_a_gpu(comfyui_dir):
+    """``python -m treegrpo.comfyui.families`` (the README's way to regenerate the family list) on a machine
+    without a GPU: ComfyUI's --cpu is set for it (it stopped with "Found no NVIDIA driver")."""
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(comfyui_dir), str(README.parent)]))
+    r = subprocess.run([sys.executable, "-m", "treegrpo.comfyui.families"], cwd=str(comfyui_dir), env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "**Trains, text-to-image" in r.stdout
+
+
 def _fake_model(class_name):
     """Something with ``model.model_config`` of a registry class (refusal happens before any model use)."""
     import comfy.supported_models as sm

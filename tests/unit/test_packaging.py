@@ -43,6 +43,11 @@ def test_cli_help_lists_commands_and_generated_flags():
     r = subprocess.run([sys.executable, "-m", "treegrpo.cli", "--help"], capture_output=True, text=True)
     for cmd in ("demo", "train", "sample", "export", "rewards", "config"):
         assert cmd in r.stdout
+    # python -m treegrpo is the same command (a Python whose scripts are not on the PATH); a deprecated flag
+    # still works but is not offered
+    r = subprocess.run([sys.executable, "-m", "treegrpo", "train", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.startswith("usage: treegrpo train") and "--tree.branch" in r.stdout
+    assert "--pipeline.gradient_checkpointing" not in r.stdout
 
 
 def requirement_lines(path: Path) -> list[str]:
