@@ -1,4 +1,5 @@
-"""Rewards → leaf advantages → backed-up edge advantages (docs/design.md §1). Pure functions.
+"""Rewards → leaf advantages → backed-up edge advantages (docs/design.md §1). Pure functions, but for
+:func:`backup_advantages`, which writes its results into the tree batch it is given.
 
 Groups are given as integer ids per element (``group[i]`` ∈ [0, n_groups)); statistics are
 population statistics (``std`` with correction 0) within each group.
@@ -27,7 +28,8 @@ def segment_std(x: torch.Tensor, group: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def zscore(x: torch.Tensor, group: torch.Tensor, n: int, eps: float) -> torch.Tensor:
-    """``(x − mean_g)/(std_g + eps)`` within each group; a constant group gives zeros."""
+    """``(x − mean_g)/(std_g + eps)`` within each group: ``x`` (E,), ``group`` (E,) ids in [0, n) → (E,); a
+    constant group gives zeros."""
     return (x - segment_mean(x, group, n)[group]) / (segment_std(x, group, n)[group] + eps)
 
 
@@ -54,7 +56,8 @@ def check_rewards(raw: dict[str, torch.Tensor], n: int, where: str = "") -> None
 
 def aggregate_rewards(raw: dict[str, torch.Tensor], weights: dict[str, float], group: torch.Tensor,
                       n_groups: int, eps: float) -> torch.Tensor:
-    """``r_i = Σ_j λ_j·(R_j,i − mean_j)/(std_j + eps)``, statistics within ``group`` (tree or prompt)."""
+    """``r_i = Σ_j λ_j·(R_j,i − mean_j)/(std_j + eps)``, statistics within ``group`` (tree or prompt): ``raw``
+    reward name → (n,) per leaf, ``group`` (n,) ids in [0, n_groups) → (n,) float32."""
     n = group.numel()
     check_rewards(raw, n)
     r = torch.zeros(n, dtype=torch.float32, device=group.device)
@@ -64,7 +67,8 @@ def aggregate_rewards(raw: dict[str, torch.Tensor], weights: dict[str, float], g
 
 
 def weighted_raw(raw: dict[str, torch.Tensor], weights: dict[str, float]) -> torch.Tensor:
-    """``Σ_j λ_j·R_j`` per leaf, unstandardised (what the user reads as "the reward")."""
+    """``Σ_j λ_j·R_j`` per leaf, unstandardised (what the user reads as "the reward"): (n,) float32 from ``raw``
+    reward name → (n,)."""
     return sum(float(weights[k]) * v.float() for k, v in raw.items())
 
 

@@ -25,7 +25,7 @@ def _bcast(s: torch.Tensor | float, x: torch.Tensor) -> torch.Tensor:
 
 
 def ode_step(x: torch.Tensor, x0: torch.Tensor, sigma, sigma_next) -> torch.Tensor:
-    """Euler step of the probability-flow ODE, ``x' = x + (σ' − σ)·(x − x̂0)/σ``.
+    """Euler step of the probability-flow ODE, ``x' = x + (σ' − σ)·(x − x̂0)/σ``; shaped like ``x``.
 
     For flow models this is Euler on the velocity ``v = (x − x̂0)/σ``; for epsilon models in
     sigma space it is exactly DDIM with η = 0 (``x' = x̂0 + σ'·ε̂``)."""
@@ -34,7 +34,8 @@ def ode_step(x: torch.Tensor, x0: torch.Tensor, sigma, sigma_next) -> torch.Tens
 
 
 def flow_sde_mean_std(x, x0, sigma, sigma_next, noise_level: float, sigma_1_next=None):
-    """Flow-GRPO SDE step (``dt = σ' − σ < 0``), returns (mean, std) in float32.
+    """Flow-GRPO SDE step (``dt = σ' − σ < 0``), returns (mean, std) in float32: ``mean`` shaped like ``x``, ``std``
+    (B, 1, ..., 1) for a (B,) ``sigma`` (all ones for a scalar one).
 
     ``s_t = a·sqrt(σ/(1−σ))`` (where σ = 1 the denominator uses ``sigma_1_next``, default σ'),
     ``mean = x·(1 + s_t²·dt/(2σ)) + v·(1 + s_t²·(1−σ)/(2σ))·dt``, ``std = s_t·sqrt(−dt)``."""
@@ -50,7 +51,8 @@ def flow_sde_mean_std(x, x0, sigma, sigma_next, noise_level: float, sigma_1_next
 
 
 def eps_sde_mean_std(x, x0, sigma, sigma_next, eta: float):
-    """DDIM(η) step of an epsilon model written in sigma space (ComfyUI's ``x = x0 + σ·n``).
+    """DDIM(η) step of an epsilon model written in sigma space (ComfyUI's ``x = x0 + σ·n``); (mean, std) in float32,
+    shaped as :func:`flow_sde_mean_std`'s.
 
     With ᾱ = 1/(1+σ²): ``σ_η = η·sqrt((1−ᾱ')/(1−ᾱ))·sqrt(1−ᾱ/ᾱ')``, and since x_σ = x_vp/sqrt(ᾱ),
     ``std = σ_η/sqrt(ᾱ')``, ``mean = x̂0 + sqrt(σ'² − std²)·ε̂`` with ``ε̂ = (x − x̂0)/σ``."""
@@ -96,6 +98,12 @@ class SDEKernel:
     reduction: str = "mean"
     sigma_1_next: Optional[float] = None
 
+    def __post_init__(self) -> None:
+        if self.prediction not in ("flow", "epsilon"):
+            raise ValueError(f"unsupported prediction type {self.prediction!r}: expected 'flow' or 'epsilon'")
+        if self.reduction not in ("mean", "sum"):
+            raise ValueError(f"logprob_reduction must be 'mean' or 'sum', got {self.reduction!r}")
+
     def mean_std(self, x, x0, sigma, sigma_next):
         """(mean, std) of the step from ``x`` at ``sigma`` to ``sigma_next`` given x̂0, float32."""
         return sde_mean_std(self.prediction, x, x0, sigma, sigma_next, noise_level=self.noise_level, eta=self.eta,
@@ -107,7 +115,8 @@ class SDEKernel:
 
 
 def gaussian_logprob(x_next: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, reduction: str = "mean"):
-    """log N(x_next; mean, std²), per sample (B,), float32, averaged or summed over dimensions."""
+    """log N(x_next; mean, std²) in nats, per sample (B,), float32, averaged (per dimension) or summed over
+    dimensions: ``x_next``, ``mean`` (B, ...), ``std`` broadcastable to them (B, 1, ..., 1)."""
     x_next, mean, std = x_next.float(), mean.float(), std.float()
     lp = -((x_next - mean) ** 2) / (2 * std**2) - torch.log(std) - LOG_SQRT_2PI
     lp = lp.flatten(1)

@@ -90,7 +90,8 @@ class TreeBatch:
 
 
 def level_sizes(branching: list[int], leaf_cap: int = 0) -> list[int]:
-    """Nodes per tree at each window level, keeping the first ``leaf_cap`` leaves and their ancestors."""
+    """Nodes per tree at each window level (w+1 counts, the root's 1 first), keeping the first ``leaf_cap``
+    leaves and their ancestors."""
     full = [math.prod(branching[:j]) for j in range(len(branching) + 1)]
     if not leaf_cap or leaf_cap >= full[-1]:
         return full
@@ -111,8 +112,8 @@ def expected_nfe(cfg: TreeConfig, window_start: Optional[int] = None, guidance: 
 
 
 def tail_sigmas(sigmas: torch.Tensor, start: int, tail_steps: int) -> torch.Tensor:
-    """Noise levels of the ODE tail from ``sigmas[start]`` to 0: the schedule's own, or ``tail_steps``
-    steps re-spaced uniformly in the schedule's index (keeps its shift)."""
+    """Noise levels of the ODE tail from ``sigmas[start]`` to 0: the schedule's own (``sigmas`` (T+1,) from
+    ``start`` on), or (tail_steps+1,) levels re-spaced uniformly in the schedule's index (keeps its shift)."""
     rest = sigmas[start:]
     if tail_steps <= 0 or tail_steps == rest.numel() - 1:
         return rest
@@ -123,6 +124,7 @@ def tail_sigmas(sigmas: torch.Tensor, start: int, tail_steps: int) -> torch.Tens
 
 
 def tail_nfe(cfg: TreeConfig, window_start: int) -> int:
+    """Denoiser calls of one leaf's ODE tail after a window at ``window_start`` (without CFG's factor 2)."""
     n_steps = cfg.tail_steps or (cfg.steps - window_start - (0 if cfg.method == "ode" else cfg.window_width))
     if cfg.tail_solver == "heun":
         return max(0, 2 * n_steps - 1)  # the last step (to σ = 0) is Euler
@@ -174,7 +176,8 @@ def _log_snr(sigma: torch.Tensor, prediction: str) -> torch.Tensor:
 
 def euler_solve(den: Denoiser, x: torch.Tensor, sigmas: torch.Tensor, tree_idx: torch.Tensor,
                 callback: Optional[Callable[[], None]] = None, prediction: str = "flow") -> torch.Tensor:
-    """Euler (DDIM η = 0 for epsilon models) along ``sigmas``: 1 NFE per step."""
+    """Euler (DDIM η = 0 for epsilon models) along ``sigmas`` (n+1,), decreasing: 1 NFE per step. ``x`` (B, ...)
+    at ``sigmas[0]``, ``tree_idx`` (B,) each row's tree (its conditioning); returns ``x`` at ``sigmas[-1]``."""
     for i in range(sigmas.numel() - 1):
         x = ode_step(x, den(x, sigmas[i], tree_idx), sigmas[i], sigmas[i + 1])
         if callback:
@@ -184,7 +187,8 @@ def euler_solve(den: Denoiser, x: torch.Tensor, sigmas: torch.Tensor, tree_idx: 
 
 def heun_solve(den: Denoiser, x: torch.Tensor, sigmas: torch.Tensor, tree_idx: torch.Tensor,
                callback: Optional[Callable[[], None]] = None, prediction: str = "flow") -> torch.Tensor:
-    """Heun's second-order method: 2 NFE per step, Euler for the last step to σ = 0."""
+    """Heun's second-order method: 2 NFE per step, Euler for the last step to σ = 0 (shapes as
+    :func:`euler_solve`)."""
     for i in range(sigmas.numel() - 1):
         s, sn = sigmas[i], sigmas[i + 1]
         x0 = den(x, s, tree_idx)
@@ -203,7 +207,8 @@ def heun_solve(den: Denoiser, x: torch.Tensor, sigmas: torch.Tensor, tree_idx: t
 def dpmpp_2m_solve(den: Denoiser, x: torch.Tensor, sigmas: torch.Tensor, tree_idx: torch.Tensor,
                    callback: Optional[Callable[[], None]] = None, prediction: str = "flow") -> torch.Tensor:
     """DPM-Solver++(2M) in data prediction: 1 NFE per step, first order at the first step and x̂0 at σ = 0.
-    Written in the exponential-integrator form, which holds for flow and sigma-space epsilon models alike."""
+    Written in the exponential-integrator form, which holds for flow and sigma-space epsilon models alike (shapes
+    as :func:`euler_solve`)."""
     old_x0, old_h = None, None
     for i in range(sigmas.numel() - 1):
         s, sn = sigmas[i], sigmas[i + 1]

@@ -168,3 +168,16 @@ def test_epsilon_sde_chain_matches_exact_discrete_variance():
     for j in (5, 12, steps - 1):
         assert tb.latents[j].var().item() == pytest.approx(expected[j].item(), rel=0.05)
         assert tb.latents[j].mean().item() == pytest.approx(0.5, abs=0.05 * expected[j].sqrt().item())
+
+
+def test_a_kernel_or_kl_of_an_unknown_kind_is_refused_not_computed_as_another():
+    """An unknown prediction type or reduction was taken for the flow / summed one by the KL (silently)."""
+    from treegrpo.loss import kl_to_reference
+    with pytest.raises(ValueError, match="prediction type 'v'"):
+        SDEKernel("v")
+    with pytest.raises(ValueError, match="'mean' or 'sum', got 'max'"):
+        SDEKernel("flow", reduction="max")
+    m = torch.zeros(2, 3, 4, 4)
+    with pytest.raises(ValueError, match="'mean' or 'sum', got 'max'"):
+        kl_to_reference(m, m + 1, torch.ones(2, 1, 1, 1), "max")
+    assert torch.allclose(kl_to_reference(m, m + 1, torch.ones(2, 1, 1, 1), "sum"), torch.full((2,), 24.0))
