@@ -49,6 +49,12 @@ def with_alpha(w: LoraWeights, alpha: float) -> LoraWeights:
     return LoraWeights(dict(w.down), up, {n: float(alpha) for n in w.down})
 
 
+def is_target(name: str, targets: list[str]) -> bool:
+    """Whether module path ``name`` is one of ``targets``: a target is a whole path or its last components
+    (``to_q`` names ``blocks.0.attn.to_q``), as PEFT's ``target_modules`` reads them."""
+    return any(name == t or name.endswith("." + t) for t in targets)
+
+
 def add_lora(model: nn.Module, cfg: LoraConfig, adapter_name: str = "default",
              rank_pattern: Optional[dict[str, int]] = None) -> list[nn.Parameter]:
     """Inject PEFT LoRA layers into ``model`` (in place), freeze the base; returns the LoRA parameters.
@@ -58,11 +64,11 @@ def add_lora(model: nn.Module, cfg: LoraConfig, adapter_name: str = "default",
     names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
 
     def matches(t: str) -> bool:
-        return any(n == t or n.endswith("." + t) for n in names)
+        return any(is_target(n, [t]) for n in names)
 
     # diffusers keeps the output projection in a ModuleList (``to_out.0``): ``to_out`` means that Linear
     targets = [t if matches(t) or not matches(t + ".0") else t + ".0" for t in cfg.targets]
-    hit = [n for n in names if any(n == t or n.endswith("." + t) for t in targets)]
+    hit = [n for n in names if is_target(n, targets)]
     if not hit:
         sample = ", ".join(names[:8]) + (" ..." if len(names) > 8 else "")
         raise ValueError(f"LoraConfig.targets {cfg.targets} match no nn.Linear in the model; Linear modules are: {sample}")

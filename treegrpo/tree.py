@@ -89,6 +89,13 @@ class TreeBatch:
         return [p for p in self.prompts for _ in range(per)]
 
 
+def window_kernel(policy: Policy, cfg: TreeConfig, sigmas: torch.Tensor) -> SDEKernel:
+    """The SDE transition of ``policy``'s window steps under ``cfg`` on the schedule ``sigmas`` (T+1,) (its σ_1 is the
+    flow step's out of σ = 1)."""
+    return SDEKernel(policy.prediction, cfg.noise_level, cfg.eta, cfg.logprob_reduction,
+                     float(sigmas[1]) if sigmas.numel() > 1 else None)
+
+
 def level_sizes(branching: list[int], leaf_cap: int = 0) -> list[int]:
     """Nodes per tree at each window level (w+1 counts, the root's 1 first), keeping the first ``leaf_cap``
     leaves and their ancestors."""
@@ -302,8 +309,7 @@ def sample_trees(policy: Policy, prompts: list[str], cfg: TreeConfig, *, cond: A
     branching = cfg.branching
     sizes = level_sizes(branching, cfg.leaf_cap)
     latents, parents, logps, stds = [x], [], [], []
-    kernel = SDEKernel(policy.prediction, cfg.noise_level, cfg.eta, cfg.logprob_reduction,
-                       float(sigmas[1]) if sigmas.numel() > 1 else None)
+    kernel = window_kernel(policy, cfg, sigmas)
     for j, b in enumerate(branching):
         sig, sig_n = sigmas[s + j], sigmas[s + j + 1]
         tree_idx = torch.arange(n_trees, device=dev).repeat_interleave(sizes[j])
@@ -358,8 +364,7 @@ def _sample_ode_groups(policy: Policy, cfg: TreeConfig, den, counter, sigmas, no
     group = torch.arange(n_trees, device=x.device).repeat_interleave(g)
     leaves = ODE_SOLVERS[cfg.tail_solver](den, x, tail_sigmas(sigmas, 0, cfg.tail_steps), group, callback,
                                           policy.prediction)
-    kernel = SDEKernel(policy.prediction, cfg.noise_level, cfg.eta, cfg.logprob_reduction,
-                       float(sigmas[1]) if sigmas.numel() > 1 else None)
+    kernel = window_kernel(policy, cfg, sigmas)
     return TreeBatch(sigmas=sigmas, window_start=0, branching=[], cond=cond, prompts=list(prompts),
                      prompt_ids=prompt_ids if prompt_ids is not None else torch.arange(n_trees),
                      latents=[leaves], parents=[], logp_old=[], std=[], leaves=leaves, kernel=kernel,
@@ -377,8 +382,7 @@ def sample_ode_window_kl(policy: Policy, prompts: list[str], noise: torch.Tensor
     called after every step (progress, interrupt)."""
     sig = schedule(policy, cfg.steps, sigmas)
     den = Denoiser(policy, policy.encode_prompts(prompts), guidance, NFECounter())
-    kernel = SDEKernel(policy.prediction, cfg.noise_level, cfg.eta, cfg.logprob_reduction,
-                       float(sig[1]) if sig.numel() > 1 else None)
+    kernel = window_kernel(policy, cfg, sig)
     idx = torch.arange(len(prompts))
     x = policy.noise_scaling(sig[0], noise.to(policy.device).float())
     kl = torch.zeros(len(prompts), device=x.device)

@@ -21,17 +21,13 @@ from torch import nn
 
 from ..config import LoraConfig, VideoConfig
 from ..video import frame_indices, latent_prefix, video_length
-from ..lora import LoraWeights
+from ..lora import LoraWeights, is_target
 from ..policy import Policy
 from ..saved_tensors import copy_on_write_saved
 from . import families
 
 #: Linear-module name suffixes that get LoRA when a model's family names none (families.py has each family's)
 DEFAULT_TARGETS = list(families.DEFAULT_TARGETS)
-
-
-def _matches(name: str, targets: list[str]) -> bool:
-    return any(name == t or name.endswith("." + t) for t in targets)
 
 
 def is_linear(module: nn.Module) -> bool:
@@ -51,7 +47,7 @@ class ComfyLoRA(nn.Module):
     def __init__(self, diffusion_model: nn.Module, cfg: LoraConfig, device=None, seed: int = 0):
         super().__init__()
         targets = list(cfg.targets)
-        self.names = [n for n, m in diffusion_model.named_modules() if is_linear(m) and _matches(n, targets)]
+        self.names = [n for n, m in diffusion_model.named_modules() if is_linear(m) and is_target(n, targets)]
         if not self.names:
             lin = [n for n, m in diffusion_model.named_modules() if is_linear(m)][:8]
             raise ValueError(f"LoRA targets {targets} match no Linear layer of this model; some Linear names: {lin}")
