@@ -89,6 +89,26 @@ def test_pack_registers_nodes_with_categories_and_tooltips(rt):
                     assert "min" in spec[1] and "max" in spec[1], (name, inp)
 
 
+def test_an_optional_input_a_saved_workflow_lacks_takes_the_config_default_not_a_copy_of_it(rt):
+    """A workflow saved before an optional input existed runs with execute's default for it: that default is the
+    config's (None, resolved from it, or the same value), so changing a config default cannot leave old
+    workflows on another value (the Train node repeated the artist's defaults)."""
+    import inspect
+    import sys
+    widgets = sys.modules[rt.node_classes()["TreeGRPOTrain"].__module__.rsplit(".", 1)[0] + ".widgets"]
+    checked = 0
+    for name, cls in rt.node_classes().items():
+        if not name.startswith("TreeGRPO") or name.startswith("TreeGRPOTest"):
+            continue
+        optional = cls.INPUT_TYPES().get("optional", {})
+        for p in inspect.signature(cls.execute).parameters.values():
+            if p.name in optional and p.name in widgets.CONFIG_WIDGETS and p.default is not inspect.Parameter.empty:
+                checked += 1
+                assert p.default is None or p.default == widgets.config_default(p.name), \
+                    (name, p.name, p.default, widgets.config_default(p.name))
+    assert checked >= 10
+
+
 def test_step_nodes_two_queued_iterations_on_demo_model(rt, caplog, monkeypatch):
     caplog.set_level(logging.INFO)
     from treegrpo import lora as lora_mod
