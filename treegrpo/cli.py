@@ -107,6 +107,9 @@ def apply_flags(d: dict, ns: argparse.Namespace) -> dict:
     for field_name, other in (("prompts", "prompts_file"), ("prompts_file", "prompts")):
         if f"cfg:{field_name}" in given and f"cfg:{other}" not in given:
             d.pop(other, None)        # a prompt flag replaces the config's prompts, whichever way it held them
+    if "cfg:tree.tail_steps" in given and "cfg:tree.tail_steps_schedule" not in given \
+            and isinstance(d.get("tree"), dict):
+        d["tree"].pop("tail_steps_schedule", None)    # the tail a flag sets, not the config's schedule (it would win)
     for key, val in vars(ns).items():
         if key not in given:
             continue

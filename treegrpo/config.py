@@ -195,7 +195,9 @@ class TreeConfig:
     eta: float = _f(1.0, "epsilon models: DDIM eta of the SDE steps")
     logprob_reduction: Literal["mean", "sum"] = _f("mean", "mean | sum of the per-dimension Gaussian log-density")
     tail_solver: Literal["euler", "heun", "dpmpp_2m"] = _f("euler", "ODE solver after the window: euler | heun (2 NFE/step) | dpmpp_2m (2nd order, 1 NFE/step)")
-    tail_steps: int = _f(0, "ODE steps after the window (0 = the remaining steps of the schedule)")
+    tail_steps: int = _f(0, "ODE steps after the window (0 = the remaining steps of the schedule); with "
+                            "tree.method ode the steps of each whole sample. A --tree.tail_steps flag replaces the "
+                            "config's tail_steps_schedule")
     tail_steps_schedule: list = _f([], "[[iteration, tail_steps], ...]: the tail's steps from each listed iteration "
                                        "on, first at iteration 0 (e.g. [[0, 1], [60, 2]]: a one-step tail while the "
                                        "policy is far from the reward, two once closer); [] = tail_steps throughout")

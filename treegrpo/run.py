@@ -80,6 +80,24 @@ def check_window_before_last_step(tree, moving_fix: Optional[str] = None) -> Non
                           f"(window_start + window_width <= {tree.steps - 1})")
 
 
+def check_tail(tree) -> None:
+    """Warn about a tail that is not what it looks like: a ``tail_steps`` the ``tail_steps_schedule`` overrides from
+    iteration 0, and an ODE-sampling method (NFT, AWM) whose whole samples take fewer than 4 solver steps (the demo's
+    one-step tail, tuned for the tree's leaves)."""
+    sched = tree.tail_steps_schedule
+    if sched and tree.tail_steps and tree.tail_steps != sched[0][1]:
+        warnings.warn(f"tree.tail_steps {tree.tail_steps} is not used: tree.tail_steps_schedule {sched} sets the tail "
+                      f"from iteration 0 ({sched[0][1]} steps); set tree.tail_steps_schedule [] to use tail_steps")
+    if tree.method == "ode":
+        from .tree import at_iteration
+        first = at_iteration(tree, 0)
+        n = first.tail_steps or tree.steps
+        if n < 4:
+            warnings.warn(f"tree.method ode samples each image in {n} solver step(s) from noise (tree.tail_steps "
+                          f"{first.tail_steps}{', from tree.tail_steps_schedule' if sched else ''}); NFT and AWM "
+                          "are measured here with 6 (--tree.tail_steps 6; 0 = the whole schedule)")
+
+
 def prepare(cfg: TrainConfig, resume: bool = False, allow_changes: bool = False, overwrite: bool = False) -> None:
     """Every check that needs no model, before one is loaded (minutes for SDXL or Flux): the prompts, the reward
     names and options, the output folder, the LoRA to start from; for ``resume`` a checkpoint whose training
@@ -94,6 +112,7 @@ def prepare(cfg: TrainConfig, resume: bool = False, allow_changes: bool = False,
         check_config_prompts(cfg, prompts)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    check_tail(cfg.tree)
     if cfg.eval_seeds < 2 and cfg.signals.diversity_floor > 0:
         warnings.warn("eval_seeds 1: one sample per evaluation prompt has no diversity to measure, so the warning "
                       "that samples collapse to one image (signals.diversity_floor) is off; use eval_seeds 2 or more "

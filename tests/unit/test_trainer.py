@@ -413,7 +413,7 @@ def test_a_lengthening_tail_trains_each_iteration_with_its_own_tail(tmp_path):
     """tree.tail_steps_schedule [[0, 1], [2, 2]] through the whole loop: iterations 0-1 sample one DPM++(2M) tail
     step, 2-3 two (NFE per prompt 1 prefix + 7 window rows + 8 leaves × tail), a run resumed at iteration 2 keeps
     the schedule, and the LoRA's metadata records it."""
-    tree = {"tail_steps_schedule": [[0, 1], [2, 2]]}
+    tree = {"tail_steps": 1, "tail_steps_schedule": [[0, 1], [2, 2]]}
     cfg = _cfg(tmp_path, iterations=2, prompts_per_iter=2, checkpoint_every=1, tree=tree)
     run_training(cfg, progress=False)
     more = _cfg(tmp_path, iterations=4, prompts_per_iter=2, checkpoint_every=1, tree=tree)
@@ -839,3 +839,28 @@ def test_export_to_peft_keeps_each_modules_update_when_the_alphas_differ(tmp_pat
         a = w.alpha[n] / w.down[n].shape[0] * w.up[n] @ w.down[n]
         b = got.alpha[n] / got.down[n].shape[0] * got.up[n] @ got.down[n]
         assert torch.allclose(a, b, atol=1e-6), n
+
+
+def test_a_tail_steps_flag_sets_the_tail_and_a_tail_the_schedule_hides_is_said(tmp_path, capsys):
+    """``treegrpo train --tree.tail_steps 3`` on the demo run (whose config lengthens a one-step tail by a schedule):
+    the flag's tail is sampled (the schedule won, silently: 1-step tails); a config whose tail_steps the schedule
+    overrides, and NFT / AWM samples of fewer than 4 solver steps, are warned about before the model loads."""
+    import warnings
+    from treegrpo.run import prepare
+    out = tmp_path / "flag"
+    assert cli.main(["train", "--tree.tail_steps", "3", "--iterations", "1", "--prompts-per-iter", "2",
+                     "--eval-every", "0", "--output-dir", str(out), "--quiet"]) == 0
+    log = json.load(open(out / "log.json"))
+    assert [h["nfe"] for h in log["train"]] == [2 * (1 + 7 + 8 * 3)]
+    hidden = _cfg(tmp_path / "a", tree={"tail_steps": 3, "tail_steps_schedule": [[0, 1], [60, 2]]})
+    with pytest.warns(UserWarning, match=r"tree.tail_steps 3 is not used: tree.tail_steps_schedule"):
+        prepare(hidden)
+    ode = _cfg(tmp_path / "b", tree={"method": "ode", "group_size": 4, "tail_steps": 1},
+               optim={"loss": "nft", "lr": 1e-2})
+    with pytest.warns(UserWarning, match=r"tree.method ode samples each image in 1 solver step"):
+        prepare(ode)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        prepare(_cfg(tmp_path / "c", tree={"method": "ode", "group_size": 4, "tail_steps": 6},
+                     optim={"loss": "nft", "lr": 1e-2}))
+        prepare(_cfg(tmp_path / "d", tree={"tail_steps": 1, "tail_steps_schedule": [[0, 1], [60, 2]]}))

@@ -17,7 +17,7 @@ import torch
 from .. import checkpoint as ckpt
 from ..config import AdvantageConfig, LoraConfig, MemoryConfig, OptimConfig, TrainConfig, TreeConfig, VideoConfig
 from ..rewards.base import check_config_prompts
-from ..run import build_trainer
+from ..run import build_trainer, check_tail
 from ..trainer import Trainer
 from . import runtime
 from .policy import ComfyPolicy
@@ -185,6 +185,7 @@ def run_train_node(model, clip, vae, tc: TrainConfig, rewards: dict, judges: dic
     of :func:`artist_hook`), the loop and its previews."""
     texts, held_out = prompts, eval_prompts
     check_config_prompts(tc, texts)          # e.g. the ocr reward: every prompt quotes the text to write
+    check_tail(tc.tree)                      # a tail_steps its schedule hides: said on the console
     r = vae.spacial_compression_decode()
     if width % r or height % r:
         raise ValueError(f"width {width} and height {height} must be multiples of the VAE's scale factor {r}")
