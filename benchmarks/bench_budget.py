@@ -417,7 +417,8 @@ def main(argv: list[str] | None = None) -> None:
            "levels": level_table(records, n_max, ns.smooth), "smooth": ns.smooth,
            "n_max": n_max,
            "protocol": "work budget: the baseline trains N iterations, every other method the time that took",
-           "records": records}
+           "records": records,
+           "provenance": h.provenance({"base": h.DEMO.base, BASELINE: h.DEMO.overrides(BASELINE), **methods})}
     print_tables(res)
     print_levels(res["levels"])
     print_cost_split(res["cost"])

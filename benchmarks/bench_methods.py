@@ -179,6 +179,8 @@ def main() -> None:
     ap.add_argument("--lr-sweep-method", default="traj_window", help="the method --lr-sweep tunes (traj_window: the "
                     "shared GRPO lr; the peers: nft, awm, tree_nft, tree_awm)")
     ap.add_argument("--lr", type=float, default=h.LR, help="the GRPO methods' shared learning rate")
+    ap.add_argument("--peer-lr", type=float, help="NFT's and AWM's learning rate (default: the demo's measured best, "
+                    "or with --base-config that config's optim.lr)")
     ap.add_argument("--steps", type=int, default=10, help="demo: denoising steps T; the window starts at the same "
                     "noise level with the same width (bench_steps.py runs T = 10, 20, 40)")
     ap.add_argument("--tail", default="fixed", choices=sorted(h.TAILS), help="demo, with --steps: the ODE tail after "
@@ -191,9 +193,11 @@ def main() -> None:
     if ns.base_config:
         if (ns.steps, ns.tail) != (10, "fixed"):
             raise SystemExit("--steps/--tail apply to the demo; with --base-config set tree.steps there")
-        proto = h.protocol(base_config=json.load(open(ns.base_config, encoding="utf-8")))
+        proto = h.protocol(base_config=json.load(open(ns.base_config, encoding="utf-8")), peer_lr=ns.peer_lr)
+        print(f"NFT / AWM at lr {proto.overrides('nft')['optim']['lr']:g} (--peer-lr to set; the demo's "
+              f"{h.PEER_LR:g} was tuned on its 330K-parameter model)")
     else:
-        proto = h.protocol(lr=ns.lr, steps=ns.steps, tail=ns.tail)
+        proto = h.protocol(lr=ns.lr, steps=ns.steps, tail=ns.tail, peer_lr=ns.peer_lr)
     os.makedirs(ns.out, exist_ok=True)
     n_par = ns.jobs or (1 if ns.base_config else min(2, os.cpu_count() or 1))
     t0 = time.time()
@@ -220,7 +224,8 @@ def main() -> None:
             "explore.json"
         atomic_write_json(os.path.join(ns.out, name), {"result": res, "records": recs, "budget_s": ns.budget,
                                                        "steps": ns.steps, "tail": ns.tail, "evals": ns.evals,
-                                                       "smooth": ns.smooth})
+                                                       "smooth": ns.smooth, "provenance": h.provenance(
+                                                           {"base": proto.base, **chosen})})
         return
     if ns.merge:
         parts = [json.load(open(p, encoding="utf-8")) for p in ns.merge]
@@ -241,7 +246,8 @@ def main() -> None:
               "vs_window_mirrored": report(records, baseline="traj_window_mirrored", smooth=sm), "records": records,
               "evals": ns.evals, "smooth": sm,
               "budget_s": ns.budget, "lr": ns.lr if not ns.base_config else None, "parallel_runs": n_par,
-              "steps": ns.steps if not ns.base_config else None, "tail": ns.tail}
+              "steps": ns.steps if not ns.base_config else None, "tail": ns.tail,
+              "provenance": h.provenance({"base": proto.base, **{n: proto.overrides(n) for n in proto.methods}})}
     for peer in ("awm", "nft"):   # the flow-matching peers' final rewards as targets too (best non-tree method)
         if any(r["method"] == peer for r in records):
             result[f"vs_{peer}"] = report(records, baseline=peer, smooth=sm)

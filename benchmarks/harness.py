@@ -195,21 +195,34 @@ class Protocol:
         return merge(demo_config_dict(), merge(self.base, overrides))
 
 
+PEERS = ("nft", "awm", "tree_nft", "tree_awm")   # the flow-matching objectives, at their own learning rate
+
+
 def protocol(*, lr: float = LR, steps: int = 10, tail: str = "fixed",
-             base_config: Optional[Mapping] = None) -> Protocol:
+             base_config: Optional[Mapping] = None, peer_lr: Optional[float] = None) -> Protocol:
     """The demo protocol at learning rate ``lr`` and ``steps`` denoising steps: the window at the same noise level
     (:func:`window_start_for`) with the same width (the same 8 leaves and trajectories per prompt), the tail as
     ``TAILS[tail]``, the all-step baseline's SDE on all T steps, the ODE peers' samples as many DPM++ steps as a tree
-    leaf's path. With ``base_config`` (a TrainConfig dict): every method starts from it, the trajectory baselines
-    sample as many trajectories per prompt as its tree has leaves and the all-step baseline's SDE covers its steps."""
+    leaf's path, at ``peer_lr`` (default: the lr measured best for them on the demo, ``PEER_LR``). With
+    ``base_config`` (a TrainConfig dict): every method starts from it, the trajectory baselines sample as many
+    trajectories per prompt as its tree has leaves, the all-step baseline's SDE covers its steps, and the peers'
+    samples are as long as its tree's leaves' paths, at ``peer_lr`` or else its own lr (the demo's PEER_LR was tuned
+    on a 330K-parameter model)."""
     methods = {name: METHODS[name] for name in METHODS}
     if base_config is not None:
-        from treegrpo.config import TreeConfig
+        from treegrpo.config import OptimConfig, TreeConfig
 
         t = TreeConfig(**base_config.get("tree", {}))
         for ov in methods.values():
             if ov.get("tree", {}).get("method") in ("trajectory", "ode"):
                 ov["tree"]["group_size"] = t.leaves
+        if peer_lr is None:
+            peer_lr = base_config.get("optim", {}).get("lr", OptimConfig.__dataclass_fields__["lr"].default)
+        path = t.window_start + t.window_width + (t.tail_steps or t.steps - t.window_start - t.window_width)
+        for name in PEERS:
+            methods[name]["optim"]["lr"] = peer_lr
+            if methods[name]["tree"].get("method") == "ode":
+                methods[name]["tree"]["tail_steps"] = path
         family = base_config.get("pipeline", {}).get("family", "auto")
         if family == "auto" and base_config.get("backend") == "diffusers" and base_config.get("model"):
             from treegrpo.backends.diffusers import detect_family
@@ -219,6 +232,9 @@ def protocol(*, lr: float = LR, steps: int = 10, tail: str = "fixed",
     if tail not in TAILS:
         raise SystemExit(f"--tail {tail!r}: one of {sorted(TAILS)}")
     base = merge(BASE, {"optim": {"lr": lr}})
+    if peer_lr is not None:
+        for name in PEERS:
+            methods[name]["optim"]["lr"] = peer_lr
     if (steps, tail) != (10, "fixed"):
         s, w = window_start_for(steps), base["tree"]["window_width"]
         if s + w > steps:
@@ -232,6 +248,35 @@ def protocol(*, lr: float = LR, steps: int = 10, tail: str = "fixed",
 
 
 DEMO = protocol()
+
+
+def provenance(configs: Optional[Mapping] = None) -> dict:
+    """How a result file was made, for its JSON: the command, the commit (and whether the tree had changes), Python,
+    torch, the machine and its CPU; ``configs``: each method's changes to the protocol's base (the base included
+    as ``base``)."""
+    import platform
+
+    import torch
+
+    def git(*args: str) -> Optional[str]:
+        try:
+            return subprocess.run(["git", *args], cwd=os.path.dirname(os.path.abspath(__file__)),
+                                  capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    cpu = platform.processor() or None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"command": [os.path.basename(sys.executable), *sys.argv], "commit": git("rev-parse", "HEAD"),
+            "uncommitted_changes": bool(status) if status is not None else None,
+            "python": platform.python_version(), "torch": torch.__version__, "machine": platform.machine(),
+            "cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            **({"configs": {k: dict(v) for k, v in configs.items()}} if configs is not None else {})}
 
 
 def split_items(spec: str) -> list[str]:

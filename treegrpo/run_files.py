@@ -223,7 +223,8 @@ class RunFiles:
         return None
 
     def write_logs(self) -> None:
-        """``log.csv`` (one row per iteration) and ``log.json`` (training and evaluation records)."""
+        """``log.csv`` (one row per iteration) and ``log.json`` (training and evaluation records, the run's whole
+        config and the package version; docs/design.md §6 says what each column counts)."""
         if self.rank != 0 or not self.history:
             return
         os.makedirs(self.out, exist_ok=True)
@@ -235,4 +236,7 @@ class RunFiles:
                 wr.writeheader()
                 wr.writerows(self.history)
         atomic_write(os.path.join(self.out, "log.csv"), w)
-        atomic_write_json(os.path.join(self.out, "log.json"), {"train": self.history, "eval": self.evals})
+        from . import __version__
+        atomic_write_json(os.path.join(self.out, "log.json"), {
+            "train": self.history, "eval": self.evals, "version": __version__,
+            "config": json.loads(json.dumps(self.cfg.to_dict(), default=str))})

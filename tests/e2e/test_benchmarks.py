@@ -96,6 +96,9 @@ def test_one_tiny_comparison_end_to_end(tmp_path):
     for x in by.values():
         assert x["iterations"] >= 1 and x["evals"][0]["iteration"] == 0 and x["evals"][-1]["iteration"] == x["iterations"]
     assert "tree" in r.stdout and "traj_window" in r.stdout
+    prov = res["provenance"]                 # how it was made: the command, commit, machine, each method's config
+    assert "--budget" in prov["command"] and prov["torch"] and prov["cpu_count"] >= 1
+    assert prov["configs"]["traj_window"]["tree"]["method"] == "trajectory" and "base" in prov["configs"]
 
 
 def test_the_flow_matching_peers_run_in_the_same_protocol(tmp_path):
@@ -139,6 +142,22 @@ def test_base_config_runs_the_baselines_on_a_diffusers_model(tmp_path):
     assert by["tree"]["nfe_per_iter"] == 2 * 2 * (1 + 3 + 4 * 1)
     assert by["traj_window"]["nfe_per_iter"] == 2 * 2 * (1 + 1 + 4 * 1 + 4 * 1)
     assert by["traj_all"]["nfe_per_iter"] == 2 * 2 * (1 + 4 * 2 + 4 * 1)   # SDE on steps 0..2, the last step ODE
+
+
+def test_on_a_users_config_nft_and_awm_sample_its_schedule_at_its_lr_unless_told():
+    """--base-config: the peers took the demo's lr (1.2e-2, tuned on its 330K-parameter model: 120x a real model's
+    GRPO lr) and 6-step samples; now their samples are as long as the config's tree leaves' paths and their lr is
+    the config's, or --peer-lr."""
+    base = {"tree": {"steps": 16, "window_start": 2, "window_width": 3, "branch": 2}, "optim": {"lr": 1e-4}}
+    p = h.protocol(base_config=base)
+    for name in ("nft", "awm"):
+        assert p.overrides(name)["optim"]["lr"] == 1e-4 and p.overrides(name)["tree"]["tail_steps"] == 16
+    assert p.overrides("tree_nft")["optim"]["lr"] == 1e-4
+    with_tail = h.protocol(base_config={**base, "tree": {**base["tree"], "tail_steps": 4}}, peer_lr=3e-4)
+    assert with_tail.overrides("awm")["tree"]["tail_steps"] == 2 + 3 + 4
+    assert {with_tail.overrides(n)["optim"]["lr"] for n in h.PEERS} == {3e-4}
+    assert "lr" not in h.protocol(base_config=base).overrides("tree").get("optim", {})    # the config's own
+    assert h.DEMO.overrides("nft")["optim"]["lr"] == h.PEER_LR                            # the demo: as measured
 
 
 def test_the_registry_is_read_only_and_another_protocol_builds_its_own():
@@ -607,6 +626,7 @@ def test_one_tiny_work_budget_comparison_end_to_end(tmp_path):
     assert set(res["budgets"]) == {"2", "3"} and res["budgets"]["3"]["T_N_s"]["0"] == pytest.approx(base["train_time"])
     assert "tree ÷ traj_window" in r.stdout and "at equal reward" in r.stdout
     assert set(res["levels"]) >= {"levels", "baseline_iterations", "methods"}
+    assert set(res["provenance"]["configs"]) == {"base", "traj_window", "tree"} and res["provenance"]["commit"]
     assert res["cost"]["tree"]["t_iter"]["by_seed"]["0"] == pytest.approx(tree["split"]["t_iter"] / base["split"]["t_iter"])
     for methods, says in (("trees", "unknown configuration"), ("tree_p13", "unknown configuration"),
                           ("traj_window", "the baseline")):   # the baseline itself is no method beside it

@@ -852,6 +852,10 @@ def test_a_tail_steps_flag_sets_the_tail_and_a_tail_the_schedule_hides_is_said(t
                      "--eval-every", "0", "--output-dir", str(out), "--quiet"]) == 0
     log = json.load(open(out / "log.json"))
     assert [h["nfe"] for h in log["train"]] == [2 * (1 + 7 + 8 * 3)]
+    import treegrpo                      # the log says how the run was made: its whole config, the version
+    assert log["version"] == treegrpo.__version__
+    assert (log["config"]["tree"]["tail_steps"], log["config"]["tree"]["tail_steps_schedule"]) == (3, [])
+    assert TrainConfig.from_dict(log["config"]).tree.tail_steps == 3
     hidden = _cfg(tmp_path / "a", tree={"tail_steps": 3, "tail_steps_schedule": [[0, 1], [60, 2]]})
     with pytest.warns(UserWarning, match=r"tree.tail_steps 3 is not used: tree.tail_steps_schedule"):
         prepare(hidden)
