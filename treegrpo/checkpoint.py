@@ -18,6 +18,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import shutil
 import warnings
 import time
@@ -40,12 +41,21 @@ def checkpoint_paths(output_dir: str, run_name: str) -> list[str]:
 
 
 def write_checkpoint(output_dir: str, run_name: str, iteration: int, state: dict, keep: int) -> str:
-    """Write ``state`` as the run's checkpoint of ``iteration`` atomically; delete all but the newest ``keep``."""
+    """Write ``state`` as the run's checkpoint of ``iteration`` atomically; delete all but the newest ``keep``, and
+    the temporary files of checkpoints a killed process did not finish."""
     path = os.path.join(output_dir, "checkpoints", f"{run_name}-{iteration:07d}.pt")
     atomic_write(path, lambda tmp: torch.save(dict(state, format=FORMAT, run_name=run_name, iteration=iteration),
                                               tmp))
     for old in checkpoint_paths(output_dir, run_name)[:-keep]:
         os.unlink(old)
+    # the half-written copies a killed process left (kill -9 mid-write): the run holds its folder, so none is in use
+    stale = re.compile(rf"\.tmp-{re.escape(run_name)}-\d{{7}}\.pt-")
+    for name in os.listdir(os.path.dirname(path)):
+        if stale.match(name):
+            try:
+                os.unlink(os.path.join(os.path.dirname(path), name))
+            except OSError:
+                pass
     return path
 
 

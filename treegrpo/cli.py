@@ -447,7 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """The command line: 0 done, 1 out of accelerator memory (one line: how to plan for less and go on), 2 bad
+    """The command line: 0 done, 1 out of accelerator memory or disk (one line: how to go on), 2 bad
     input (one line saying what to change), 130 interrupted (Ctrl-C at any moment, start-up included: one line, and
     where the last finished iteration is saved)."""
     with interrupts.handled() as interrupted:
@@ -477,6 +477,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                 return 2
             if _out_of_memory(e):
                 print(f"treegrpo: error: {out_of_memory_message(e)}", file=sys.stderr)
+                return 1
+            from .io import SaveError
+            if isinstance(e, SaveError):   # a full disk mid-run: one line, and the way on
+                print(f"treegrpo: error: {short_message(str(e))} A run keeps its newest checkpoint that was written "
+                      "whole: add --resume once there is room", file=sys.stderr)
                 return 1
             raise
 

@@ -28,9 +28,13 @@ class Evaluation:
         return bool(self.cfg.eval_every or self.cfg.eval_every_s) and self.rank == 0
 
     def start_evaluations(self) -> None:
-        """The base model's evaluation (iteration 0) and the clock of the time-based evaluations."""
-        if self.evaluating and self.iteration == 0 and not self.evals:
+        """The base model's evaluation (iteration 0), the one a stop cut before the checkpoint it resumes from
+        (``eval_pending``), and the clock of the time-based evaluations."""
+        if self.evaluating and ((self.iteration == 0 and not self.evals) or getattr(self, "eval_pending", False)):
             self.record_evaluation()
+            if self.iteration:                   # the checkpoint it resumed from still says it is pending
+                self.checkpointed_iteration = None
+        self.eval_pending = False
         self._next_eval_t = next_multiple(self.train_time, self.cfg.eval_every_s)
 
     @torch.no_grad()

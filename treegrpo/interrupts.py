@@ -101,7 +101,11 @@ def report(exit_now: bool = False) -> int:
         if exit_now:
             os._exit(130)
         return 130
-    print("treegrpo: interrupted" + (f"; the last finished iteration is saved in {saved} (resume with --resume)"
+    import re
+    done = re.search(r"-(\d+)\.pt$", saved or "")
+    lora = (f"; --resume --iterations {int(done.group(1))} writes that iteration's LoRA without training"
+            if done and int(done.group(1)) else "")
+    print("treegrpo: interrupted" + (f"; the last finished iteration is saved in {saved} (resume with --resume{lora})"
                                      if saved else " before any iteration finished: nothing to resume"),
           file=sys.stderr)
     if exit_now:

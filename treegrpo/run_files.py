@@ -94,7 +94,8 @@ class RunFiles:
                 "config": json.dumps(self.cfg.to_dict(), default=str), "sigmas": self.sigmas(),
                 "torch_rng": torch.get_rng_state(), "python_rng": json.dumps(random.getstate()),
                 "numpy_rng": json.dumps(_numpy_state()), "callbacks": self.callback_states(),
-                "prompts_sha256": ckpt.prompts_digest(self.prompts), "frontend": self.frontend}
+                "prompts_sha256": ckpt.prompts_digest(self.prompts), "frontend": self.frontend,
+                "eval_pending": bool(getattr(self, "eval_pending", False))}
 
     def callback_states(self) -> dict:
         """The callbacks' own state for a resumed run (``TrainerCallback.state_dict``), by :meth:`callback_key`."""
@@ -144,6 +145,7 @@ class RunFiles:
         self.checkpointed_iteration = self.iteration
         self.history = json.loads(state["history"])
         self.evals = json.loads(state["evals"])
+        self.eval_pending = bool(state.get("eval_pending", False))    # a checkpoint written before the field: none
         self.train_time = float(state["train_time"])
         self.total_nfe = int(state["total_nfe"])
         self._keep_schedule(state.get("sigmas"), json.loads(state.get("config", "{}")).get("backend", self.cfg.backend))

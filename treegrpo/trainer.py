@@ -33,6 +33,7 @@ from .config import DEFAULT_EVAL_PROMPTS, AdvantageConfig, TrainConfig, schedule
 from .distributed import pool_over_ranks
 from .evaluation import Evaluation, next_multiple
 from .hacking import best_index
+from .io import SaveError
 from .lora import (PeftLoRA, check_base_model, check_finite, from_state_dict, match_modules, read_lora_file,
                    with_alpha)
 from .planning import MemoryPlanning
@@ -139,6 +140,8 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
         #: the noise levels a resumed run was trained with, when they differ from this policy's own (a run moved
         #: between ComfyUI, whose scheduler sets them, and the CLI, whose backend does)
         self.kept_sigmas: Optional[torch.Tensor] = None
+        #: an evaluation was due after the last finished iteration and has not been recorded (a stop cut it)
+        self.eval_pending = False
 
     def rebind(self, cfg: TrainConfig, policy: Policy) -> None:
         """Continue this run with new settings and a new policy over the same LoRA (ComfyUI's step nodes build a
@@ -376,15 +379,18 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
     def after_iteration(self, stats: dict) -> None:
         """The callbacks, then the evaluation and the checkpoint when they are due."""
         cfg = self.cfg
+        due_t = self.train_time >= self._next_eval_t
+        if due_t:
+            self._next_eval_t = next_multiple(self.train_time, cfg.eval_every_s)
+        # an evaluation due here that a stop cuts (in the callbacks or in it) is made when the run resumes
+        self.eval_pending = self.evaluating and bool(due_t or (cfg.eval_every and self.iteration % cfg.eval_every == 0))
         for cb in self.callbacks:
             cb.on_iteration_end(self, stats)
         if self.iteration_callback:
             self.iteration_callback(stats)
-        due_t = self.train_time >= self._next_eval_t
-        if due_t:
-            self._next_eval_t = next_multiple(self.train_time, cfg.eval_every_s)
-        if self.evaluating and (due_t or (cfg.eval_every and self.iteration % cfg.eval_every == 0)):
+        if self.eval_pending:
             self.record_evaluation()
+            self.eval_pending = False
         if cfg.checkpoint_every and self.iteration % cfg.checkpoint_every == 0:
             self.save_checkpoint()
             self.write_logs()
@@ -460,6 +466,9 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
                                       "{postfix}]")
             else:
                 bar = tqdm(total=total, initial=self.iteration, desc=f"{cfg.tree.method}", unit="it")
+        log = self.log
+        if bar is not None and log is print:     # the run's lines above the bar, not glued to its end
+            self.log = lambda msg: tqdm.write(str(msg))
         try:
             self.start_evaluations()
             while self.iteration < total:
@@ -486,10 +495,16 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
             if final_eval:
                 self.record_evaluation()
                 self.save_checkpoint()
-        except BaseException:
-            self.save_stopped()
+        except BaseException as e:
+            try:
+                self.save_stopped()
+            except SaveError:
+                if not isinstance(e, SaveError):
+                    raise
+                # the disk that refused a file refuses the stop's checkpoint too: the first error says it
             raise
         finally:
+            self.log = log
             if bar:
                 bar.close()
         self.write_logs()

@@ -92,4 +92,5 @@ def test_the_interrupt_line_names_the_checkpoint_or_says_there_is_none(capsys, m
         assert "before any iteration finished: nothing to resume" in capsys.readouterr().err
         interrupts.CheckpointNote().on_checkpoint(None, "/runs/r/checkpoints/r-000002.pt")
         interrupts.report()
-        assert "saved in /runs/r/checkpoints/r-000002.pt (resume with --resume)" in capsys.readouterr().err
+        assert ("saved in /runs/r/checkpoints/r-000002.pt (resume with --resume; --resume --iterations 2 writes that "
+                "iteration's LoRA without training)") in capsys.readouterr().err

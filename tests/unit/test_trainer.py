@@ -584,6 +584,37 @@ def test_a_stop_during_an_evaluation_ends_it_at_the_next_sampling_step(tmp_path)
     assert tr.iteration == 1 and [e["iteration"] for e in tr.evals] == [0]
 
 
+def test_an_evaluation_a_stop_cut_is_made_when_the_run_resumes_and_it_ends_as_if_never_stopped(tmp_path):
+    """Ctrl-C or Cancel during the evaluation of iteration 2: the checkpoint of iteration 2 says that evaluation is
+    pending, the resumed run makes it first, and the run ends with the evaluations, best LoRA and LoRA of the run
+    that was never stopped (the evaluation was lost for good, and with it the best LoRA when it was the best)."""
+    whole = _cfg(tmp_path / "a", iterations=4, prompts_per_iter=2, eval_every=2, checkpoint_every=2, run_name="r")
+    run_training(whole, progress=False)
+    cut_at = {"evaluating": False}
+
+    class Cancel(Exception):
+        pass
+
+    def interrupt():                            # ComfyUI's check, set once the evaluation of iteration 2 samples
+        if cut_at["evaluating"]:
+            raise Cancel
+
+    cfg = _cfg(tmp_path / "b", iterations=4, prompts_per_iter=2, eval_every=2, checkpoint_every=2, run_name="r")
+    tr = _trainer(cfg, step_callback=interrupt)
+    tr.iteration_callback = lambda stats: cut_at.update(evaluating=stats["iteration"] == 1)
+    with pytest.raises(Cancel):
+        tr.train()
+    assert tr.iteration == 2 and [e["iteration"] for e in tr.evals] == [0]
+    again, _ = run_training(cfg, resume=True, progress=False)
+    a, b = (json.load(open(tmp_path / d / "log.json")) for d in ("a", "b"))
+    assert [e["iteration"] for e in b["eval"]] == [0, 2, 4]
+    assert [e["eval_reward"] for e in b["eval"]] == [e["eval_reward"] for e in a["eval"]]
+    for name in ("r.safetensors", "r_best.safetensors"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    once_more, _ = run_training(cfg, resume=True, progress=False)     # at its end: no evaluation made twice
+    assert [e["iteration"] for e in once_more.evals] == [0, 2, 4]
+
+
 def test_a_run_folder_in_use_is_told_to_every_process(tmp_path):
     """torchrun: the first process finds the folder in use and says so to the others (which would otherwise wait for
     it in the checkpoint's broadcast), and each stops with the same one-line error; a free folder is locked by the
@@ -868,3 +899,34 @@ def test_a_tail_steps_flag_sets_the_tail_and_a_tail_the_schedule_hides_is_said(t
         prepare(_cfg(tmp_path / "c", tree={"method": "ode", "group_size": 4, "tail_steps": 6},
                      optim={"loss": "nft", "lr": 1e-2}))
         prepare(_cfg(tmp_path / "d", tree={"tail_steps": 1, "tail_steps_schedule": [[0, 1], [60, 2]]}))
+
+
+def test_a_full_disk_mid_run_is_one_line_and_the_run_resumes_from_its_last_whole_checkpoint(tmp_path, capsys,
+                                                                                             monkeypatch):
+    """The disk fills at the checkpoint of iteration 2: one line (it was two chained tracebacks: the stop's own
+    checkpoint failed the same way), exit 1, the checkpoint of iteration 1 kept whole; a half-written checkpoint a
+    killed process left is removed by the next checkpoint of the run (it stayed for good)."""
+    real = torch.save
+
+    def save(obj, f, *a, **kw):
+        if isinstance(obj, dict) and obj.get("iteration", 0) >= 2:
+            raise OSError(28, "No space left on device")
+        return real(obj, f, *a, **kw)
+
+    monkeypatch.setattr(torch, "save", save)
+    out = tmp_path / "out"
+    args = ["train", "--iterations", "3", "--prompts-per-iter", "2", "--eval-every", "0", "--checkpoint-every", "1",
+            "--output-dir", str(out), "--run-name", "r", "--quiet"]
+    assert cli.main(args) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("treegrpo: error: could not save") and err.count("\n") == 1, err
+    assert "No space left on device" in err and "add --resume once there is room" in err
+    assert sorted(os.listdir(out / "checkpoints")) == ["r-0000001.pt"]
+    monkeypatch.setattr(torch, "save", real)
+    stale = out / "checkpoints" / ".tmp-r-0000007.pt-abc123"          # kill -9 while a checkpoint was written
+    stale.write_bytes(b"half")
+    keep = out / "checkpoints" / "notes.txt"
+    keep.write_text("mine")
+    assert cli.main(args + ["--resume"]) == 0
+    assert not stale.exists() and keep.read_text() == "mine"
+    assert json.load(open(out / "log.json"))["train"][-1]["iteration"] == 2
