@@ -117,7 +117,8 @@ RUN_FOLDER_FILES = ("log.json", "log.csv", "summary.json", "reward_curve.png", "
 def run_files(output_dir: str, run_name: str) -> list[str]:
     """What a run of ``run_name`` left in ``output_dir``: its LoRA files (the last, the PEFT copy, the best, those
     the artist's end check did not prefer), and where the folder is that run's (``run.json``) its logs, summary,
-    figures, evaluation grids (``evals/eval_<iteration>.png``) and the artist's answers with their pictures
+    figures, evaluation grids (``evals/eval_<iteration>.png``), the Train node's sample grids
+    (``previews/preview_*.png``) and the artist's answers with their pictures
     (``artist/``); then its checkpoints."""
     names = (f"{run_name}.safetensors", f"{run_name}_diffusers.safetensors", f"{run_name}_best.safetensors")
     names += tuple(sorted(os.path.basename(p) for p in glob.glob(
@@ -131,6 +132,7 @@ def run_files(output_dir: str, run_name: str) -> list[str]:
     found = [os.path.join(output_dir, n) for n in names if os.path.isfile(os.path.join(output_dir, n))]
     if owner == run_name:
         found += sorted(glob.glob(os.path.join(glob.escape(output_dir), "evals", "eval_*.png")))
+        found += sorted(glob.glob(os.path.join(glob.escape(output_dir), "previews", "preview_*.png")))
         found += sorted(p for p in glob.glob(os.path.join(glob.escape(output_dir), "artist", "**"), recursive=True)
                         if os.path.isfile(p))
     return found + checkpoint_paths(output_dir, run_name)

@@ -337,9 +337,11 @@ def test_a_finished_run_queued_again_after_a_restart_shows_its_samples_without_s
     g = train_graph("kept_preview", 1)
     g["samples"] = {"class_type": "PreviewImage", "inputs": {"images": ["train", 3]}}
     first = rt.execute(json.loads(json.dumps(g)))
-    folder = Path(rt.base_dir) / "output" / "treegrpo" / "kept_preview" / "evals"
-    kept = sorted(folder.glob("preview_000001_*.png"))
-    assert len(kept) == 1
+    run = Path(rt.base_dir) / "output" / "treegrpo" / "kept_preview"
+    kept = sorted((run / "previews").glob("preview_000001_*.png"))
+    assert len(kept) == 1 and not list((run / "evals").glob("preview_*"))     # evals/ holds the evaluations' grids
+    from treegrpo import checkpoint as ckpt
+    assert str(kept[0]) in ckpt.run_files(str(run), "kept_preview")         # moved aside with a run started over
     calls = []
     real = Evaluation.evaluate
     monkeypatch.setattr(Evaluation, "evaluate", lambda self, *a, **kw: calls.append(kw) or real(self, *a, **kw))

@@ -257,11 +257,11 @@ def eval_grid_path(run_folder: str, iteration: int) -> str:
 
 def preview_grid_path(run_folder: str, iteration: int, prompts: list[str]) -> str:
     """Where the Train node's sample grid of ``iteration`` on ``prompts`` is kept (a finished run queued again, after
-    ComfyUI restarted, shows it instead of sampling it again): ``<run folder>/evals/preview_<iteration>_<digest of
-    the prompts>.png``."""
+    ComfyUI restarted, shows it instead of sampling it again): ``<run folder>/previews/preview_<iteration>_<digest
+    of the prompts>.png`` (a run started over moves them aside with its other files)."""
     import hashlib
     digest = hashlib.sha256("\n".join(prompts).encode("utf-8")).hexdigest()[:12]
-    return os.path.join(run_folder, "evals", f"preview_{iteration:06d}_{digest}.png")
+    return os.path.join(run_folder, "previews", f"preview_{iteration:06d}_{digest}.png")
 
 
 def read_grid(path: str) -> Optional[torch.Tensor]:
