@@ -114,15 +114,35 @@ RUN_FOLDER_FILES = ("log.json", "log.csv", "summary.json", "reward_curve.png", "
                     "artist_labels.jsonl", "artist_checks.jsonl")
 
 
+def set_aside_best(path: str, after: int) -> Optional[str]:
+    """Move the best LoRA ``path`` (``<run>_best.safetensors``) to ``<run>_best-not-preferred-<iteration>.safetensors``
+    beside it when the iteration its metadata names (``treegrpo.best_iteration``) is after ``after``: a check against
+    the start took the run back before that state. The new path, or None (no such file, one of an earlier state, or
+    one whose metadata cannot be read: left as it is)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(path, framework="pt") as f:
+            it = int((f.metadata() or {}).get("treegrpo.best_iteration", ""))
+    except (OSError, ValueError, RuntimeError):
+        return None
+    if it <= after:
+        return None
+    dest = f"{path[:-len('.safetensors')]}-not-preferred-{it}.safetensors"
+    os.replace(path, dest)
+    return dest
+
+
 def run_files(output_dir: str, run_name: str) -> list[str]:
     """What a run of ``run_name`` left in ``output_dir``: its LoRA files (the last, the PEFT copy, the best, those
-    the artist's end check did not prefer), and where the folder is that run's (``run.json``) its logs, summary,
+    the artist's checks did not prefer), and where the folder is that run's (``run.json``) its logs, summary,
     figures, evaluation grids (``evals/eval_<iteration>.png``), the Train node's sample grids
     (``previews/preview_*.png``) and the artist's answers with their pictures
     (``artist/``); then its checkpoints."""
     names = (f"{run_name}.safetensors", f"{run_name}_diffusers.safetensors", f"{run_name}_best.safetensors")
-    names += tuple(sorted(os.path.basename(p) for p in glob.glob(
-        os.path.join(glob.escape(output_dir), glob.escape(run_name) + "-not-preferred-*.safetensors"))))
+    names += tuple(sorted(os.path.basename(p) for pattern in ("-not-preferred-*", "_best-not-preferred-*")
+                          for p in glob.glob(os.path.join(glob.escape(output_dir),
+                                                          glob.escape(run_name) + pattern + ".safetensors"))))
     try:
         owner = json.load(open(os.path.join(output_dir, "run.json"), encoding="utf-8")).get("run_name")
     except (OSError, ValueError, AttributeError):

@@ -104,3 +104,23 @@ class Evaluation:
             cb.on_evaluate(self, rec)
         return rec
 
+    def reject_evaluations_after(self, iteration: int) -> Optional[str]:
+        """A check against the start took the run back to the state of ``iteration`` (treegrpo/artist/start_check.py):
+        the evaluations since were of states the artist did not prefer to the start. They are marked ``rejected``
+        and no longer count for the best LoRA; a best LoRA written from one of them moves aside to
+        ``<run>_best-not-preferred-<its iteration>.safetensors`` (returned); when the best evaluation left is of the
+        state gone back to, the best LoRA is written from it (the LoRA now)."""
+        rejected = [e for e in self.evals if e["iteration"] > iteration and not e.get("rejected")]
+        for e in rejected:
+            e["rejected"] = True
+        if not rejected or not self.cfg.signals.keep_best or self.rank != 0:
+            return None
+        from .checkpoint import set_aside_best
+        moved = set_aside_best(self.best_lora_path, after=iteration)
+        if moved is not None:
+            self.best_set_aside.append((iteration, moved))
+            b = best_index(self.evals)
+            if b is not None and self.evals[b]["iteration"] == iteration:
+                self.save_best(self.evals[b])
+        return moved
+

@@ -142,9 +142,10 @@ def warning_changes(evals: list[dict], *, quiet: int = QUIET_EVALUATIONS,
 
 def best_index(evals: list[dict], key: Optional[str] = None) -> Optional[int]:
     """Index of the best evaluation by ``key`` (default: the held-out judge when present, else the evaluation
-    reward); None when there is none."""
+    reward), passing over those of states the artist rejected (``rejected``: a check against the start took the run
+    back before them); None when there is none."""
     if not evals:
         return None
     key = key or ("eval_judge" if evals[-1].get("eval_judge") is not None else "eval_reward")
-    scored = [(e[key], i) for i, e in enumerate(evals) if e.get(key) is not None]
+    scored = [(e[key], i) for i, e in enumerate(evals) if e.get(key) is not None and not e.get("rejected")]
     return max(scored, key=lambda t: (t[0], -t[1]))[1] if scored else None

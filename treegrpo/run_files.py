@@ -44,13 +44,14 @@ class RunFiles:
     def best_lora_path(self) -> str:
         return os.path.join(self.out, f"{self.cfg.run_name}_best.safetensors")
 
-    def save_best(self) -> Optional[str]:
-        """Write the current LoRA as the run's best (atomically), with the evaluation that chose it."""
+    def save_best(self, rec: Optional[dict] = None) -> Optional[str]:
+        """Write the current LoRA as the run's best (atomically), with the evaluation that chose it (``rec``: the
+        newest by default; another when the LoRA went back to the state it evaluated)."""
         if self.rank != 0:
             return None
-        rec = self.evals[-1]
+        rec = rec if rec is not None else self.evals[-1]
         key = "eval_judge" if rec.get("eval_judge") is not None else "eval_reward"
-        meta = dict(self.metadata(), **{"treegrpo.best_iteration": str(self.iteration), "treegrpo.best_metric": key,
+        meta = dict(self.metadata(), **{"treegrpo.best_iteration": str(rec["iteration"]), "treegrpo.best_metric": key,
                                         "treegrpo.best_score": f"{rec[key]:.6f}"})
         return save_lora_file(self.best_lora_path, self.lora_tensors("comfy"), meta)
 

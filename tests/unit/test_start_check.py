@@ -2,6 +2,7 @@
 sequences, the pictures (the model now and the base model from the same noises), and a run rolled back to the exact
 LoRA and optimiser state the artist approved."""
 import copy
+import os
 
 import pytest
 import torch
@@ -237,6 +238,90 @@ def test_the_end_of_a_run_keeps_only_a_state_the_artist_preferred_to_the_start(t
     assert check.records[-1] == {"iteration": 5, "verdict": NOW, "restored": None, "looks": [NOW, NOW], "final": True}
     off = StartCheck(_scripted([], [], []), CheckConfig(every=2, final=False))
     assert off.finish(t) is None
+
+
+def test_a_check_at_the_last_iteration_that_goes_back_is_confirmed_on_fresh_noises_at_the_end(tmp_path):
+    """A run whose last iteration is a check that prefers the start: the check goes back to the approved state, and
+    the end (found by an artist's walk: it asked nothing more and kept nothing) shows that state beside the start on
+    noises of its own before delivering it, and hands the state the check took back to ``on_unapproved``."""
+    for fresh, restored in ((["now", "now"], 2), (["start"], 0)):
+        box, asked, left = [], [], []
+        check = StartCheck(_scripted(["now", "now", "start", "start", *fresh], box, asked),
+                           CheckConfig(every=2, pictures=2),
+                           on_unapproved=lambda tr: left.append((tr.iteration, copy.deepcopy(tr.lora.weights()))))
+        t = _trainer(tmp_path / str(restored), check)
+        box.append(t)
+        w0 = copy.deepcopy(t.lora.weights())
+        for _ in range(2):
+            t.after_iteration(t.train_step())
+        w2 = copy.deepcopy(t.lora.weights())
+        for _ in range(2):
+            t.after_iteration(t.train_step())
+        assert check.records[-1]["restored"] == 2          # the check at the last iteration went back
+        reached = check.reached[1]
+        rec = check.finish(t)
+        assert rec == {"iteration": 4, "verdict": START, "restored": restored, "looks": [], "final": True,
+                       "rechecks": [[2, [NOW if v == "now" else START for v in fresh]]]}
+        assert [f for _, _, _, f in asked][4:] == [1] * len(fresh)            # the end's looks: fresh noises
+        assert torch.equal(_flat(t.lora.weights()), _flat(w2 if restored == 2 else w0))
+        assert len(left) == 1 and left[0][0] == 4 and torch.equal(_flat(left[0][1]), _flat(reached))
+        assert not torch.equal(_flat(reached), _flat(w2))
+        assert check.finish(t) is None and len(asked) == 4 + len(fresh)      # settled: asked nothing again
+
+
+def test_the_best_lora_is_never_a_state_the_artist_rejected(tmp_path):
+    """Evaluations of the states a check took back are passed over for the best LoRA: a best LoRA written from one
+    moves aside as ``<run>_best-not-preferred-<iteration>.safetensors`` (kept, named for what it is), and when the
+    best evaluation left is of the state gone back to, the best LoRA is that state (found by an artist's walk: the
+    judge's best was a state the artist had rejected, beside a run that ended on the base model)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from treegrpo.checkpoint import run_files
+    from treegrpo.hacking import best_index
+
+    box, asked = [], []
+    check = StartCheck(_scripted(["now", "now", "start", "start"], box, asked), CheckConfig(every=2, pictures=2))
+    t = _trainer(tmp_path, check)
+    box.append(t)
+    scores = iter([0.1, 0.2, 0.3, 0.9, 0.25])     # iterations 0 .. 4: the best at 3, after the state approved at 2
+    t.evaluate = lambda **kw: {"iteration": t.iteration, "eval_reward": next(scores)}
+    t.cfg.eval_every = 1
+
+    def meta(path):
+        with safe_open(str(path), framework="pt") as f:
+            return f.metadata()
+
+    t.start_evaluations()
+    for _ in range(3):
+        t.after_iteration(t.train_step())
+    best = t.best_lora_path
+    assert meta(best)["treegrpo.best_iteration"] == "3"
+    w3 = load_file(best)
+    t.after_iteration(t.train_step())             # iteration 4: the check prefers the start -> back to iteration 2
+    assert check.records[-1]["restored"] == 2
+    # iteration 4's evaluation comes after its check: of the state gone back to, not rejected
+    assert [e.get("rejected", False) for e in t.evals] == [False, False, False, True, False]
+    aside = tmp_path / "check_best-not-preferred-3.safetensors"
+    assert meta(aside)["treegrpo.best_iteration"] == "3" and all(torch.equal(v, w3[k]) for k, v in load_file(aside).items())
+    assert best_index(t.evals) == 2 and meta(best)["treegrpo.best_iteration"] == "2"
+    now = t.lora_tensors("comfy")                 # the state gone back to, which iteration 2's evaluation scored
+    assert all(torch.equal(v, now[k]) for k, v in load_file(best).items())
+    assert t.best_set_aside == [(2, str(aside))] and str(aside) in run_files(str(tmp_path), "check")
+
+    # gone back to the start, whose evaluation is the best left: the best LoRA is the start's
+    box, asked = [], []
+    check = StartCheck(_scripted(["start", "start"], box, asked), CheckConfig(every=2, pictures=2))
+    t = _trainer(tmp_path / "b", check)
+    box.append(t)
+    scores = iter([0.5, 0.6, 0.4])
+    t.evaluate = lambda **kw: {"iteration": t.iteration, "eval_reward": next(scores)}
+    t.cfg.eval_every = 1
+    t.start_evaluations()
+    for _ in range(2):
+        t.after_iteration(t.train_step())
+    assert meta(t.best_lora_path)["treegrpo.best_iteration"] == "0"
+    assert os.path.exists(tmp_path / "b" / "check_best-not-preferred-1.safetensors")
 
 
 def test_the_base_models_pictures_are_sampled_once_per_look(tmp_path, monkeypatch):

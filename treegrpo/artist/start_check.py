@@ -194,6 +194,7 @@ class StartCheck(TrainerCallback):
         self.resumed: Optional[dict] = None    # the state a resumed run's checkpoint kept (load_state_dict)
         self.named: dict[int, set] = {}       # checkpoint iteration -> the state files it names (others are deleted)
         self.pending: set = set()            # the files the checkpoint being written names
+        self.reached: Optional[tuple] = None  # (iteration, LoRA weights) of the state the last roll-back left
 
     def due(self, iteration: int) -> bool:
         return bool(self.config.every) and iteration > 0 and iteration % self.config.every == 0
@@ -365,6 +366,8 @@ class StartCheck(TrainerCallback):
         back = self.guard.record(verdict, lambda: self.snapshot(trainer))
         rec = {"iteration": trainer.iteration, "verdict": verdict, "restored": None, "looks": looks}
         if back is not None:
+            # the state taken back, for the end of the run when this is its last iteration (:meth:`finish`)
+            self.reached = (trainer.iteration, copy.deepcopy(trainer.lora.weights()))
             self.restore(trainer, back)
             rec["restored"] = back.iteration
             msg = (f"the artist preferred the base model's pictures to iteration {trainer.iteration}'s: the LoRA goes "
@@ -376,9 +379,14 @@ class StartCheck(TrainerCallback):
         return rec
 
     def restore(self, trainer, back: Snapshot) -> None:
+        """Go back to ``back``: its LoRA and optimiser state; the evaluations of the states after it no longer
+        count for the best LoRA (the artist preferred the start to where they led)."""
         trainer.lora.load(copy.deepcopy(back.weights))
         if back.optimizer is not None:
             trainer.optimizer.load_state_dict(copy.deepcopy(back.optimizer))
+        reject = getattr(trainer, "reject_evaluations_after", None)
+        if reject is not None:
+            reject(back.iteration)
 
     def approved_again(self, trainer, rec: dict) -> Snapshot:
         """The end's way back: the newest approved snapshot the artist prefers to the start once more, on two looks
@@ -398,17 +406,36 @@ class StartCheck(TrainerCallback):
             self.guard.approved.pop()
         return self.guard.initial
 
+    def keep_reached(self, trainer, taken_back: bool) -> Any:
+        """``on_unapproved`` with the state the run reached (a check at this last iteration already took it back:
+        the copy :meth:`__call__` kept, when this process made that check)."""
+        if self.on_unapproved is None:
+            return None
+        if not taken_back:
+            return self.on_unapproved(trainer)
+        if self.reached is None or self.reached[0] != trainer.iteration:
+            return None
+        now = copy.deepcopy(trainer.lora.weights())
+        trainer.lora.load(self.reached[1])
+        try:
+            return self.on_unapproved(trainer)
+        finally:
+            trainer.lora.load(now)
+
     def finish(self, trainer) -> Optional[dict]:
         """The end of a run (``config.final``; module docstring): the record of the final check (``final``: True),
-        or None when checks are off or the state reached was just taken back to an approved one."""
+        or None when checks are off or the end was checked already (a finished run queued again). A check at the
+        last iteration that took the state reached back stands as the end's verdict; the state it went back to is
+        then confirmed on fresh noises as any other (:meth:`approved_again`)."""
         if not (self.config.every and self.config.final):
             return None
         if self.guard is None:
             self.begin(trainer)
         last = self.records[-1] if self.records and self.records[-1]["iteration"] == trainer.iteration else None
-        if last is not None and last["restored"] is not None:
-            return None                  # the state reached is an approved one already
-        if last is not None:             # checked at this iteration: that verdict stands
+        if last is not None and last.get("final"):
+            return None                  # the end was checked: a finished run queued again ends as it ended
+        taken_back = last is not None and last["restored"] is not None
+        if last is not None:             # checked at this iteration: that verdict stands (a roll-back it made too)
             looks, kept = [], last["verdict"] == NOW
             unanswered = last["looks"][-1] == NO_ANSWER
         else:
@@ -419,8 +446,8 @@ class StartCheck(TrainerCallback):
             unanswered = looks[-1] == NO_ANSWER
             if kept:
                 self.guard.record(NOW, lambda: self.snapshot(trainer))
-        rec = {"iteration": trainer.iteration, "verdict": NOW if kept else (START if looks and looks[-1] == START
-                                                                            else None),
+        said = looks[-1] if looks else (last["verdict"] if last is not None else None)
+        rec = {"iteration": trainer.iteration, "verdict": NOW if kept else (START if said == START else None),
                "restored": None, "looks": looks, "final": True}
         if not kept and unanswered:      # the artist is away: nothing to take back for
             top = self.guard.top()
@@ -431,7 +458,7 @@ class StartCheck(TrainerCallback):
             trainer.warnings.append(msg)
             logging.warning("TreeGRPO %s: %s", trainer.cfg.run_name, msg)
         elif not kept:
-            kept_at = self.on_unapproved(trainer) if self.on_unapproved is not None else None
+            kept_at = self.keep_reached(trainer, taken_back)
             back = self.approved_again(trainer, rec)
             self.restore(trainer, back)
             rec["restored"] = back.iteration
