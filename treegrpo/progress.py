@@ -53,13 +53,16 @@ def iteration_line(stats: dict, total: Optional[int], *, run_name: str = "", las
     ``stats``: the trainer's record of the iteration (``iteration`` is the index before it, so the count shown is
     ``iteration + 1``; ``reward`` the mean training reward of its leaves, of the trees scored when ``scored_trees``
     says how many were (none: the artist skipped or left them all); a taste model's run (``taste_trees``) shows the
-    trees asked and the model's recent agreement with the answers instead; ``kl`` the update's KL estimate when the
+    trees asked, those not trained because they moved beyond the answers (``taste_beyond``) and the model's recent
+    agreement with the answers instead; ``kl`` the update's KL estimate when the
     KL term is on). ``last_eval``: the newest evaluation record (its ``eval_judge`` when a judge is set, else its
     ``eval_reward``, with the iteration it was taken at)."""
     done = int(stats.get("iteration", 0)) + 1
     if "taste_trees" in stats:   # a taste model's run: its scores are log-odds beside the answers' win rates, and
         # their scale moves as it learns, so the line says what the artist did and how the model agrees instead
         reward = f"asked {stats.get('taste_asked', 0)}/{stats['taste_trees']} trees"
+        if stats.get("taste_beyond"):    # not asked (the asking rate) and not trained: the model would extrapolate
+            reward += f" | {stats['taste_beyond']} not trained (beyond your answers)"
         if stats.get("taste_recent_agreement") is not None:
             reward += f" | taste agrees {float(stats['taste_recent_agreement']):.0%}"
     elif stats.get("scored_trees", 1):

@@ -744,7 +744,8 @@ def test_the_artist_dialog_takes_clicks_over_the_template_browser(page, ui_serve
     wait_queue_empty(ui_server)
     page.close_dialogs()
     recs = artist_labels(ui_server)[before:]
-    assert [(r["tree"], r["answered_by"], r["answer"]["good"]) for r in recs] == [(0, "artist", [2]), (1, "skipped", [])]
+    assert [(r["tree"], r["answered_by"], r["outcome"], r["answer"]["good"]) for r in recs] == [
+        (0, "artist", "answered", [2]), (1, "artist", "skip", [])]
 
 
 # the page's fetch, slowed for the pack's routes only: a request reaches the server at once, its response comes back

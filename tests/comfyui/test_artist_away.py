@@ -79,7 +79,7 @@ def test_the_last_console_line_gives_the_whole_runs_time(comfyui_pack, tmp_path,
     now = [100.0]
     lines = []
     trainer = SimpleNamespace(cfg=SimpleNamespace(run_name="clock", eval_seeds=1), keep_eval_images=False, rank=0,
-                              iteration=0, evals=[], out=str(tmp_path), best_lora_path=str(tmp_path / "none"),
+                              warnings=[], iteration=0, evals=[], out=str(tmp_path), best_lora_path=str(tmp_path / "none"),
                               save_lora=lambda path: path)
     monkeypatch.setattr(watch, "loras_folder", lambda name: str(tmp_path / "loras"))
     w = watch.RunWatcher(trainer, 15, lambda: None, log=lines.append, clock=lambda: now[0])
@@ -91,6 +91,39 @@ def test_the_last_console_line_gives_the_whole_runs_time(comfyui_pack, tmp_path,
     w.finish()
     assert "it 15/15" in lines[-2] and "0s left" in lines[-2]
     assert lines[-1].startswith("TreeGRPO clock: done, iteration 15/15 after 31s;"), lines[-1]
+
+
+def test_the_nodes_last_text_says_how_the_run_ended(comfyui_pack, tmp_path, monkeypatch):
+    """The text under the Train node once the run ends: what it delivered and what its end said (the check that took
+    the LoRA back), or where a stopped run goes on from — not the last iteration's line with its time left (an
+    artist's walk: the node said "it 1/8 | 1m58s left" after Stop, and nothing of the end's roll-back)."""
+    from comfy.model_management import InterruptProcessingException
+
+    from treegrpo.comfyui import watch
+
+    shown = []
+    trainer = SimpleNamespace(cfg=SimpleNamespace(run_name="walk", eval_seeds=1), keep_eval_images=False, rank=0,
+                              warnings=["an earlier warning"], iteration=0, evals=[], out=str(tmp_path),
+                              best_lora_path=str(tmp_path / "none"), save_lora=lambda path: path,
+                              checkpointed_iteration=None)
+    monkeypatch.setattr(watch, "loras_folder", lambda name: str(tmp_path / "loras"))
+    w = watch.RunWatcher(trainer, 8, lambda: None, log=lambda line: None, node_id="7")
+    monkeypatch.setattr(w, "show_text", shown.append)
+    trainer.iteration = 1
+    w.on_iteration({"iteration": 0, "reward": 0.5})
+    assert "left" in shown[-1]
+    w.stopped(InterruptProcessingException())
+    assert shown[-1] == "cancelled after iteration 1/8\nnothing saved: queued again it starts afresh"
+    trainer.checkpointed_iteration = 1
+    w.stopped(RuntimeError("boom"))
+    assert shown[-1] == "stopped (RuntimeError) after iteration 1/8\nsaved: queue again to resume from iteration 1"
+    for it in range(1, 8):
+        trainer.iteration = it + 1
+        w.on_iteration({"iteration": it, "reward": 0.5})
+    trainer.warnings.append("the artist did not prefer iteration 8's pictures: the run ends on iteration 4's LoRA")
+    w.finish()
+    assert shown[-1] == ("done: iteration 8/8\nLoRA treegrpo/walk/walk.safetensors\nthe artist did not prefer "
+                         "iteration 8's pictures: the run ends on iteration 4's LoRA")
 
 
 def test_a_tree_answered_before_a_crash_is_not_asked_again(comfyui_pack, tmp_path):

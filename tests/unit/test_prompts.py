@@ -92,6 +92,9 @@ def test_iteration_line_and_clock():
     # a taste model's run: what was asked and how the model agrees, not a mix of log-odds and win rates
     taste = {"iteration": 3, "reward": 7.7, "taste_asked": 2, "taste_trees": 8, "taste_recent_agreement": 0.8333}
     assert iteration_line(taste, 200, run_name="t") == "TreeGRPO t: it 4/200 | asked 2/8 trees | taste agrees 83%"
+    # trees that moved beyond the answers with no question left in the rate are not trained: said, not hidden
+    assert iteration_line(dict(taste, taste_asked=0, taste_beyond=6), 200, run_name="t") == \
+        "TreeGRPO t: it 4/200 | asked 0/8 trees | 6 not trained (beyond your answers) | taste agrees 83%"
     assert format_duration(42) == "42s" and format_duration(185) == "3m05s" and format_duration(3 * 86400 + 4 * 3600) \
         == "3d04h"
 

@@ -141,6 +141,8 @@ def artist_hook(model, rewards: dict, taste_features, *, every: int, mode: Optio
         def learn(first, second, pick):          # the taste model learns each check too (once it exists)
             if "taste" in hook.state:
                 hook.state["taste"].learn_check(first, second, pick)
+                if pick is not None:                 # and its file says so (a side picked: one more comparison)
+                    hook.state["save"]()
 
         return hook, (start_check(acfg, seed, learn=learn, **where) if acfg.check_every else None)
     return (train_node_artist(acfg.every, acfg.mode, acfg.timeout_s, away_s=acfg.away_s, **where),
@@ -274,7 +276,11 @@ def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict
             trainer.memory_budget = runtime.memory_budget(policy.device) or None
         # the probe of a large model takes minutes of CPU: Cancel stops it between its measurements
         trainer.plan_memory(check=comfy.model_management.throw_exception_if_processing_interrupted)
-        trainer.train(resume=resume)
+        try:
+            trainer.train(resume=resume)
+        except BaseException as e:
+            watcher.stopped(e)
+            raise
     trainer.save_lora()  # before anything optional: a failing preview must never cost the trained LoRA
     watcher.finish()     # the LoRA where LoraLoader lists it, the run's figures
     return trainer

@@ -111,6 +111,7 @@ class RunWatcher(TrainerCallback):
         self.first_grid: Optional[torch.Tensor] = None
         self.last_grid: Optional[torch.Tensor] = None
         self._best_mtime = None
+        self._warnings_shown = len(trainer.warnings)   # the run's warnings up to the last iteration's line
         trainer.keep_eval_images = True
 
     def on_train_begin(self, trainer) -> None:
@@ -141,6 +142,7 @@ class RunWatcher(TrainerCallback):
         t = self.trainer
         last_eval = t.evals[-1] if t.evals else None
         left = self.clock.left(int(stats["iteration"]) + 1, self.total)
+        self.copy_best()      # a best LoRA this iteration's check set aside
         line = iteration_line(stats, self.total, run_name=t.cfg.run_name, last_eval=last_eval,
                               s_per_it=self.clock.s_per_it, left_s=left)
         away = _artist_away()
@@ -150,6 +152,7 @@ class RunWatcher(TrainerCallback):
             line += f" | warning: {w}"
         self.log(line)
         self.show_text(line.split(": ", 1)[1].replace(" | ", "\n"))
+        self._warnings_shown = len(t.warnings)
         done = int(stats["iteration"]) + 1
         if self.save_every and done % self.save_every == 0 and t.rank == 0:
             path = os.path.join(self.loras, f"{t.cfg.run_name}_it{done:06d}.safetensors")
@@ -193,8 +196,16 @@ class RunWatcher(TrainerCallback):
             logging.warning("TreeGRPO: could not draw the live preview (%s: %s)", type(e).__name__, e)
 
     def copy_best(self) -> None:
+        """The run's best LoRA into the LoRA folder when it changed; one the artist's check set aside in the run
+        folder (a state they did not prefer) is set aside here too, under the same name."""
         src = self.trainer.best_lora_path
-        if self.trainer.rank != 0 or not os.path.isfile(src):
+        if self.trainer.rank != 0:
+            return
+        moved = getattr(self.trainer, "best_set_aside", [])
+        while moved:
+            after, _ = moved.pop(0)
+            ckpt.set_aside_best(os.path.join(self.loras, os.path.basename(src)), after)
+        if not os.path.isfile(src):
             return
         mtime = os.stat(src).st_mtime_ns
         if mtime == self._best_mtime:
@@ -234,7 +245,22 @@ class RunWatcher(TrainerCallback):
         self.log(f"TreeGRPO {t.cfg.run_name}: done, iteration {t.iteration}/{self.total} after "
                  f"{format_duration(elapsed)}; LoRA {path} (LoraLoader lists it under treegrpo/{t.cfg.run_name}/); "
                  f"checkpoints, logs and evaluation grids in {t.out}")
+        # the node's last text: what the run delivered, and what its end said (a check that took the LoRA back)
+        self.show_text("\n".join([f"done: iteration {t.iteration}/{self.total}",
+                                  f"LoRA treegrpo/{t.cfg.run_name}/{os.path.basename(path)}",
+                                  *t.warnings[self._warnings_shown:]]))
         return path
+
+    def stopped(self, error: BaseException) -> None:
+        """The node's text when the run stops early (Cancel, the artist away, an error): where it can go on from,
+        in place of the last iteration's line and its time left."""
+        t = self.trainer
+        why = ("cancelled" if type(error).__name__ == "InterruptProcessingException" else
+               f"stopped ({type(error).__name__})")
+        saved = t.checkpointed_iteration
+        self.show_text(f"{why} after iteration {t.iteration}/{self.total}\n" +
+                       (f"saved: queue again to resume from iteration {saved}" if saved is not None else
+                        "nothing saved: queued again it starts afresh"))
 
 
 def _artist_away() -> Optional[str]:

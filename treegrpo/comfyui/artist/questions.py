@@ -341,8 +341,8 @@ def ask_trees(batch, images, *, folder: str, iteration: int, seed, run_name: str
     An artist who walked away: after a question of this tab timed out, the next ones wait only ``away_grace_s``
     (when that is shorter) until the tab answers again or its page is used (``/here``); the dialog shows how many
     trees fell back meanwhile.
-    Each record says who scored the tree (``answered_by``: ``artist``, ``reward model``, ``timeout_by`` — e.g. the
-    taste model — or ``skipped``). Every answer is appended to ``<folder>/artist_labels.jsonl`` with the leaf images
+    Each record says who scored the tree (``answered_by``: ``artist`` — also for no preference and a skip, which
+    ``outcome`` names —, ``reward model``, ``timeout_by`` — e.g. the taste model — or ``skipped``). Every answer is appended to ``<folder>/artist_labels.jsonl`` with the leaf images
     kept in ``<folder>/artist/``. A tree the artist answered about before a crash cut this iteration (the same run,
     iteration, seed, tree, mode and pictures: :mod:`treegrpo.artist.replay`) takes that answer without asking."""
     import math
@@ -426,9 +426,9 @@ def ask_trees(batch, images, *, folder: str, iteration: int, seed, run_name: str
                          min(float(timeout_s), float(away_grace_s)))
         else:
             r = answer_rewards(answer, len(idx))
-            if r is None:
+            if r is None:                # no preference, or skip: the artist's answer, which trains nothing
                 exclude[t] = True
-                outcome, answered_by = answer.mode, "skipped"
+                outcome = answer.mode
             else:
                 rewards[idx] = r
         append_label(folder, {"version": LABELS_VERSION, "time": time.time(), "prompt_id": prompt_id,

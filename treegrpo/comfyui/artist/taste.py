@@ -61,7 +61,8 @@ def train_node_taste(encoder, mode: str, timeout_s: float, config: Optional[Tast
                      check_interrupt: Optional[Callable[[], None]] = None, prompt_id: Optional[str] = None,
                      client_id: Optional[str] = None, board=None, away_s: float = 30.0) -> Callable:
     """The Train node's leaf scorer (treegrpo.scores) for ``artist_ask = when unsure``. A resumed run first learns again from
-    its ``artist_labels.jsonl``; every answer refits the model and rewrites the taste file; the statistics (trees
+    its ``artist_labels.jsonl``; every answer refits the model and rewrites the taste file (``state["save"]``, also
+    after a check's answer the Train node has it learn); the statistics (trees
     asked, answers, agreement of the model with each answer before it learnt from it, refit seconds) go into the
     run's log."""
     from ...artist.answers import pairwise_wins
@@ -78,6 +79,10 @@ def train_node_taste(encoder, mode: str, timeout_s: float, config: Optional[Tast
             model = from_labels(ctx.output_dir, encoder, config, features=encoder.name, iteration=ctx.iteration)
             state["taste"] = OnlineTaste(model, encoder, trees_seen=ctx.trees_before, asked=model.answers)
             state["path"] = taste_file(ctx.run_name)
+            # the taste file, rewritten after every answer: a tree's, or a check's (the Train node's learn)
+            state["save"] = lambda: state["taste"].model.save(state["path"], extra={
+                "run_name": ctx.run_name, "features_path": getattr(encoder, "path", None) or "",
+                "features_options": getattr(encoder, "options", {})})
         return state["taste"]
 
     def ask(ctx, batch, images, raw):
@@ -108,9 +113,7 @@ def train_node_taste(encoder, mode: str, timeout_s: float, config: Optional[Tast
         rewards, exclude, stats = taste.round(pictures, leaf_tree, lambda t: stop_if_idle() or one(t))
         stop_if_idle()
         if taste.model.answers != before:
-            taste.model.save(state["path"], extra={"run_name": ctx.run_name,
-                                                   "features_path": getattr(encoder, "path", None) or "",
-                                                   "features_options": getattr(encoder, "options", {})})
+            state["save"]()
         return LeafScores({"reward": rewards}, {"reward": 1.0}, exclude,
                           stats={k: v for k, v in stats.items() if v is not None})
 
