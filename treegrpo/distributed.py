@@ -12,6 +12,7 @@ writes files; no collective runs inside a save, so a slow disk cannot leave peer
 """
 from __future__ import annotations
 
+import datetime
 import math
 import os
 from typing import Optional
@@ -20,6 +21,37 @@ import torch
 import torch.distributed as dist
 
 from .advantages import weighted_raw
+
+
+#: how long a process waits in a collective for the others (seconds; ``TREEGRPO_DIST_TIMEOUT_S``): rank 0 evaluates
+#: and writes files alone while the others wait for it at their next all-reduce, and an evaluation of a large model
+#: takes longer than torch's default (10 minutes with NCCL)
+DEFAULT_TIMEOUT_S = 2 * 3600
+
+
+def collective_timeout() -> datetime.timedelta:
+    """``TREEGRPO_DIST_TIMEOUT_S`` seconds (default :data:`DEFAULT_TIMEOUT_S`)."""
+    raw = os.environ.get("TREEGRPO_DIST_TIMEOUT_S", "")
+    try:
+        s = float(raw) if raw else DEFAULT_TIMEOUT_S
+    except ValueError:
+        s = float("nan")
+    if not (math.isfinite(s) and s > 0):
+        from .config import ConfigError
+        raise ConfigError(f"TREEGRPO_DIST_TIMEOUT_S {raw!r}: give the seconds a process may wait for the others "
+                          f"(default {DEFAULT_TIMEOUT_S})")
+    return datetime.timedelta(seconds=s)
+
+
+def flat_settings(d: dict, prefix: str = "") -> dict:
+    """A nested config dict as ``{"optim.lr": 3e-4, ...}``."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flat_settings(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def launched() -> bool:
@@ -35,7 +67,7 @@ class DataParallel:
         from accelerate import PartialState
 
         kw = {"backend": backend} if backend else {}
-        self.state = PartialState(cpu=cpu, **kw)
+        self.state = PartialState(cpu=cpu, timeout=collective_timeout(), **kw)
         if launched() and self.state.num_processes == 1:
             raise RuntimeError("launched with WORLD_SIZE > 1 but no process group could be set up; on the CPU "
                                "run with --device cpu")
@@ -43,10 +75,11 @@ class DataParallel:
         self.world = self.state.num_processes
         self.device = self.state.device
 
-    def all_reduce_grads(self, params: list[torch.nn.Parameter], n_edges: int) -> None:
-        """Replace every ``p.grad`` by the edge-weighted mean over ranks (one flat all-reduce)."""
+    def all_reduce_grads(self, params: list[torch.nn.Parameter], n_edges: int) -> int:
+        """Replace every ``p.grad`` by the edge-weighted mean over ranks (one flat all-reduce); returns the edges
+        of all ranks (0: no rank steps, as one process over all trees would not)."""
         if self.world == 1:
-            return
+            return n_edges
         ref = params[0]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch.cat([g.detach().float().reshape(-1) * n_edges for g in grads]
@@ -59,6 +92,25 @@ class DataParallel:
             n = g.numel()
             p.grad = flat[off:off + n].view_as(g).to(g.dtype).clone()
             off += n
+        return int(round(total))
+
+    def check_same_settings(self, settings: dict) -> None:
+        """Refuse, on every process at once, a run whose processes were given different settings (``settings``: the
+        config as a dict): each trains a share of one batch with one LoRA, so a process with another learning rate,
+        LoRA or number of iterations would train apart silently or wait forever for the others."""
+        if self.world == 1:
+            return
+        ref = flat_settings(self.broadcast_object(settings))
+        mine = flat_settings(settings)
+        diff = sorted(k for k in set(ref) | set(mine) if ref.get(k, "<none>") != mine.get(k, "<none>"))
+        every = [None] * self.world
+        dist.all_gather_object(every, diff)
+        bad = [(r, d) for r, d in enumerate(every) if d]
+        if bad:
+            from .config import ConfigError
+            said = "; ".join(f"process {r}: {', '.join(d[:6])}{' ...' if len(d) > 6 else ''}" for r, d in bad)
+            raise ConfigError(f"the {self.world} processes were started with different settings than process 0 "
+                              f"({said}): give every process the same config file and flags")
 
     def sum_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
         """Element-wise sum of a 1-D float tensor over ranks (batch statistics for the logs), on the CPU."""

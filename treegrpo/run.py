@@ -200,6 +200,8 @@ def run_training(cfg: TrainConfig, resume: bool = False, progress: bool = True, 
     device = resolve_device(cfg.device)
     # torchrun / accelerate launch: one process per device
     dist = DataParallel(cpu=device.type == "cpu") if launched() else None
+    if dist is not None:
+        dist.check_same_settings(cfg.to_dict())
     if dist is not None and device.type == "cuda":
         device = dist.device
     if dist is not None and dist.rank == 0:     # said, so a launcher that started one process is noticed

@@ -196,8 +196,9 @@ def grpo_update(policy: Policy, batch: TreeBatch, optimizer: torch.optim.Optimiz
                 edges: Optional[EdgeSet] = None) -> dict:
     """Run ``cfg.updates_per_batch`` optimiser steps on the batch's edges; returns statistics.
 
-    ``all_reduce(params, n_edges)`` (optional, data parallel) turns each process's gradient of its mean edge
-    loss into the gradient of the mean over all processes' edges (see ``treegrpo.distributed``)."""
+    ``all_reduce(params, n_edges) -> total edges`` (optional, data parallel) turns each process's gradient of its
+    mean edge loss into the gradient of the mean over all processes' edges (see ``treegrpo.distributed``); no
+    process steps when the total is 0."""
     edges = edges if edges is not None else collect_edges(batch, skip_zero_adv=cfg.kl_beta == 0,
                                                           step_weight=cfg.step_weight)
     params = params if params is not None else [p for p in policy.model.parameters() if p.requires_grad]
@@ -205,9 +206,9 @@ def grpo_update(policy: Policy, batch: TreeBatch, optimizer: torch.optim.Optimiz
     for _ in range(cfg.updates_per_batch):
         optimizer.zero_grad(set_to_none=False)
         stats.update(backward_edges(policy, batch, edges, cfg, guidance=guidance, callback=callback))
-        if all_reduce is not None:  # weighted by edge counts: the same gradient as one process over all trees
-            all_reduce(params, edges.n_edges)
-        if edges.n_edges == 0 and all_reduce is None:
+        # weighted by edge counts: the same gradient as one process over all trees, and the same step: none on any
+        # process when no process has an edge (a step of zero gradients would still move Adam's moments)
+        if (all_reduce(params, edges.n_edges) if all_reduce is not None else edges.n_edges) == 0:
             break
         stats["grad_norm"] = optimizer_step(optimizer, params, cfg.max_grad_norm, "GRPO")
     optimizer.zero_grad(set_to_none=True)
@@ -273,9 +274,7 @@ def matching_update(policy: Policy, batch: TreeBatch, optimizer: torch.optim.Opt
             del x0_theta, per, loss
             if callback:
                 callback()
-        if all_reduce is not None:
-            all_reduce(params, n)
-        if n == 0 and all_reduce is None:
+        if (all_reduce(params, n) if all_reduce is not None else n) == 0:     # as grpo_update
             break
         stats.update(grad_norm=optimizer_step(optimizer, params, cfg.max_grad_norm, cfg.loss), loss=tot_loss,
                      kl=tot_kl / max(n, 1))

@@ -103,3 +103,69 @@ def test_time_budget_and_time_based_lr_are_shared_by_the_ranks(tmp_path):
     log = json.load(open(out / "log.json"))["train"]
     assert len(log) >= 2 and log[-1]["train_time"] >= 3.0 > log[-2]["train_time"]
     assert log[-1]["lr"] < log[0]["lr"] == 3e-3
+
+
+def test_an_iteration_without_edges_steps_no_process(tmp_path):
+    """A batch whose every tree is too flat to train (``flat_floor``) takes no optimiser step in one process; over
+    two it took one on every process with the all-reduced zero gradient (found by a team's walk: AdamW's weight decay
+    and step count moved, and the two-process run drifted from the one-process one). Now no process steps."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    for out in (one, two):
+        out.mkdir()
+        cfg = _config(out, iterations=1, advantage={"flat_floor": 1e9}, optim={"weight_decay": 0.5})
+        (out / "cfg.json").write_text(json.dumps(cfg))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    r1 = subprocess.run([sys.executable, "-m", "treegrpo.cli", "train", "--quiet", "--config", str(one / "cfg.json")],
+                        capture_output=True, text=True, timeout=600, env=env)
+    assert r1.returncode == 0, r1.stderr[-3000:]
+    r2 = _torchrun(["-m", "treegrpo.cli", "train", "--quiet", "--config", str(two / "cfg.json")], env)
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    assert json.load(open(two / "log.json"))["train"][0]["edges"] == 0
+    a = read_lora_file(str(one / "ddp.safetensors"))[0]
+    b = read_lora_file(str(two / "ddp.safetensors"))[0]
+    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])][:3]
+
+
+def test_processes_started_with_different_settings_are_refused_on_every_process(tmp_path):
+    """Each process trains a share of one batch with one LoRA: a process given another learning rate trained apart
+    silently, and one given more iterations waited for the others for ever (a team's walk). Refused at start-up,
+    before any model loads, on every process, naming the process and the settings."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "cfg.json").write_text(json.dumps(_config(out)))
+    script = tmp_path / "per_rank.py"
+    script.write_text("import os, sys\nfrom treegrpo import cli\n"
+                      f"args = ['train', '--quiet', '--config', {str(out / 'cfg.json')!r}]\n"
+                      "if os.environ['RANK'] == '1':\n    args += ['--optim.lr', '0.1', '--iterations', '6']\n"
+                      "sys.exit(cli.main(args))\n")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    r = _torchrun([str(script)], env, timeout=300)
+    assert r.returncode != 0
+    line = ("treegrpo: error: the 2 processes were started with different settings than process 0 (process 1: "
+            "iterations, optim.lr): give every process the same config file and flags")
+    assert r.stderr.count(line) == 2, r.stderr[-3000:]
+    assert not (out / "ddp.safetensors").exists() and not (out / "checkpoints").exists()
+
+
+def test_a_process_waits_for_rank_0s_evaluation_as_long_as_the_readme_says(monkeypatch):
+    """Rank 0 evaluates alone while the others wait in their next all-reduce: torch's default (10 minutes with NCCL)
+    ended a run whose evaluation of a large model took longer (a team's walk, with the timeout shortened). The
+    processes wait ``TREEGRPO_DIST_TIMEOUT_S`` (the README's default); a value that is not seconds is refused."""
+    import datetime
+    from pathlib import Path
+
+    from treegrpo.config import ConfigError
+    from treegrpo.distributed import DEFAULT_TIMEOUT_S, collective_timeout, flat_settings
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert f"`TREEGRPO_DIST_TIMEOUT_S` ({DEFAULT_TIMEOUT_S} s)" in readme
+    monkeypatch.delenv("TREEGRPO_DIST_TIMEOUT_S", raising=False)
+    assert collective_timeout() == datetime.timedelta(seconds=DEFAULT_TIMEOUT_S) > datetime.timedelta(minutes=10)
+    monkeypatch.setenv("TREEGRPO_DIST_TIMEOUT_S", "90")
+    assert collective_timeout() == datetime.timedelta(seconds=90)
+    for bad in ("soon", "0", "-5", "inf"):
+        monkeypatch.setenv("TREEGRPO_DIST_TIMEOUT_S", bad)
+        with pytest.raises(ConfigError, match="TREEGRPO_DIST_TIMEOUT_S"):
+            collective_timeout()
+    assert flat_settings({"optim": {"lr": 1.0, "x": {"y": 2}}, "iterations": 3}) == {
+        "optim.lr": 1.0, "optim.x.y": 2, "iterations": 3}
