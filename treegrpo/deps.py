@@ -23,19 +23,22 @@ OPTIONAL = {
     # of the others (rewards/imagereward.py imports its model files only), so it is installed without them
     "ImageReward": ("the image_reward reward (ImageReward)", ("--no-deps image-reward==1.5",)),
     # rapidocr 3.10 requires opencv-python-headless, which would go in beside a pack's opencv-python (two
-    # packages writing cv2/): its other needs are installed normally (none pins what ComfyUI has), itself without
-    # them; it carries its PP-OCRv6 ONNX models inside the wheel (nothing is downloaded)
+    # packages writing cv2/): its other needs are installed normally (none pins what ComfyUI has), OpenCV only where
+    # no OpenCV is there (PROVIDED_BY_OTHERS), itself without them; it carries its PP-OCRv6 ONNX models inside the
+    # wheel (nothing is downloaded)
     "rapidocr": ("the ocr reward (RapidOCR: PP-OCRv6 text detection and recognition)",
-                 ("onnxruntime pyclipper shapely omegaconf colorlog", "--no-deps rapidocr==3.10.0")),
+                 ("onnxruntime opencv-python-headless pyclipper shapely omegaconf colorlog",
+                  "--no-deps rapidocr==3.10.0")),
 }
 
 #: optional package → the other modules it imports that its ``--no-deps`` line does not bring (checked with it)
-OPTIONAL_NEEDS = {"rapidocr": ("onnxruntime", "pyclipper", "shapely", "omegaconf", "colorlog")}
+OPTIONAL_NEEDS = {"rapidocr": ("onnxruntime", "cv2", "pyclipper", "shapely", "omegaconf", "colorlog")}
 
 #: a package named in an install line → the module it provides, which other distributions provide too: the package
 #: is left out of the command when the module is already there, whichever distribution brought it (onnxruntime-gpu,
-#: -directml and -openvino all install the module ``onnxruntime``; pip would write the CPU build's files over theirs)
-PROVIDED_BY_OTHERS = {"onnxruntime": "onnxruntime"}
+#: -directml and -openvino all install the module ``onnxruntime``; pip would write the CPU build's files over theirs;
+#: opencv-python, -contrib and -headless all write ``cv2``)
+PROVIDED_BY_OTHERS = {"onnxruntime": "onnxruntime", "opencv-python-headless": "cv2"}
 
 
 class OptionalPackageMissing(ImportError):

@@ -62,6 +62,10 @@ def iteration_prompts(prompts: list[str], n: int, seed: int, iteration: int) -> 
 
 
 
+#: iterations in a row without a tree to train (every one too flat) before the run says so
+FLAT_STREAK = 5
+
+
 class Trainer(Evaluation, RunFiles, MemoryPlanning):
     """TreeGRPO (or trajectory GRPO) LoRA training on one policy.
 
@@ -71,7 +75,7 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
     evaluation, checkpoint). Shortcuts for the simplest ones: ``stop`` (a callable returning True to stop, checked
     at every step), ``step_callback`` (called after every denoiser/update step: the step nodes swap their progress
     bar here per phase), ``iteration_callback`` (called with each iteration's statistics, after the callbacks).
-    ``dist``: optional data-parallel helper with ``rank``, ``world``, ``all_reduce_grads(params, n_edges)``
+    ``dist``: optional data-parallel helper with ``rank``, ``world``, ``all_reduce_grads(params, n_edges) -> edges``
     (:class:`treegrpo.distributed.DataParallel`); only rank 0 evaluates and writes files."""
 
     def __init__(self, cfg: TrainConfig, policy: Policy, rewards: Optional[dict[str, Callable]] = None, *,
@@ -142,6 +146,10 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
         self.kept_sigmas: Optional[torch.Tensor] = None
         #: an evaluation was due after the last finished iteration and has not been recorded (a stop cut it)
         self.eval_pending = False
+        self.flat_streak = 0     # iterations in a row in which every tree was too flat to train (watch_flat)
+        #: (iteration gone back to, where the best LoRA was moved): best LoRAs of states the artist rejected
+        #: (:meth:`reject_evaluations_after`), for a copy of it elsewhere (the Train node's LoRA folder) to follow
+        self.best_set_aside: list[tuple[int, str]] = []
 
     def rebind(self, cfg: TrainConfig, policy: Policy) -> None:
         """Continue this run with new settings and a new policy over the same LoRA (ComfyUI's step nodes build a
@@ -366,7 +374,25 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
         self.iteration += 1
         self.history.append(stats)
         self.mid_update, self._before_update = False, None
+        self.watch_flat(stats)
         return stats
+
+    def watch_flat(self, stats: dict) -> None:
+        """Warn once per streak when :data:`FLAT_STREAK` iterations in a row trained nothing because every scored
+        tree's leaves got the same reward (a reward with no signal on these samples: ``ocr`` before the model draws
+        any text, a judge question it always answers alike)."""
+        flat = stats.get("flat_trees", 0)
+        if stats.get("edges", 0) == 0 and flat and flat >= stats.get("scored_trees", 0):
+            self.flat_streak += 1
+        else:
+            self.flat_streak = 0
+        if self.flat_streak == FLAT_STREAK:
+            msg = (f"iterations {self.iteration - FLAT_STREAK + 1}-{self.iteration} trained nothing: every tree's "
+                   f"leaves scored alike (their reward spread under advantage.flat_floor {self.cfg.advantage.flat_floor}"
+                   "), so the reward gives no signal on these samples yet (e.g. ocr reads no text in any leaf); start "
+                   "from prompts or a model that already come close, or add a reward that tells the leaves apart")
+            self.warnings.append(msg)
+            logging.warning("TreeGRPO %s: %s", self.cfg.run_name, msg)
 
     def train_step(self) -> dict:
         """One iteration: sample → score → backup → update → record; returns its statistics."""

@@ -3,6 +3,7 @@ and processor, ``HPSv3.safetensors`` with transformers 4.x key names and the ``<
 head's first output at the reward token, recomputed here by hand from the file's tensors; the input follows the
 reference (the instruction with the prompt, 256·28·28 pixels); wrong files are refused. Random weights: this checks
 the computation, not the model's judgement."""
+import json
 import os
 
 import pytest
@@ -75,6 +76,17 @@ def test_wrong_files_are_refused(folder, tmp_path):
     (bare / "HPSv3.safetensors").write_bytes(whole[:-8])
     with pytest.raises(ValueError, match="hpsv3: .*HPSv3.safetensors is incomplete"):
         load_reward("hpsv3", path=str(bare))
+    # another Qwen2-VL's config beside the weights (a vlm_judge folder's 2B config): one line, not 30 size mismatches
+    mism = tmp_path / "mism"
+    shutil.copytree(folder, mism)
+    cfg = json.loads((mism / "config.json").read_text())
+    text = cfg.get("text_config", cfg)
+    text["intermediate_size"] = 2 * text["intermediate_size"]
+    (mism / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError) as e:
+        load_reward("hpsv3", path=str(mism))
+    assert "\n" not in str(e.value) and "does not fit the config.json in" in str(e.value) \
+        and "put Qwen2-VL-7B-Instruct's config and processor files beside HPSv3.safetensors" in str(e.value)
 
 
 def test_it_trains_and_judges_a_cli_run(folder, tmp_path):

@@ -97,7 +97,26 @@ def test_prompts_without_quoted_text_are_refused_before_any_model(tmp_path, caps
     assert cli.main(["train", "--config", str(tmp_path / "c.json"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "TrainConfig.eval_rewards[0]: reward 'ocr'" in err and "'a dog'" in err, err
+    # text the recogniser cannot write out (a user's walk: Cyrillic read as nothing, reward 0 for ever): refused too
+    cfg.update(prompts=['a sign that says "OPEN"', 'a sign "ПРИВЕТ"'], rewards=[{"name": "ocr"}], eval_rewards=[],
+               eval_prompts=[])
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    assert cli.main(["train", "--config", str(tmp_path / "c.json"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "TrainConfig.rewards[0]: reward 'ocr' reads with PP-OCRv6, whose recogniser knows no 'ВЕИПРТ'" in err, err
+    assert "1 prompt(s) quote text it can never read back ('a sign \"ПРИВЕТ\"')" in err, err
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_the_recogniser_knows_what_the_prompts_may_quote():
+    """The characters come from the recogniser's own file: Latin with accents, Chinese, kana, digits; not Cyrillic
+    or Hangul (drawn with PIL in a walk: 'ПРИВЕТ' and 'Привет мир' were read as '')."""
+    from treegrpo.rewards.ocr import recogniser_characters
+
+    known = recogniser_characters()
+    assert known is not None and len(known) > 10000
+    assert set("OPENcafé Straße 12 东京こんにちは-!?") - {" "} <= known
+    assert not set("ПРИВЕТпривет") & known and not set("한국") & known
 
 
 def test_a_rapidocr_without_its_models_is_refused_before_anything_is_downloaded(monkeypatch):

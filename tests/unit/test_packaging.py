@@ -113,9 +113,13 @@ def test_an_optional_install_line_leaves_out_what_another_build_already_provides
     full = OPTIONAL["rapidocr"][1]
     assert optional_install_args("rapidocr", present=lambda m: False) == full
     assert optional_install_args("rapidocr", present=lambda m: m == "onnxruntime") == (
-        "pyclipper shapely omegaconf colorlog", "--no-deps rapidocr==3.10.0")
+        "opencv-python-headless pyclipper shapely omegaconf colorlog", "--no-deps rapidocr==3.10.0")
+    # OpenCV from any pack (opencv-python, -contrib): not installed again beside it; where none is there, in the same
+    # line (a user's walk: a ComfyUI without OpenCV needed a second install and restart)
+    assert optional_install_args("rapidocr", present=lambda m: m == "cv2") == (
+        "onnxruntime pyclipper shapely omegaconf colorlog", "--no-deps rapidocr==3.10.0")
     # a module other than the providers' is never left out, installed or not
-    assert optional_install_args("rapidocr", present=lambda m: m != "onnxruntime") == full
+    assert optional_install_args("rapidocr", present=lambda m: m not in ("onnxruntime", "cv2")) == full
     assert optional_install_args("ImageReward", present=lambda m: True) == ("--no-deps image-reward==1.5",)
 
 
@@ -124,13 +128,14 @@ def test_a_missing_module_of_an_optional_reward_is_named_with_the_command(monkey
     built, naming each missing module, with the install line."""
     import treegrpo.deps as deps
 
-    gone = {"onnxruntime", "shapely"}
+    gone = {"onnxruntime", "shapely", "cv2"}
     monkeypatch.setattr(deps, "_importable", lambda m: m not in gone)
     with pytest.raises(deps.OptionalPackageMissing) as e:
         deps.require_optional("rapidocr")
     msg = str(e.value)
-    assert "packages 'onnxruntime', 'shapely', which are not installed" in msg, msg
-    assert "-m pip install onnxruntime pyclipper shapely omegaconf colorlog" in msg and "rapidocr==3.10.0" in msg
+    assert "packages 'onnxruntime', 'cv2', 'shapely', which are not installed" in msg, msg
+    assert "-m pip install onnxruntime opencv-python-headless pyclipper shapely omegaconf colorlog" in msg
+    assert "rapidocr==3.10.0" in msg
     monkeypatch.setattr(deps, "_importable", lambda m: True)
     deps.require_optional("rapidocr")
     from treegrpo.rewards.base import missing_package

@@ -930,3 +930,38 @@ def test_a_full_disk_mid_run_is_one_line_and_the_run_resumes_from_its_last_whole
     assert cli.main(args + ["--resume"]) == 0
     assert not stale.exists() and keep.read_text() == "mine"
     assert json.load(open(out / "log.json"))["train"][-1]["iteration"] == 2
+
+
+def test_a_reward_without_signal_is_said_once_per_streak(tmp_path, caplog):
+    """Every tree flat (the ocr reward before the model draws any text: all leaves 0) trains nothing; after
+    FLAT_STREAK such iterations in a row the run says so, once, with what to change (a user's walk: 0.000 and a LoRA
+    saved, no word). A reward with signal says nothing."""
+    import logging
+
+    import torch
+
+    from treegrpo import cli
+    from treegrpo.backends import load_policy
+    from treegrpo.config import TrainConfig
+    from treegrpo.trainer import FLAT_STREAK, Trainer
+
+    def trainer(reward, out):
+        d = cli.demo_config_dict()
+        d.update(prompts=["a red circle"], prompts_per_iter=2, iterations=FLAT_STREAK + 2, eval_every=0, seed=1,
+                 output_dir=str(out), run_name="flat", checkpoint_every=0)
+        cfg = TrainConfig.from_dict(d)
+        return Trainer(cfg, load_policy(cfg)[0], {"demo_adherence": reward}, progress=False)
+
+    t = trainer(lambda im, p: torch.zeros(len(im)), tmp_path / "a")
+    with caplog.at_level(logging.WARNING):
+        for _ in range(FLAT_STREAK + 2):
+            t.after_iteration(t.train_step())
+    said = [w for w in t.warnings if "trained nothing" in w]
+    assert said == [w for w in t.warnings if w.startswith(f"iterations 1-{FLAT_STREAK} trained nothing")], t.warnings
+    assert len(said) == 1 and "advantage.flat_floor" in said[0] and sum("trained nothing" in r.message
+                                                                         for r in caplog.records) == 1
+    assert all(h["edges"] == 0 for h in t.history)
+    t = trainer(lambda im, p: im.mean(dim=(1, 2, 3)), tmp_path / "b")
+    for _ in range(FLAT_STREAK + 1):
+        t.after_iteration(t.train_step())
+    assert not [w for w in t.warnings if "trained nothing" in w] and all(h["edges"] > 0 for h in t.history)

@@ -143,6 +143,14 @@ class HPSv3(TorchReward):
             raise ValueError(f"{self.name}: {weights} does not fit Qwen2-VL with the HPSv3 head (missing "
                              f"{absent[:4]}{' …' if len(absent) > 4 else ''}, unexpected {extra[:4]}"
                              f"{' …' if len(extra) > 4 else ''}); it is not an HPSv3 checkpoint for this config")
+        want = net.state_dict()
+        shaped = [k for k in sorted(state) if tuple(state[k].shape) != tuple(want[k].shape)]
+        if shaped:      # e.g. Qwen2-VL-2B's config (a vlm_judge folder's) beside the 7B HPSv3 weights
+            k = shaped[0]
+            raise ValueError(f"{self.name}: {weights} does not fit the config.json in {folder} ({len(shaped)} tensors "
+                             f"of other shapes, e.g. {k}: {tuple(state[k].shape)} in the file, "
+                             f"{tuple(want[k].shape)} by the config): put Qwen2-VL-7B-Instruct's config and processor "
+                             "files beside HPSv3.safetensors")
         net.load_state_dict(state, strict=True, assign=True)
         self.module = net
         self._finish()

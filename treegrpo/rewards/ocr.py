@@ -16,8 +16,11 @@ recognition models in ONNX, as rapidocr 3.10 ships them, with its PP-OCR mobile 
 """
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 import re
+from typing import Optional
 
 import torch
 
@@ -57,14 +60,55 @@ def text_reward(read: str, wanted: str) -> float:
     return 1.0 - min(levenshtein(r, t), len(t)) / len(t)
 
 
+#: the recogniser's model file in the rapidocr package (its character list is in the file's metadata)
+REC_MODEL = "PP-OCRv6_rec_small.onnx"
+
+
+@functools.lru_cache(maxsize=1)
+def recogniser_characters() -> Optional[frozenset]:
+    """The characters PP-OCRv6's recogniser can output (about 18,700: Latin with its accents, Chinese, Japanese
+    kana, Greek without tonos, digits, punctuation; no Cyrillic, no Hangul), read from its model file's metadata; None
+    where rapidocr or onnxruntime is not installed (the reward's loader then says how to install them)."""
+    try:
+        import onnxruntime
+        spec = importlib.util.find_spec("rapidocr")      # its folder, without importing it (OpenCV and the rest)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(list(spec.submodule_search_locations)[0], "models", REC_MODEL)
+    try:
+        sess = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+        chars = sess.get_modelmeta().custom_metadata_map.get("character", "")
+    except Exception:  # noqa: BLE001 - a missing or damaged file: the reward's loader names it
+        return None
+    return frozenset(chars.splitlines()) or None
+
+
 def check_prompts(prompts: list[str], who: str = "ocr") -> None:
-    """Refuse, naming them, prompts that quote no text (the reward would have nothing to compare with)."""
+    """Refuse, naming them, prompts that quote no text (the reward would have nothing to compare with), and prompts
+    whose text the recogniser cannot write out (characters it does not know: the reward could never reach 1, and
+    text wholly in such a script, e.g. Cyrillic, would score 0 however well it is drawn)."""
     bad = [p for p in prompts if not normalise(quoted_text(p))]
     if bad:
         shown = "; ".join(repr(p[:80]) for p in bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
         raise ValueError(f"reward {who!r} compares the text the prompt quotes with the text read in the image, and "
                          f"{len(bad)} prompt(s) quote none: {shown}. Put the text in double quotes, e.g. "
                          f'a storefront sign that says "OPEN" (the shipped set text_rendering.txt has such prompts)')
+    known = recogniser_characters()
+    if known is None:
+        return
+    unknown = {p: sorted({c for c in quoted_text(p) if not c.isspace() and c not in known}) for p in prompts}
+    unknown = {p: cs for p, cs in unknown.items() if cs}
+    if unknown:
+        chars = sorted(set().union(*unknown.values()))
+        shown = "; ".join(repr(p[:80]) for p in list(unknown)[:3]) + (f" and {len(unknown) - 3} more"
+                                                                      if len(unknown) > 3 else "")
+        raise ValueError(f"reward {who!r} reads with PP-OCRv6, whose recogniser knows no {''.join(chars[:12])!r}"
+                         f"{' ...' if len(chars) > 12 else ''}: {len(unknown)} prompt(s) quote text it can never read "
+                         f"back ({shown}), so their reward could not reach 1 (0 for a script it does not read, such "
+                         "as Cyrillic or Hangul). Quote text in Latin letters (accents included), Chinese, Japanese "
+                         "kana or Greek without accents")
 
 
 def bgr_array(image: torch.Tensor):
@@ -100,7 +144,7 @@ class OCRReward:
     source = "RapidOCR (github RapidAI/RapidOCR): PaddleOCR's PP-OCRv6 models inside the rapidocr 3.10 wheel"
     licence = "Apache-2.0"
     #: the model files, inside the rapidocr package, given to it by path so that it never downloads one
-    MODEL_FILES = {"Det": "PP-OCRv6_det_small.onnx", "Rec": "PP-OCRv6_rec_small.onnx",
+    MODEL_FILES = {"Det": "PP-OCRv6_det_small.onnx", "Rec": REC_MODEL,
                    "Cls": "ch_ppocr_mobile_v2.0_cls_mobile.onnx"}
 
     def __init__(self, path=None, device="cpu", min_score: float = 0.5, threads: int = 0):
@@ -111,12 +155,7 @@ class OCRReward:
         if int(threads) != threads or threads < 0:
             raise ValueError(f"{self.name}: threads must be a whole number ≥ 0 (0: every core), got {threads!r}")
         from ..deps import optional_install_command, require_optional
-        require_optional("rapidocr")
-        try:
-            import cv2  # noqa: F401 - RapidOCR's image handling
-        except ImportError:
-            raise ImportError("the ocr reward needs OpenCV, which is not installed: pip install "
-                              "opencv-python-headless (or opencv-python where your ComfyUI already uses that)") from None
+        require_optional("rapidocr")      # and what it imports: onnxruntime, OpenCV (cv2), ... (treegrpo.deps)
         import rapidocr
         from rapidocr import RapidOCR
 
