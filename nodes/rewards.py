@@ -8,7 +8,7 @@ from comfy_api.latest import io
 
 from treegrpo.comfyui.reward_files import FOLDER, NO_FILE, register_model_folder
 from treegrpo.comfyui.runtime import ManagedReward
-from treegrpo.rewards.base import (available, load_reward, missing_package, options_help, parse_options,
+from treegrpo.rewards.base import (available, load_reward, missing_package, loader_options, options_help,
                                    reward_files_help)
 from treegrpo.rewards.scoring import score_images
 from treegrpo.rewards.vlm_judge import DEFAULT_QUESTION as VLM_DEFAULT_QUESTION
@@ -63,26 +63,17 @@ class RewardModelLoader(PackNode):
             return missing
         if options is None:
             return ok
-        if reward == "vlm_judge" and (question or "").strip():
-            try:
-                question.strip().format(prompt="x")
-            except (ValueError, KeyError, IndexError) as e:
-                return (f"question {question.strip()!r} cannot be filled in ({e}): the only placeholder is "
-                        "{prompt}; write other braces as {{ and }}")
         try:
-            parse_options(reward, options)
+            loader_options(reward, options, question)
         except ValueError as e:
             return str(e)
         return True
 
     @classmethod
     def execute(cls, reward, file, options="{}", clip_vision=None, question=""):
-        opts = parse_options(reward, options)
-        if reward == "vlm_judge" and (question or "").strip():
-            opts["question"] = question.strip()
-        elif (question or "").strip():
-            logging.warning("TreeGRPO: the Reward Model Loader's question is read by the vlm_judge reward only; "
-                            "%s ignores it", reward)
+        opts, notes = loader_options(reward, options, question)
+        for note in notes:
+            logging.warning("TreeGRPO: %s", note)
         path = None if file == NO_FILE else folder_paths.get_full_path_or_raise(FOLDER, file)
         if reward == "taste":
             from treegrpo.comfyui.artist.taste import taste_reward

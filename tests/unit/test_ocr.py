@@ -16,6 +16,9 @@ def test_the_text_rule_by_hand():
     assert quoted_text('a storefront sign that says "OPEN"') == "OPEN"
     assert quoted_text('a poster: “Big Sale” and "50% off"') == "Big Sale 50% off"
     assert quoted_text("a cat's hat") == "" and quoted_text('empty quotes ""') == ""
+    # the quotes of other languages (a user's walk: these were refused as quoting nothing)
+    assert quoted_text("ein Schild „Guten Tag“") == "Guten Tag" and quoted_text("un panneau « Bonjour »") == "Bonjour"
+    assert quoted_text("看板に「東京」") == "東京" and quoted_text("『本』と「店」") == "本 店"
     assert normalise(" Hello\tWorld \n") == "helloworld"
     assert text_reward("OPEN", "OPEN") == 1.0 and text_reward("open", "OPEN") == 1.0     # case is ignored
     assert text_reward("HelloWorld", "Hello World") == 1.0                              # so is whitespace
@@ -26,7 +29,7 @@ def test_the_text_rule_by_hand():
     with pytest.raises(ValueError, match="empty once whitespace is removed"):
         text_reward("x", "  ")
     check_prompts(['a sign that says "OPEN"'])
-    with pytest.raises(ValueError, match=r"1 prompt\(s\) quote none: 'a red circle'.*double quotes"):
+    with pytest.raises(ValueError, match=r"1 prompt\(s\) quote none: 'a red circle'. Put the text in quotes \("):
         check_prompts(['a sign that says "OPEN"', "a red circle"])
 
 

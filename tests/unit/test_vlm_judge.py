@@ -3,6 +3,7 @@ folder layout: P("Yes") recomputed by hand from the model's logits, batching equ
 question's placeholder, wrong or missing folders refused clearly, its vision tower as taste features, and the reward
 as a training reward and a held-out judge of a CLI run. The model is random: these check the computation only."""
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,22 @@ def test_batching_equals_one_by_one(folder):
     imgs = _images(4, seed=1)
     prompts = ["a red circle", "a very long prompt about a cat on a mat in the sun", "x", 'a sign that says "OPEN"']
     assert torch.allclose(many(imgs, prompts), one(imgs, prompts), rtol=1e-4, atol=1e-7)
+
+
+def test_a_question_takes_the_prompt_as_it_is_and_says_when_it_takes_none():
+    """A user's walk: ``{prompt.upper}`` put "<built-in method upper ...>" in the question, ``{prompt[0]}`` one
+    letter, and a question without ``{prompt}`` asked the same of every image, all without a word. The first two are
+    refused; the last is said (it can be meant: "Is the text legible?")."""
+    from treegrpo.rewards.vlm_judge import DEFAULT_QUESTION, check_question
+
+    assert check_question(DEFAULT_QUESTION) is None and check_question("Is {prompt} shown? {{yes}}") is None
+    for bad, why in (("Is {prompt.upper} shown?", "{prompt.upper} is not {prompt}"),
+                     ("{prompt[0]}", "{prompt[0]} is not {prompt}"), ("Is {text} shown?", "{text} is not {prompt}"),
+                     ("Is {prompt shown?", "expected '}'"), ("", "must be a sentence")):
+        with pytest.raises(ValueError, match=re.escape(why)):
+            check_question(bad)
+    for none in ("Is the text legible? Answer yes or no.", "Is {{prompt}} shown?"):
+        assert "has no {prompt}: it asks the same of every image" in check_question(none)
 
 
 def test_missing_or_wrong_folders_and_questions_are_refused(folder, tmp_path):
@@ -139,6 +156,15 @@ def test_the_reward_model_loader_takes_the_question_as_text(comfyui_pack, folder
     msg = loader.validate_inputs(reward="vlm_judge", options="{}", question="Is {thing} shown?")
     assert isinstance(msg, str) and "only placeholder is {prompt}" in msg
     assert loader.validate_inputs(reward="vlm_judge", options="{}", question=q) is True
+    # the options' own question is checked at validation too (it was refused only when the node ran), and one the
+    # question input replaces is said to be replaced
+    msg = loader.validate_inputs(reward="vlm_judge", options='{"question": "Is {text} there?"}', question="")
+    assert isinstance(msg, str) and "{text} is not {prompt}" in msg
+    with caplog.at_level("WARNING"):
+        loader.execute(reward="vlm_judge", file="Qwen2-VL-tiny/config.json", options='{"question": "Is it {prompt}?"}',
+                       question=q)
+    assert any("asks the loader's question" in r.getMessage() and "not the options'" in r.getMessage()
+               for r in caplog.records)
     with caplog.at_level("WARNING"):      # a question left for another reward is said to be ignored
         loader.execute(reward="demo_adherence", file="(none: built-in weights or none needed)", options="{}",
                        question=q)

@@ -150,6 +150,26 @@ def parse_options(reward: str, text: str | None) -> dict:
     return opts
 
 
+def loader_options(reward: str, options: str | None, question: str | None) -> tuple[dict, list[str]]:
+    """The Reward Model Loader's ``options`` JSON and its ``question`` input as the reward's keyword arguments, checked
+    (ValueError saying what is wrong), and notes for the console: a question given to a reward that asks none, one
+    that replaces the options' own, a ``vlm_judge`` question without ``{prompt}``."""
+    opts = parse_options(reward, options)
+    q, notes = (question or "").strip(), []
+    if q and reward != "vlm_judge":
+        notes.append(f"the Reward Model Loader's question is read by the vlm_judge reward only; {reward} ignores it")
+    elif q:
+        if "question" in opts and opts["question"] != q:
+            notes.append(f"vlm_judge asks the loader's question {q!r}, not the options' {opts['question']!r}")
+        opts["question"] = q
+    if reward == "vlm_judge" and "question" in opts:
+        from .vlm_judge import check_question
+        note = check_question(opts["question"])
+        if note:
+            notes.append(note)
+    return opts, notes
+
+
 def options_help() -> str:
     """Every reward's options with their defaults (the Reward Model Loader's tooltip)."""
     def show(p):

@@ -1,6 +1,7 @@
 """``ocr``: does the image show the text the prompt asks for? Flow-GRPO's OCR task, on a real OCR model.
 
-The prompt names the text in double quotes (straight ``"…"`` or curly ``“…”``), as Flow-GRPO's OCR prompts do:
+The prompt names the text in quotes (straight ``"…"`` or curly ``“…”`` double quotes, as Flow-GRPO's OCR prompts do;
+also ``„…“``, ``«…»``, ``「…」`` and ``『…』``):
 ``a storefront sign that says "OPEN"``; several quoted spans are one text, joined by a space. RapidOCR (PP-OCRv6
 text detection and recognition in ONNX Runtime: on the run's GPU where onnxruntime-gpu is installed and the run is
 given one, as ``treegrpo train`` does; ComfyUI's Reward Model Loader builds it on the CPU, outside the VRAM ComfyUI
@@ -26,12 +27,17 @@ import torch
 
 from .base import check_batch, register
 
-_QUOTED = re.compile(r'"([^"]+)"|“([^”]+)”')
+#: the quotes a prompt may put the text in: straight and curly double quotes, German „…“, guillemets «…» and
+#: Japanese / Chinese corner brackets 「…」 『…』
+QUOTES = '"…", “…”, „…“, «…», 「…」 or 『…』'
+_QUOTED = re.compile(r'"([^"]+)"|“([^”]+)”|„([^“”]+)[“”]|«\s*([^»]+?)\s*»|「([^」]+)」|『([^』]+)』')
 
 
 def quoted_text(prompt: str) -> str:
-    """The text a prompt asks to be written: its double-quoted spans joined by a space ('' when it has none)."""
-    return " ".join((a or b).strip() for a, b in _QUOTED.findall(prompt) if (a or b).strip())
+    """The text a prompt asks to be written: its quoted spans (:data:`QUOTES`) joined by a space ('' when it has
+    none)."""
+    spans = ("".join(groups).strip() for groups in _QUOTED.findall(prompt))
+    return " ".join(t for t in spans if t)
 
 
 def normalise(text: str) -> str:
@@ -93,7 +99,7 @@ def check_prompts(prompts: list[str], who: str = "ocr") -> None:
     if bad:
         shown = "; ".join(repr(p[:80]) for p in bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
         raise ValueError(f"reward {who!r} compares the text the prompt quotes with the text read in the image, and "
-                         f"{len(bad)} prompt(s) quote none: {shown}. Put the text in double quotes, e.g. "
+                         f"{len(bad)} prompt(s) quote none: {shown}. Put the text in quotes ({QUOTES}), e.g. "
                          f'a storefront sign that says "OPEN" (the shipped set text_rendering.txt has such prompts)')
     known = recogniser_characters()
     if known is None:

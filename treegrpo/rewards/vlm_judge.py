@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import json
 import os
+import string
+import warnings
+from typing import Optional
 
 import torch
 
@@ -75,6 +78,27 @@ def vision_features(model: torch.nn.Module, enc: dict) -> torch.Tensor:
     return torch.nn.functional.normalize(feats, dim=-1)
 
 
+def check_question(question, who: str = "vlm_judge") -> Optional[str]:
+    """Refuse (ValueError) a question that cannot be filled in with a leaf's prompt: a placeholder other than a plain
+    ``{prompt}`` (another name, an attribute or an index such as ``{prompt.upper}`` or ``{prompt[0]}``, which would
+    put a method's name or one letter in the question) or an unpaired brace. Returns a warning for a question without
+    ``{prompt}`` (it asks the same of every image, so the reward does not follow the prompts), else None."""
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(f"{who}: question must be a sentence, e.g. {DEFAULT_QUESTION!r}")
+    hint = "the only placeholder is {prompt}, as it is; write other braces as {{ and }}"
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(question) if name is not None]
+    except ValueError as e:
+        raise ValueError(f"{who}: question {question!r} cannot be filled in ({e}); {hint}") from None
+    bad = [n for n in names if n != "prompt"]
+    if bad:
+        raise ValueError(f"{who}: question {question!r} cannot be filled in ({{{bad[0]}}} is not {{prompt}}); {hint}")
+    if not names:
+        return (f"{who}: the question {question!r} has no {{prompt}}: it asks the same of every image, so the reward "
+                "does not follow the prompts (put {prompt} where the leaf's prompt belongs, if it should)")
+    return None
+
+
 @register("vlm_judge")
 class VLMJudge(TorchReward):
     """Reward = P("Yes") a Qwen2-VL / Qwen2.5-VL model gives to a yes/no question about the image (see the module)."""
@@ -95,13 +119,9 @@ class VLMJudge(TorchReward):
 
         from .weightfiles import check_folder_weights
 
-        if not isinstance(question, str) or not question.strip():
-            raise ValueError(f"{self.name}: question must be a sentence, e.g. {DEFAULT_QUESTION!r}")
-        try:
-            question.format(prompt="x")
-        except (KeyError, IndexError, ValueError) as e:
-            raise ValueError(f"{self.name}: question {question!r} cannot be filled in ({e}); the only placeholder "
-                             "is {prompt}; write other braces as {{ and }}") from None
+        note = check_question(question, self.name)
+        if note:
+            warnings.warn(note, stacklevel=2)
         if int(max_pixels) < 28 * 28 * 4:
             raise ValueError(f"{self.name}: max_pixels must be at least {28 * 28 * 4} (4 visual tokens)")
         if dtype is None and torch.device(device).type == "cuda":
