@@ -226,8 +226,17 @@ def cmd_config(ns) -> int:
 
 
 def cmd_rewards(ns) -> int:
-    from .rewards.base import available
-    print("\n".join(available()))
+    """Every registered reward: its name, then what it needs on disk (the config's ``path``) and, where an optional
+    package it needs is missing, the line that installs it."""
+    from .rewards.base import available, missing_package, reward_files
+
+    for name in available():
+        files = reward_files(name)["files"]
+        print(name)
+        print(f"    path: {files}" if files else "    path: none (built in, or its models come with its package)")
+        missing = missing_package(name)
+        if missing:
+            print(f"    not installed: {missing}")
     return 0
 
 

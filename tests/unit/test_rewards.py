@@ -520,3 +520,20 @@ def test_image_reward_sibling_tokenizer_and_a_wrong_med_config_is_blamed(tmp_pat
     msg = str(e.value)
     assert "med_config.json is not the expected file" in msg and "hidden_size 512 (the checkpoint's is 768)" in msg
     assert "num_hidden_layers" in msg and "ImageReward.pt is not" not in msg
+
+
+def test_the_rewards_command_says_what_each_needs(capsys, monkeypatch):
+    """``treegrpo rewards`` printed names only (a user's walk): each name now comes with what its ``path`` must hold,
+    and, where an optional package it needs is missing, the line that installs it."""
+    import treegrpo.deps as deps
+    from treegrpo import cli
+    from treegrpo.rewards.base import available
+
+    monkeypatch.setattr(deps, "_importable", lambda m: m != "onnxruntime")
+    assert cli.main(["rewards"]) == 0
+    out = capsys.readouterr().out
+    names = [ln for ln in out.splitlines() if ln and not ln.startswith(" ")]
+    assert names == available()
+    block = out.split("\nocr\n", 1)[1].split("\npickscore\n", 1)[0]
+    assert "path: none" in block and "not installed:" in block and "pip install onnxruntime" in block, block
+    assert "path: one file: HPS_v2.1_compressed.pt" in out and "path: <run_name>_taste.safetensors" in out

@@ -17,6 +17,10 @@ from .base import check_batch, register
 @register("taste")
 class TasteReward:
     name = "taste"
+    expected_files = ("<run_name>_taste.safetensors, which a Train node run that asks the artist (artist_ask: when "
+                      "unsure) writes into models/reward_models")
+    source = "your own answers"
+    licence = "yours"
 
     def __init__(self, path: Optional[str] = None, device="cpu", features_path: Optional[str] = None, _encoder=None):
         from ..artist.taste import TasteModel
