@@ -119,12 +119,12 @@ def set_aside_best(path: str, after: int) -> Optional[str]:
     beside it when the iteration its metadata names (``treegrpo.best_iteration``) is after ``after``: a check against
     the start took the run back before that state. The new path, or None (no such file, one of an earlier state, or
     one whose metadata cannot be read: left as it is)."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(path, framework="pt") as f:
             it = int((f.metadata() or {}).get("treegrpo.best_iteration", ""))
-    except (OSError, ValueError, RuntimeError):
+    except (OSError, ValueError, RuntimeError, SafetensorError):
         return None
     if it <= after:
         return None

@@ -490,7 +490,8 @@ class SignalsConfig:
     kl_estimate: bool = _f(True, "estimate the KL to the base model (LoRA off) over the SDE window at every "
                                  "evaluation (one extra denoiser call per window step, two with CFG)")
     keep_best: bool = _f(True, "also keep <run_name>_best.safetensors: the LoRA of the evaluation with the best "
-                               "held-out judge score (the best evaluation reward when there is no judge)")
+                               "held-out judge score (the best evaluation reward when there is no judge), among "
+                               "the states no artist's check took back")
 
     def __post_init__(self) -> None:
         check_types(self)

@@ -151,7 +151,7 @@ class DataParallel:
 
 
 #: per-iteration statistics summed over ranks, and those averaged per trained edge
-SUMMED = ("flat_trees", "nfe", "edges", "parents", "forwards", "ref_forwards")
+SUMMED = ("flat_trees", "scored_trees", "nfe", "edges", "parents", "forwards", "ref_forwards")
 PER_EDGE = ("loss", "kl", "ratio_mean", "clip_frac")
 
 

@@ -378,15 +378,16 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
         return stats
 
     def watch_flat(self, stats: dict) -> None:
-        """Warn once per streak when :data:`FLAT_STREAK` iterations in a row trained nothing because every scored
-        tree's leaves got the same reward (a reward with no signal on these samples: ``ocr`` before the model draws
+        """Warn once per streak (rank 0) when :data:`FLAT_STREAK` iterations in a row trained nothing because every
+        scored tree's leaves got the same reward (a reward with no signal on these samples: ``ocr`` before the model draws
         any text, a judge question it always answers alike)."""
-        flat = stats.get("flat_trees", 0)
-        if stats.get("edges", 0) == 0 and flat and flat >= stats.get("scored_trees", 0):
+        # no edge although trees were scored (not all left out by an artist's skip or by the taste model): the
+        # scored trees were flat
+        if stats.get("edges", 0) == 0 and stats.get("scored_trees", 0) and stats.get("flat_trees", 0):
             self.flat_streak += 1
         else:
             self.flat_streak = 0
-        if self.flat_streak == FLAT_STREAK:
+        if self.flat_streak == FLAT_STREAK and self.rank == 0:
             msg = (f"iterations {self.iteration - FLAT_STREAK + 1}-{self.iteration} trained nothing: every tree's "
                    f"leaves scored alike (their reward spread under advantage.flat_floor {self.cfg.advantage.flat_floor}"
                    "), so the reward gives no signal on these samples yet (e.g. ocr reads no text in any leaf); start "

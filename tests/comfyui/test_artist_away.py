@@ -114,6 +114,11 @@ def test_the_nodes_last_text_says_how_the_run_ended(comfyui_pack, tmp_path, monk
     assert "left" in shown[-1]
     w.stopped(InterruptProcessingException())
     assert shown[-1] == "cancelled after iteration 1/8\nnothing saved: queued again it starts afresh"
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "walk-0000001.pt").write_bytes(b"x")    # stopped before it read its checkpoint
+    w.stopped(RuntimeError("boom"))
+    assert shown[-1] == ("stopped (RuntimeError) after iteration 1/8\nits checkpoints are kept: queued again it "
+                         "resumes from the newest")
     trainer.checkpointed_iteration = 1
     w.stopped(RuntimeError("boom"))
     assert shown[-1] == "stopped (RuntimeError) after iteration 1/8\nsaved: queue again to resume from iteration 1"
@@ -124,6 +129,35 @@ def test_the_nodes_last_text_says_how_the_run_ended(comfyui_pack, tmp_path, monk
     w.finish()
     assert shown[-1] == ("done: iteration 8/8\nLoRA treegrpo/walk/walk.safetensors\nthe artist did not prefer "
                          "iteration 8's pictures: the run ends on iteration 4's LoRA")
+
+
+def test_a_best_lora_set_aside_follows_into_the_lora_folder(comfyui_pack, tmp_path, monkeypatch):
+    """The best LoRA of a state the artist rejected moves aside in the run folder; its copy where LoraLoader lists
+    it follows at the next line, and after a stop (the list of moves gone with the process) at the next copy."""
+    from safetensors.torch import save_file
+
+    from treegrpo.comfyui import watch
+
+    run, loras = tmp_path / "run", tmp_path / "loras"
+    run.mkdir()
+    loras.mkdir()
+    best = run / "walk_best.safetensors"
+    trainer = SimpleNamespace(cfg=SimpleNamespace(run_name="walk", eval_seeds=1), keep_eval_images=False, rank=0,
+                              warnings=[], iteration=0, evals=[], out=str(run), best_lora_path=str(best),
+                              best_set_aside=[])
+    monkeypatch.setattr(watch, "loras_folder", lambda name: str(loras))
+    w = watch.RunWatcher(trainer, 8, lambda: None, log=lambda line: None)
+    for it in (3, 7):
+        save_file({"x": torch.zeros(1)}, str(best), metadata={"treegrpo.best_iteration": str(it)})
+        w.copy_best()
+        assert (loras / "walk_best.safetensors").is_file()
+        trainer.best_set_aside.append((2, str(best)))      # a check went back to iteration 2's state
+        best.rename(run / f"walk_best-not-preferred-{it}.safetensors")
+        if it == 7:
+            trainer.best_set_aside.clear()                  # ... and the process stopped before the copy followed
+        w.copy_best()
+        assert not (loras / "walk_best.safetensors").exists()
+        assert (loras / f"walk_best-not-preferred-{it}.safetensors").is_file()
 
 
 def test_a_tree_answered_before_a_crash_is_not_asked_again(comfyui_pack, tmp_path):

@@ -269,6 +269,32 @@ def test_a_check_at_the_last_iteration_that_goes_back_is_confirmed_on_fresh_nois
         assert check.finish(t) is None and len(asked) == 4 + len(fresh)      # settled: asked nothing again
 
 
+def test_a_stop_during_the_ends_recheck_keeps_the_state_the_run_reached(tmp_path):
+    """Cancel while the end shows an approved state beside the start again: the stop's checkpoint must hold the state
+    the run reached, not the one on show (a review found the resumed run then asked about, and kept as
+    ``not-preferred``, the approved state under the reached iteration's name)."""
+    box, asked, left = [], [], []
+    ask = _scripted(["now", "now", "start"], box, asked)
+
+    def stopping(first, second, prompts, iteration, again=False):
+        if len(asked) == 3:               # approved at 2 (two looks), the start preferred at the end (one look)
+            raise KeyboardInterrupt       # the re-check's first look: Cancel
+        return ask(first, second, prompts, iteration, again)
+
+    check = StartCheck(stopping, CheckConfig(every=2, pictures=2), on_unapproved=lambda tr: left.append(tr.iteration))
+    t = _trainer(tmp_path, check)
+    box.append(t)
+    for _ in range(3):
+        t.after_iteration(t.train_step())
+    w3, opt3 = copy.deepcopy(t.lora.weights()), copy.deepcopy(t.optimizer.state_dict())
+    with pytest.raises(KeyboardInterrupt):
+        check.finish(t)
+    assert left == [3] and torch.equal(_flat(t.lora.weights()), _flat(w3))
+    now = t.optimizer.state_dict()["state"]
+    assert all(torch.equal(now[i]["exp_avg"], opt3["state"][i]["exp_avg"]) for i in opt3["state"])
+    assert not any(r.get("final") for r in check.records)      # the end is checked again when queued again
+
+
 def test_the_best_lora_is_never_a_state_the_artist_rejected(tmp_path):
     """Evaluations of the states a check took back are passed over for the best LoRA: a best LoRA written from one
     moves aside as ``<run>_best-not-preferred-<iteration>.safetensors`` (kept, named for what it is), and when the

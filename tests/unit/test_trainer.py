@@ -961,6 +961,11 @@ def test_a_reward_without_signal_is_said_once_per_streak(tmp_path, caplog):
     assert len(said) == 1 and "advantage.flat_floor" in said[0] and sum("trained nothing" in r.message
                                                                          for r in caplog.records) == 1
     assert all(h["edges"] == 0 for h in t.history)
+    # no edge because an artist left every tree out (no tree scored): not the reward's doing, nothing said
+    quiet = trainer(lambda im, p: torch.zeros(len(im)), tmp_path / "c")
+    for _ in range(FLAT_STREAK + 1):
+        quiet.watch_flat({"edges": 0, "scored_trees": 0, "flat_trees": 2})
+    assert quiet.warnings == []
     t = trainer(lambda im, p: im.mean(dim=(1, 2, 3)), tmp_path / "b")
     for _ in range(FLAT_STREAK + 1):
         t.after_iteration(t.train_step())

@@ -63,7 +63,8 @@ def test_a_question_takes_the_prompt_as_it_is_and_says_when_it_takes_none():
     assert check_question(DEFAULT_QUESTION) is None and check_question("Is {prompt} shown? {{yes}}") is None
     for bad, why in (("Is {prompt.upper} shown?", "{prompt.upper} is not {prompt}"),
                      ("{prompt[0]}", "{prompt[0]} is not {prompt}"), ("Is {text} shown?", "{text} is not {prompt}"),
-                     ("Is {prompt shown?", "expected '}'"), ("", "must be a sentence")):
+                     ("Is {prompt shown?", "expected '}'"), ("", "must be a sentence"),
+                     ("Is {prompt:{w}} shown?", "{prompt:{w}} is not {prompt}")):
         with pytest.raises(ValueError, match=re.escape(why)):
             check_question(bad)
     for none in ("Is the text legible? Answer yes or no.", "Is {{prompt}} shown?"):

@@ -381,12 +381,17 @@ class StartCheck(TrainerCallback):
     def restore(self, trainer, back: Snapshot) -> None:
         """Go back to ``back``: its LoRA and optimiser state; the evaluations of the states after it no longer
         count for the best LoRA (the artist preferred the start to where they led)."""
-        trainer.lora.load(copy.deepcopy(back.weights))
-        if back.optimizer is not None:
-            trainer.optimizer.load_state_dict(copy.deepcopy(back.optimizer))
+        self.restore_quietly(trainer, back)
         reject = getattr(trainer, "reject_evaluations_after", None)
         if reject is not None:
             reject(back.iteration)
+
+    @staticmethod
+    def restore_quietly(trainer, snap: Snapshot) -> None:
+        """Load ``snap``'s LoRA and optimiser state, the evaluations left as they are (not a roll-back)."""
+        trainer.lora.load(copy.deepcopy(snap.weights))
+        if snap.optimizer is not None:
+            trainer.optimizer.load_state_dict(copy.deepcopy(snap.optimizer))
 
     def approved_again(self, trainer, rec: dict) -> Snapshot:
         """The end's way back: the newest approved snapshot the artist prefers to the start once more, on two looks
@@ -459,7 +464,15 @@ class StartCheck(TrainerCallback):
             logging.warning("TreeGRPO %s: %s", trainer.cfg.run_name, msg)
         elif not kept:
             kept_at = self.keep_reached(trainer, taken_back)
-            back = self.approved_again(trainer, rec)
+            reached = None if taken_back else self.snapshot(trainer)
+            try:
+                back = self.approved_again(trainer, rec)
+            except BaseException:
+                # stopped during the re-check (Cancel): the run's checkpoint keeps the state it reached, not the one
+                # on show, and the run queued again makes its end's check again
+                if reached is not None:
+                    self.restore_quietly(trainer, reached)
+                raise
             self.restore(trainer, back)
             rec["restored"] = back.iteration
             msg = (f"the artist did not prefer iteration {trainer.iteration}'s pictures to the base model's at the end: "

@@ -201,17 +201,19 @@ class RunWatcher(TrainerCallback):
         src = self.trainer.best_lora_path
         if self.trainer.rank != 0:
             return
+        dest = os.path.join(self.loras, os.path.basename(src))
         moved = getattr(self.trainer, "best_set_aside", [])
         while moved:
             after, _ = moved.pop(0)
-            ckpt.set_aside_best(os.path.join(self.loras, os.path.basename(src)), after)
+            ckpt.set_aside_best(dest, after)
         if not os.path.isfile(src):
+            if os.path.isfile(dest):     # set aside in the run folder before a stop: its copy here follows now
+                ckpt.set_aside_best(dest, after=-1)
             return
         mtime = os.stat(src).st_mtime_ns
         if mtime == self._best_mtime:
             return
         os.makedirs(self.loras, exist_ok=True)
-        dest = os.path.join(self.loras, os.path.basename(src))
         atomic_write(dest, lambda tmp: shutil.copyfile(src, tmp))
         self._best_mtime = mtime
 
@@ -258,9 +260,13 @@ class RunWatcher(TrainerCallback):
         why = ("cancelled" if type(error).__name__ == "InterruptProcessingException" else
                f"stopped ({type(error).__name__})")
         saved = t.checkpointed_iteration
-        self.show_text(f"{why} after iteration {t.iteration}/{self.total}\n" +
-                       (f"saved: queue again to resume from iteration {saved}" if saved is not None else
-                        "nothing saved: queued again it starts afresh"))
+        if saved is not None:
+            where = f"saved: queue again to resume from iteration {saved}"
+        elif ckpt.checkpoint_paths(t.out, t.cfg.run_name):     # stopped before it read the checkpoint it resumes
+            where = "its checkpoints are kept: queued again it resumes from the newest"
+        else:
+            where = "nothing saved: queued again it starts afresh"
+        self.show_text(f"{why} after iteration {t.iteration}/{self.total}\n{where}")
 
 
 def _artist_away() -> Optional[str]:

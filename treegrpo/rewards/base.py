@@ -153,7 +153,7 @@ def parse_options(reward: str, text: str | None) -> dict:
 def loader_options(reward: str, options: str | None, question: str | None) -> tuple[dict, list[str]]:
     """The Reward Model Loader's ``options`` JSON and its ``question`` input as the reward's keyword arguments, checked
     (ValueError saying what is wrong), and notes for the console: a question given to a reward that asks none, one
-    that replaces the options' own, a ``vlm_judge`` question without ``{prompt}``."""
+    that replaces the options' own (a question without ``{prompt}`` is said by the reward when it is built)."""
     opts = parse_options(reward, options)
     q, notes = (question or "").strip(), []
     if q and reward != "vlm_judge":
@@ -164,9 +164,7 @@ def loader_options(reward: str, options: str | None, question: str | None) -> tu
         opts["question"] = q
     if reward == "vlm_judge" and "question" in opts:
         from .vlm_judge import check_question
-        note = check_question(opts["question"])
-        if note:
-            notes.append(note)
+        check_question(opts["question"])
     return opts, notes
 
 

@@ -87,12 +87,13 @@ def check_question(question, who: str = "vlm_judge") -> Optional[str]:
         raise ValueError(f"{who}: question must be a sentence, e.g. {DEFAULT_QUESTION!r}")
     hint = "the only placeholder is {prompt}, as it is; write other braces as {{ and }}"
     try:
-        names = [name for _, name, _, _ in string.Formatter().parse(question) if name is not None]
+        fields = [(name, spec or "") for _, name, spec, _ in string.Formatter().parse(question) if name is not None]
     except ValueError as e:
         raise ValueError(f"{who}: question {question!r} cannot be filled in ({e}); {hint}") from None
-    bad = [n for n in names if n != "prompt"]
+    names = [n for n, _ in fields]
+    bad = ["{" + n + (":" + spec if spec else "") + "}" for n, spec in fields if n != "prompt" or "{" in spec]
     if bad:
-        raise ValueError(f"{who}: question {question!r} cannot be filled in ({{{bad[0]}}} is not {{prompt}}); {hint}")
+        raise ValueError(f"{who}: question {question!r} cannot be filled in ({bad[0]} is not {{prompt}}); {hint}")
     if not names:
         return (f"{who}: the question {question!r} has no {{prompt}}: it asks the same of every image, so the reward "
                 "does not follow the prompts (put {prompt} where the leaf's prompt belongs, if it should)")
