@@ -256,3 +256,28 @@ def test_a_taste_run_nobody_answers_stops_saved_instead_of_spending_its_iteratio
     assert [(r["iteration"], r["outcome"]) for r in labels] == [(0, "timeout"), (0, "timeout")]
     assert [r["waited_s"] for r in labels] == [5.0, 1.0]
     assert [p.name for p in (folder / "checkpoints").glob("*.pt")] == [f"{run}-0000000.pt"]   # no iteration spent
+
+
+def test_the_train_nodes_taste_model_keeps_its_running_state_in_the_checkpoint(comfyui_pack, tmp_path):
+    """The Train node's *when unsure* scorer has a callback (``keeper``) whose state goes into the run's checkpoint:
+    the resumed run's taste model, rebuilt from the answers on disk, takes its agreements, rounds and warnings back
+    (an artist's walk: "taste agrees" vanished after a resume)."""
+    from treegrpo.artist.features import DemoEncoder
+    from treegrpo.artist.taste import TasteConfig
+    from treegrpo.comfyui.artist.questions import ArtistBoard
+    from treegrpo.comfyui.artist.taste import TasteKeeper, train_node_taste
+    from treegrpo.scores import ScoringContext
+
+    hook = train_node_taste(DemoEncoder(), "favourites", 5, TasteConfig(), board=ArtistBoard(), client_id="tab")
+    assert isinstance(hook.keeper, TasteKeeper) and hook.keeper.state_dict(None) is None
+    kept = {"online": json.dumps({"agreements": [1.0, 0.0, 1.0], "warmup_spread": [0.5], "warned": False,
+                                  "active": ["diversity"], "unanswered": 0}),
+            "round_means": torch.zeros(2, 4, dtype=torch.float64)}
+    hook.keeper.load_state_dict(None, kept)
+    assert hook.keeper.state_dict(None) is kept        # not rebuilt yet: the next checkpoint keeps it as it was
+    ctx = ScoringContext(iteration=7, trees_before=14, output_dir=str(tmp_path), run_name="walk", seed=0,
+                         weights={}, score_images=lambda *a: {})
+    taste = hook.online(ctx)
+    assert taste.agreements == [1.0, 0.0, 1.0] and taste.active == {"diversity"} and len(taste.round_means) == 2
+    assert taste.recent_agreement() == pytest.approx(2 / 3)
+    assert json.loads(hook.keeper.state_dict(None)["online"])["agreements"] == [1.0, 0.0, 1.0]

@@ -265,3 +265,41 @@ def test_a_taste_warning_reaches_the_runs_warnings_and_log(tmp_path, caplog):
         stats = trainer.train_step()
     assert stats["taste_warnings"] == [said] and trainer.warnings == [f"iteration 0: {said}"]
     assert said in caplog.text
+
+
+def test_a_resumed_taste_model_goes_on_as_if_it_had_not_stopped(tmp_path):
+    """What the answers cannot give back (the model is refit from them): its agreement with each answer, the rounds'
+    mean features and the warm-up's spread its warnings compare with, the warnings said. An artist's walk: after a
+    resume the line lost "taste agrees", and the warnings started from nothing. Kept in the checkpoint (read back
+    as the checkpoint is, weights only), the resumed model asks, scores and warns as the one that went on."""
+    import copy
+
+    g = torch.Generator().manual_seed(2)
+    cfg = TasteConfig(heads=3, warmup_trees=6, confident=0.5, max_ask_rate=1.0, min_ask_rate=0.5, novelty=0.0,
+                      recent=3, agreement_floor=0.6, diversity_floor=0.0)
+    taste = OnlineTaste(TasteModel(config=cfg))
+    sign, feats = [1.0], []
+
+    def ask(t):
+        f = feats[t]
+        return pairwise_wins(Answer("favourites", good=(int((sign[0] * f[:, 0]).argmax()),)), len(f))
+
+    leaf_tree = torch.arange(2).repeat_interleave(4)
+    rounds = [[torch.randn(4, 6, generator=g) + torch.tensor([0.4 * i, 0, 0, 0, 0, 0]) for _ in range(2)]
+              for i in range(10)]
+    for i in range(5):
+        feats[:] = rounds[i]
+        taste.round(None, leaf_tree, ask, features=torch.cat(feats))
+    sign[0] = -1.0
+    torch.save(taste.state_dict(), tmp_path / "kept.pt")
+    resumed = OnlineTaste(copy.deepcopy(taste.model), trees_seen=taste.trees_seen, asked=taste.asked)
+    resumed.load_state_dict(torch.load(tmp_path / "kept.pt", weights_only=True))
+    cold = OnlineTaste(copy.deepcopy(taste.model), trees_seen=taste.trees_seen, asked=taste.asked)
+    went_on, again, fresh = [], [], []
+    for i in range(5, 10):
+        for t, out in ((taste, went_on), (resumed, again), (cold, fresh)):
+            feats[:] = rounds[i]
+            rewards, exclude, st = t.round(None, leaf_tree, ask, features=torch.cat(feats))
+            out.append((rewards.tolist(), exclude.tolist(), {k: v for k, v in st.items() if k != "taste_fit_s"}))
+    assert again == went_on
+    assert fresh[0][2]["taste_recent_agreement"] is None and went_on[0][2]["taste_recent_agreement"] is not None

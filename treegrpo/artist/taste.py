@@ -454,6 +454,25 @@ class OnlineTaste:
         last ``warmup_trees`` questions (at least one) timed out."""
         return self.model.thetas is None and self.unanswered >= max(1, self.model.config.warmup_trees)
 
+    def state_dict(self) -> dict:
+        """What a resumed run's taste model cannot learn again from the answers (its model is refit from
+        ``artist_labels.jsonl``): the agreements with each answer, the rounds' mean features and the warm-up's
+        spread (what its warnings compare with), the warnings raised, and the questions in a row left unanswered."""
+        rounds = torch.stack(self.round_means) if self.round_means else torch.zeros(0, dtype=torch.float64)
+        return {"online": json.dumps({"agreements": [float(a) for a in self.agreements],
+                                      "warmup_spread": [float(x) for x in self.warmup_spread],
+                                      "warned": bool(self.warned), "active": sorted(self.active),
+                                      "unanswered": int(self.unanswered)}),
+                "round_means": rounds.double().cpu()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """The state :meth:`state_dict` kept (a checkpoint of the same run)."""
+        kept = json.loads(state["online"])
+        self.agreements = list(kept["agreements"])
+        self.warmup_spread = list(kept["warmup_spread"])
+        self.warned, self.active, self.unanswered = kept["warned"], set(kept["active"]), kept["unanswered"]
+        self.round_means = list(state["round_means"].double())
+
     def recent_agreement(self) -> Optional[float]:
         a = self.agreements[-self.model.config.recent:]
         return sum(a) / len(a) if len(a) >= min(3, self.model.config.recent) else None

@@ -266,7 +266,8 @@ def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict
         trainer = build_trainer(dataclasses.replace(cfg, output_dir=out), policy, rewards,
                                 progress=False, base_model_name=runtime.model_name(model),
                                 step_callback=comfy.model_management.throw_exception_if_processing_interrupted,
-                                judges=judges, callbacks=[start_check] if start_check is not None else [],
+                                judges=judges, callbacks=[cb for cb in (start_check, getattr(artist, "keeper", None))
+                                                          if cb is not None],
                                 leaf_scorer=artist)  # the person answering about some trees (artist_every)
         trainer.log = logging.info
         # after the check against the start: the console line shows its verdict

@@ -10,6 +10,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ...callbacks import TrainerCallback
 from ...artist.taste import OnlineTaste, TasteConfig, TasteModel, from_labels
 from ...trainer import TrainingInterrupted
 
@@ -78,6 +79,8 @@ def train_node_taste(encoder, mode: str, timeout_s: float, config: Optional[Tast
         if "taste" not in state:
             model = from_labels(ctx.output_dir, encoder, config, features=encoder.name, iteration=ctx.iteration)
             state["taste"] = OnlineTaste(model, encoder, trees_seen=ctx.trees_before, asked=model.answers)
+            if state.get("resumed") is not None:    # its checkpoint's agreements, rounds and warnings
+                state["taste"].load_state_dict(state["resumed"])
             state["path"] = taste_file(ctx.run_name)
             # the taste file, rewritten after every answer: a tree's, or a check's (the Train node's learn)
             state["save"] = lambda: state["taste"].model.save(state["path"], extra={
@@ -117,8 +120,25 @@ def train_node_taste(encoder, mode: str, timeout_s: float, config: Optional[Tast
         return LeafScores({"reward": rewards}, {"reward": 1.0}, exclude,
                           stats={k: v for k, v in stats.items() if v is not None})
 
-    ask.state = state
+    ask.state, ask.online = state, online
+    ask.keeper = TasteKeeper(state)
     return ask
+
+
+class TasteKeeper(TrainerCallback):
+    """The taste model's running state in the run's checkpoint (:meth:`OnlineTaste.state_dict`; one of the Train
+    node's callbacks): a resumed run keeps the model's agreement with the answers, the rounds its warnings compare
+    and the warnings already said, as if it had not stopped; its model is refit from the answers."""
+
+    def __init__(self, state: dict):
+        self.state = state
+
+    def state_dict(self, trainer) -> Optional[dict]:
+        taste = self.state.get("taste")
+        return taste.state_dict() if taste is not None else self.state.get("resumed")
+
+    def load_state_dict(self, trainer, state: dict) -> None:
+        self.state["resumed"] = state
 
 
 class ArtistAway(TrainingInterrupted):
