@@ -19,6 +19,9 @@ def test_the_text_rule_by_hand():
     # the quotes of other languages (a user's walk: these were refused as quoting nothing)
     assert quoted_text("ein Schild „Guten Tag“") == "Guten Tag" and quoted_text("un panneau « Bonjour »") == "Bonjour"
     assert quoted_text("看板に「東京」") == "東京" and quoted_text("『本』と「店」") == "本 店"
+    # an inch mark is no quote (it took 'vinyl record labelled' for the text)
+    assert quoted_text('a 12" vinyl record labelled "HELLO"') == "HELLO"
+    assert quoted_text('"OPEN" on a 7" sign, "24h"') == "OPEN 24h"
     assert normalise(" Hello\tWorld \n") == "helloworld"
     assert text_reward("OPEN", "OPEN") == 1.0 and text_reward("open", "OPEN") == 1.0     # case is ignored
     assert text_reward("HelloWorld", "Hello World") == 1.0                              # so is whitespace

@@ -28,9 +28,10 @@ import torch
 from .base import check_batch, register
 
 #: the quotes a prompt may put the text in: straight and curly double quotes, German „…“, guillemets «…» and
-#: Japanese / Chinese corner brackets 「…」 『…』
+#: Japanese / Chinese corner brackets 「…」 『…』; a straight quote right after a letter or digit opens nothing (the
+#: inch mark of 12")
 QUOTES = '"…", “…”, „…“, «…», 「…」 or 『…』'
-_QUOTED = re.compile(r'"([^"]+)"|“([^”]+)”|„([^“”]+)[“”]|«\s*([^»]+?)\s*»|「([^」]+)」|『([^』]+)』')
+_QUOTED = re.compile(r'(?<!\w)"([^"]+)"|“([^”]+)”|„([^“”]+)[“”]|«\s*([^»]+?)\s*»|「([^」]+)」|『([^』]+)』')
 
 
 def quoted_text(prompt: str) -> str:
