@@ -110,8 +110,8 @@ def optimizer_state_in_order(state: dict, saved_names: list[str], names: list[st
 
 #: what a run writes into its folder beside its LoRAs and checkpoints (the folder's own when run.json names the run):
 #: logs, figures, and the artist's answers and checks (their pictures in ``artist/``)
-RUN_FOLDER_FILES = ("log.json", "log.csv", "summary.json", "reward_curve.png", "samples_before_after.png",
-                    "artist_labels.jsonl", "artist_checks.jsonl")
+RUN_FOLDER_FILES = ("log.json", "log.csv", "eval.csv", "summary.json", "reward_curve.png",
+                    "samples_before_after.png", "artist_labels.jsonl", "artist_checks.jsonl")
 
 
 def set_aside_best(path: str, after: int) -> Optional[str]:

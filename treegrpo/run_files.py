@@ -1,5 +1,5 @@
 """A run's files: the LoRA (ComfyUI's or PEFT's keys) with its metadata, the best LoRA, checkpoints (written and
-resumed, with every random state), ``log.csv`` / ``log.json``, and claiming the output folder. A mixin of
+resumed, with every random state), ``log.csv`` / ``eval.csv`` / ``log.json``, and claiming the output folder. A mixin of
 :class:`treegrpo.trainer.Trainer`; the file formats are :mod:`treegrpo.checkpoint`'s and :mod:`treegrpo.lora`'s."""
 from __future__ import annotations
 
@@ -25,6 +25,22 @@ def _numpy_state() -> list:
 def _set_numpy_state(st: list) -> None:
     import numpy as np
     np.random.set_state((st[0], np.array(st[1], dtype=np.uint32), st[2], st[3], st[4]))
+
+
+#: the columns ``eval.csv`` begins with; the rest follow in name order
+EVAL_FIRST = ("iteration", "train_time", "total_nfe", "eval_reward", "eval_judge", "eval_kl")
+
+
+def write_csv(path: str, records: list[dict], first: tuple = ()) -> None:
+    """``records`` as a CSV table at ``path``: one row each, a column for every key any of them has (``first``
+    in that order, the others sorted; a key a record lacks is an empty cell), lists joined by ``"; "``."""
+    keys = sorted({k for r in records for k in r})
+    keys = [k for k in first if k in keys] + [k for k in keys if k not in first]
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        wr = csv.DictWriter(fh, fieldnames=keys)
+        wr.writeheader()
+        wr.writerows({k: "; ".join(map(str, v)) if isinstance(v, list) else v for k, v in r.items()}
+                     for r in records)
 
 
 class RunFiles:
@@ -226,19 +242,15 @@ class RunFiles:
         return None
 
     def write_logs(self) -> None:
-        """``log.csv`` (one row per iteration) and ``log.json`` (training and evaluation records, the run's whole
-        config and the package version; docs/design.md §6 says what each column counts)."""
+        """``log.csv`` (one row per iteration), ``eval.csv`` (one row per evaluation, once there is one) and
+        ``log.json`` (training and evaluation records, the run's whole config and the package version;
+        docs/design.md §6 says what each column counts)."""
         if self.rank != 0 or not self.history:
             return
         os.makedirs(self.out, exist_ok=True)
-        keys = sorted({k for h in self.history for k in h})
-
-        def w(tmp):
-            with open(tmp, "w", newline="", encoding="utf-8") as fh:
-                wr = csv.DictWriter(fh, fieldnames=keys)
-                wr.writeheader()
-                wr.writerows(self.history)
-        atomic_write(os.path.join(self.out, "log.csv"), w)
+        atomic_write(os.path.join(self.out, "log.csv"), lambda tmp: write_csv(tmp, self.history, first=()))
+        if self.evals:
+            atomic_write(os.path.join(self.out, "eval.csv"), lambda tmp: write_csv(tmp, self.evals, first=EVAL_FIRST))
         from . import __version__
         atomic_write_json(os.path.join(self.out, "log.json"), {
             "train": self.history, "eval": self.evals, "version": __version__,

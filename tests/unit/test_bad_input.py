@@ -643,7 +643,8 @@ def test_a_run_started_afresh_moves_every_file_of_the_earlier_one_aside(tmp_path
             self.loaded.append(path)
 
     out = tmp_path / "out"
-    theirs = ["r.safetensors", "r_diffusers.safetensors", "r_best.safetensors", "log.json", "log.csv", "summary.json",
+    theirs = ["r.safetensors", "r_diffusers.safetensors", "r_best.safetensors", "log.json", "log.csv", "eval.csv",
+              "summary.json",
               "reward_curve.png", "samples_before_after.png", "evals/eval_000000.png", "evals/eval_000004.png",
               # the artist's answers and checks with their pictures, the LoRA the end's check did not prefer
               "artist_labels.jsonl", "artist_checks.jsonl", "artist/ab12cd34_0_t0/leaf_0.png",

@@ -1,4 +1,5 @@
 """The training loop on the embedded demo model: learning, logging, files, resume, CLI, validation."""
+import csv
 import json
 import os
 
@@ -234,6 +235,24 @@ def test_short_training_run_raises_reward(tmp_path):
     assert os.path.exists(summary["lora"]) and os.path.exists(tmp_path / "log.csv")
     log = json.load(open(tmp_path / "log.json"))
     assert len(log["train"]) == 30 and all(h["nfe"] == 16 * (1 + 7 + 8 * 3) for h in log["train"])
+    # the evaluations as a table too: one row each, the figures of log.json's eval records
+    with open(tmp_path / "eval.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [int(r["iteration"]) for r in rows] == [0, 30] == [e["iteration"] for e in log["eval"]]
+    assert list(rows[0])[:4] == ["iteration", "train_time", "total_nfe", "eval_reward"]
+    assert [float(r["eval_reward"]) for r in rows] == [e["eval_reward"] for e in log["eval"]]
+
+
+def test_eval_csv_has_a_column_for_every_figure_and_joins_warnings(tmp_path):
+    """An evaluation without a judge and one with warnings share one table: empty cells, warnings joined."""
+    from treegrpo.run_files import EVAL_FIRST, write_csv
+    recs = [{"iteration": 0, "eval_reward": 0.5, "diversity": 0.2},
+            {"iteration": 5, "eval_reward": 0.7, "eval_judge": 0.6, "warnings": ["a", "b"], "rejected": True}]
+    write_csv(str(tmp_path / "e.csv"), recs, first=EVAL_FIRST)
+    with open(tmp_path / "e.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert list(rows[0]) == ["iteration", "eval_reward", "eval_judge", "diversity", "rejected", "warnings"]
+    assert rows[0]["eval_judge"] == "" and rows[1]["warnings"] == "a; b" and rows[1]["rejected"] == "True"
 
 
 def test_resume_gives_the_same_lora_bytes(tmp_path):
