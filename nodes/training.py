@@ -137,8 +137,10 @@ class Train(PackNode):
                                 tooltip="training prompts, one per line"),
                 widget(io.String, "negative", "negative prompt (cfg > 1)", multiline=False),
                 RewardModel.Input("reward_model", tooltip="from a TreeGRPO Reward Model Loader (weight 1)"),
-                RewardModel.Input("reward_model_2", optional=True, tooltip="optional second reward"),
-                io.Float.Input("weight_2", default=1.0, min=0.0, max=100.0, step=0.05, tooltip="weight of reward 2"),
+                RewardModel.Input("reward_model_2", optional=True, lazy=True,
+                                  tooltip="optional second reward (weight_2 0: not loaded, not used)"),
+                io.Float.Input("weight_2", default=1.0, min=0.0, max=100.0, step=0.05,
+                               tooltip="weight of reward 2; 0 = reward 2 is not loaded nor trained on"),
                 RewardModel.Input("judge", optional=True,
                                   tooltip="held-out judge: scored on the evaluation samples only, never trained on; "
                                           "its curve next to the training reward shows whether the LoRA improves or "
@@ -243,6 +245,14 @@ class Train(PackNode):
         """'new' and 'overwrite' start a run at every queue: never answered from ComfyUI's cache of the last one
         (queued again with the graph unchanged, no run started)."""
         return uuid.uuid4().hex if existing_run in EXISTING_RUN[1:] else existing_run
+
+    @classmethod
+    def check_lazy_status(cls, weight_2=1.0, **kw):
+        """reward_model_2 is loaded only when it counts: a weight_2 of 0 leaves its loader (a model of gigabytes,
+        perhaps) unrun. (ComfyUI passes a connected input not yet evaluated as None, an unconnected one not at
+        all.)"""
+        wanted = "reward_model_2" in kw and kw["reward_model_2"] is None
+        return ["reward_model_2"] if wanted and isinstance(weight_2, (int, float)) and weight_2 > 0 else []
 
     @classmethod
     def validate_inputs(cls, steps=None, window_start=None, window_width=None, branch=None,

@@ -740,7 +740,8 @@ class TrainConfig:
         d["optim"].pop("microbatch")     # gradient accumulation: the same update in other pieces
         d["lora"].pop("init_from")
         d["lora"].pop("targets")         # checked by the checkpoint's parameter names (they differ per frontend)
-        d["rewards"] = [{"name": r["name"], "weight": r["weight"]} for r in d["rewards"]]
+        # a reward of weight 0 changes nothing learnt (the Train node leaves one out, a config may list it)
+        d["rewards"] = [{"name": r["name"], "weight": r["weight"]} for r in d["rewards"] if r["weight"] > 0]
         keep = ("prompts", "prompts_file", "negative_prompt", "guidance_scale", "rewards", "tree", "advantage",
                 "lora", "optim", "prompts_per_iter", "trees_per_prompt", "seed", "video")
         out = {k: d[k] for k in keep}

@@ -329,6 +329,20 @@ def test_train_node_full_loop_writes_lora_and_images(rt):
     assert len(log["train"]) == 3
 
 
+def test_a_second_reward_of_weight_zero_is_not_loaded(rt):
+    """reward_model_2 at weight_2 0 leaves its loader unrun (here one that would fail: pickscore without its files),
+    and the run trains on the first reward alone; at weight 1 the same graph fails in that loader."""
+    g = train_graph("zero_weight", 1)
+    g["rm2"] = {"class_type": "TreeGRPORewardModelLoader", "inputs": {"reward": "pickscore", "file": NO_FILE}}
+    g["train"]["inputs"].update(reward_model_2=["rm2", 0], weight_2=0.0, eval_every=0)
+    rt.execute(json.loads(json.dumps(g)))
+    log = json.load(open(Path(rt.base_dir) / "output" / "treegrpo" / "zero_weight" / "log.json"))
+    assert [r["name"] for r in log["config"]["rewards"]] == ["demo_adherence"] and len(log["train"]) == 1
+    g["train"]["inputs"].update(weight_2=1.0, run_name="zero_weight_counted")
+    with pytest.raises(Exception, match="pickscore: no path given"):
+        rt.execute(g)
+
+
 def test_a_finished_run_queued_again_after_a_restart_shows_its_samples_without_sampling_them_again(rt, monkeypatch):
     """A finished run queued again once ComfyUI forgot its outputs (a restart) shows the same sample grid and samples
     nothing: the grid is kept in the run folder as shown, and the run's last evaluation (iteration 1 here, off the

@@ -495,6 +495,18 @@ def test_the_catalogue_is_wide():
     assert len(CONFIG_CASES) + len(FILE_CASES) + 4 * 2 + 2 + 1 + 1 >= 64
 
 
+def test_a_reward_of_weight_zero_is_no_change_to_resume_across():
+    """A run begun with a second reward of weight 0 (which the Train node now leaves unloaded) resumes without it;
+    a weight that counts is still a change."""
+    two = TrainConfig(prompts=["a"], rewards=[{"name": "demo_adherence"}, {"name": "jpeg_compressibility",
+                                                                             "weight": 0.0}])
+    one = TrainConfig(prompts=["a"], rewards=[{"name": "demo_adherence"}])
+    assert ckpt.config_changes(two.to_dict(), one) == []
+    counted = TrainConfig(prompts=["a"], rewards=[{"name": "demo_adherence"}, {"name": "jpeg_compressibility",
+                                                                                 "weight": 0.5}])
+    assert ckpt.config_changes(counted.to_dict(), one) and ckpt.config_changes(two.to_dict(), counted)
+
+
 def test_a_checkpoint_config_of_another_version_is_read_where_it_can_be(tmp_path):
     """A newer version's config (a field this one does not know) is read with one warning naming the checkpoint and
     the field, and is no change; a value this version cannot use is a change that says so; a newer checkpoint format

@@ -33,10 +33,11 @@ def prompt_lines(text: Optional[str]) -> list[str]:
 def reward_inputs(reward_model: dict, reward_model_2: Optional[dict], weight_2: float,
                   judge: Optional[dict]) -> tuple[dict, list[dict], dict]:
     """The connected reward models (``{"name", "model"}`` from the Reward Model Loader): ``(rewards {name: model},
-    their specs [{name, weight}], judges {name: model})``; the same reward twice is refused."""
+    their specs [{name, weight}], judges {name: model})``; the same reward twice is refused; a second reward of
+    weight 0 is left out (it would change nothing the run learns)."""
     rewards = {reward_model["name"]: reward_model["model"]}
     specs = [{"name": reward_model["name"], "weight": 1.0}]
-    if reward_model_2 is not None:
+    if reward_model_2 is not None and weight_2 > 0:
         if reward_model_2["name"] in rewards:
             raise ValueError(f"reward_model and reward_model_2 are both {reward_model_2['name']!r}; connect "
                              "another reward type to reward_model_2, or raise the first one's weight instead")
