@@ -28,5 +28,9 @@ def test_each_reward_lists_only_its_own_files():
         ["HPS_v2.1_compressed.pt"]
     assert files_for("vlm_judge", USER_FILES) == ["Qwen2-VL-2B-Instruct/model-00001-of-00002.safetensors",
                                                   "tiny_vlm/model.safetensors"]
+    # another reward's file put in a folder of its own before the rest of that reward's files: not a CLIP file
+    alone = ["HPSv3/HPSv3.safetensors", "ir/ImageReward.pt", "head/sac+logos+ava1-l14-linearMSE.pth", "ViT-L-14.pt"]
+    assert files_for("clipscore", alone) == ["ViT-L-14.pt"]
+    assert files_for("hpsv3", alone) == ["HPSv3/HPSv3.safetensors"]
     assert files_for("jpeg_compressibility", USER_FILES, needs_file=False) == []
     assert files_for("someone_elses_reward", USER_FILES) == USER_FILES

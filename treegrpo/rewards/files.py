@@ -46,8 +46,12 @@ def _vlm_judge(b: str, beside: set[str]) -> bool:
     return _model_weights(b) and "config.json" in beside and _is_vlm_folder(beside)
 
 
-def _clip(b: str, beside: set[str]) -> bool:          # any single CLIP weight file outside a folder model
-    return b.lower().endswith(WEIGHT_EXTS) and not _in_folder_model(beside) and "taste" not in b.lower()
+def _clip(b: str, beside: set[str]) -> bool:
+    """Any single CLIP weight file outside a folder model, but another reward's own file (a taste model, HPSv3's
+    weights, ImageReward's, an aesthetic head) put there before its folder was complete."""
+    from .aesthetic import HEAD_NAMES
+    return b.lower().endswith(WEIGHT_EXTS) and not _in_folder_model(beside) and "taste" not in b.lower() \
+        and not _hpsv3(b, beside) and not _image_reward(b, beside) and b not in HEAD_NAMES
 
 
 def _image_reward(b: str, beside: set[str]) -> bool:
