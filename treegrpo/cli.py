@@ -314,8 +314,10 @@ def apply_lora_file(policy, base_name: str, cfg: TrainConfig, lora: tuple[dict, 
 def cmd_sample(ns) -> int:
     import torch
     from .backends import load_policy
-    from .report import image_grid, to_pil
+    from .io import atomic_write
+    from .report import labelled_grids, sample_grid, to_pil
     from .tree import sample_ode
+    from .video import first_frames
 
     d = read_config_file(ns.config) if ns.config else demo_run_config_dict()
     cfg = TrainConfig.from_dict(apply_flags(d, ns))
@@ -333,7 +335,10 @@ def cmd_sample(ns) -> int:
     noise = torch.randn((len(allp), *policy.latent_shape()), generator=g)
     with torch.no_grad():
         imgs = policy.decode(sample_ode(policy, allp, noise, cfg.tree.steps, cfg.guidance_scale))
-    to_pil(image_grid(imgs, nrow=ns.per_prompt)).save(ns.output)
+    title = (f"LoRA {os.path.basename(ns.lora)} (iteration {lora[1].get('treegrpo.step', '?')})" if lora else
+             f"base model {base_name}")
+    grid = labelled_grids([sample_grid(first_frames(imgs), ns.per_prompt)], [title], list(prompts))
+    atomic_write(ns.output, lambda tmp: to_pil(grid).save(tmp, format="PNG"))
     print(f"wrote {ns.output} ({len(prompts)} prompts x {ns.per_prompt})")
     return 0
 

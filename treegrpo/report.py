@@ -18,34 +18,55 @@ def image_grid(images: torch.Tensor, nrow: int, scale: int = 4, pad: int = 2) ->
     return make_grid(images, nrow=nrow, padding=pad, pad_value=1.0)
 
 
-def labelled_pair(left: torch.Tensor, right: torch.Tensor, titles: tuple[str, str],
-                  row_labels: Optional[list[str]] = None, pad: int = 8, band: int = 18) -> torch.Tensor:
-    """Two (3, H, W) grids in [0, 1] side by side under their ``titles`` (the right one scaled to the left's
-    height), with ``row_labels`` (one per row of the grids, cut to 32 characters) in a margin on the left: a
-    (3, H', W') picture that says which side is which. The grids are copied in unchanged (at their place)."""
+def sample_grid(images: torch.Tensor, per_prompt: int, size: int = 128) -> torch.Tensor:
+    """(B, 3, H, W) samples, ``per_prompt`` consecutive per prompt → a (3, H', W') grid, one row per prompt, each
+    image scaled to about ``size`` pixels on its longer side (a 16-pixel demo image enlarged, a 1024-pixel one
+    reduced)."""
+    side = max(images.shape[-2:])
+    if side > size:
+        images = torch.nn.functional.interpolate(images.float(), scale_factor=size / side, mode="area")
+    return image_grid(images, nrow=max(1, per_prompt), scale=max(1, size // max(images.shape[-2:])))
+
+
+def labelled_grids(grids: list[torch.Tensor], titles: list[str], row_labels: Optional[list[str]] = None,
+                   pad: int = 8, band: int = 18) -> torch.Tensor:
+    """(3, H, W) grids in [0, 1] side by side under their ``titles`` (each after the first scaled to its height),
+    with ``row_labels`` (one per row of the grids, cut to 32 characters) in a margin on the left: a (3, H', W')
+    picture that says what each side and row is. The grids are copied in unchanged (at their place)."""
     import numpy as np
     from PIL import Image, ImageDraw, ImageFont
 
-    h = left.shape[1]
-    w = max(1, round(right.shape[2] * h / right.shape[1]))
-    if right.shape[1:] != (h, w):
-        right = torch.nn.functional.interpolate(right[None].float(), size=(h, w), mode="bilinear",
+    h = grids[0].shape[1]
+    scaled = [grids[0]]
+    for g in grids[1:]:
+        w = max(1, round(g.shape[2] * h / g.shape[1]))
+        if g.shape[1:] != (h, w):
+            g = torch.nn.functional.interpolate(g[None].float(), size=(h, w), mode="bilinear",
                                                 align_corners=False)[0].clamp(0, 1)
+        scaled.append(g)
     font = ImageFont.load_default()
     labels = [(r if len(r) <= 32 else r[:31] + "…") for r in (row_labels or [])]
     measure = ImageDraw.Draw(Image.new("RGB", (1, 1)))
     margin = max((int(measure.textlength(r, font=font)) for r in labels), default=-pad) + pad
-    x_left, x_right = margin, margin + left.shape[2] + pad
-    canvas = Image.new("RGB", (x_right + w, band + h), "white")
+    xs = [margin]
+    for g in scaled[:-1]:
+        xs.append(xs[-1] + g.shape[2] + pad)
+    canvas = Image.new("RGB", (xs[-1] + scaled[-1].shape[2], band + h), "white")
     draw = ImageDraw.Draw(canvas)
-    for x, title in ((x_left, titles[0]), (x_right, titles[1])):
+    for x, title in zip(xs, titles):
         draw.text((x, 3), title, fill="black", font=font)
     for i, r in enumerate(labels):
         draw.text((0, band + (i + 0.5) * h / len(labels) - 6), r, fill="black", font=font)
     out = torch.from_numpy(np.asarray(canvas).copy()).permute(2, 0, 1).float() / 255
-    out[:, band:, x_left:x_left + left.shape[2]] = left.float()
-    out[:, band:, x_right:x_right + w] = right.float()
+    for x, g in zip(xs, scaled):
+        out[:, band:, x:x + g.shape[2]] = g.float()
     return out
+
+
+def labelled_pair(left: torch.Tensor, right: torch.Tensor, titles: tuple[str, str],
+                  row_labels: Optional[list[str]] = None, pad: int = 8, band: int = 18) -> torch.Tensor:
+    """Two (3, H, W) grids side by side (:func:`labelled_grids`): which side is which, and a label per row."""
+    return labelled_grids([left, right], list(titles), row_labels, pad=pad, band=band)
 
 
 def to_pil(grid: torch.Tensor):

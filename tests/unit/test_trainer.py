@@ -989,3 +989,27 @@ def test_a_reward_without_signal_is_said_once_per_streak(tmp_path, caplog):
     for _ in range(FLAT_STREAK + 1):
         t.after_iteration(t.train_step())
     assert not [w for w in t.warnings if "trained nothing" in w] and all(h["edges"] > 0 for h in t.history)
+
+
+def test_sample_grid_names_its_model_and_prompts_and_keeps_each_image_whole(tmp_path):
+    """`treegrpo sample`: one row per prompt, labelled, titled with the LoRA (or the base model); each 16-pixel demo
+    image enlarged to 128 pixels, a row's images the model's own samples (base and LoRA differ inside the grid)."""
+    import numpy as np
+    from PIL import Image
+    trainer, summary = run_training(_cfg(tmp_path / "run", iterations=2, prompts_per_iter=2,
+                                         optim={"lr": 0.05}), progress=False)
+    prompts = ["a red circle", "a blue square", "a green triangle"]
+    grids = {}
+    for name, extra in (("base", []), ("lora", ["--lora", summary["lora"]])):
+        out = tmp_path / f"{name}.png"
+        argv = ["sample", "--output", str(out), "--per-prompt", "2", *extra]
+        assert cli.main(argv + [a for p in prompts for a in ("--prompt", p)]) == 0
+        grids[name] = np.asarray(Image.open(out).convert("RGB"), dtype=np.float32) / 255
+    base, lora = grids["base"], grids["lora"]
+    assert base.shape == lora.shape
+    h, w = base.shape[:2]
+    # 3 rows of 128-pixel images with make_grid's 2-pixel padding, under an 18-pixel title band
+    assert h == 18 + 3 * 130 + 2 and w > 2 * 130 + 2
+    margin = w - (2 * 130 + 2)
+    assert margin > 8 and (base[18:, :margin - 8] < 0.5).any()             # row labels drawn in the margin
+    assert np.abs(base[18:, margin:] - lora[18:, margin:]).max() > 0.02     # the LoRA's samples differ

@@ -174,12 +174,12 @@ class RunWatcher(TrainerCallback):
 
     # ------------------------------------------------------------------ per evaluation
     def evaluated(self, rec: dict) -> None:
-        from ..report import signals_image
+        from ..report import sample_grid, signals_image
         t = self.trainer
         images = getattr(t, "last_eval_images", None)
         grid = None
         if images is not None and t.rank == 0:
-            grid = eval_grid(images, t.cfg.eval_seeds)
+            grid = sample_grid(images, t.cfg.eval_seeds)
             if len(t.evals) == 1:      # the base model's (a resumed run's first evaluation here is a later one)
                 self.first_grid = grid
             self.last_grid = grid
@@ -304,16 +304,6 @@ def read_grid(path: str) -> Optional[torch.Tensor]:
         return read_picture(path).permute(2, 0, 1)
     except (OSError, ValueError):
         return None
-
-
-def eval_grid(images: torch.Tensor, per_prompt: int, size: int = 128) -> torch.Tensor:
-    """(B, 3, H, W) evaluation samples, ``per_prompt`` consecutive per prompt → a (3, H', W') grid, one row per
-    prompt, each image scaled to about ``size`` pixels on its longer side."""
-    from ..report import image_grid
-    side = max(images.shape[-2:])
-    if side > size:
-        images = torch.nn.functional.interpolate(images.float(), scale_factor=size / side, mode="area")
-    return image_grid(images, nrow=max(1, per_prompt), scale=max(1, size // max(images.shape[-2:])))
 
 
 def side_by_side(left: torch.Tensor, right: Optional[torch.Tensor], pad: int = 8) -> torch.Tensor:
