@@ -102,12 +102,19 @@ def _from_jsonl(text: str, path: str) -> list[str]:
     return out
 
 
+#: a comment line of a one-prompt-a-line file: ``#`` alone or followed by a space (as sd-scripts' prompt files
+#: have them); ``#sunset, beach`` is a prompt
+_COMMENT = re.compile(r"\s*#(\s|$)")
+
+
 def parse_prompts(text: str, path: str) -> list[str]:
     """The prompts in ``text``, the contents of the prompt file ``path`` (its extension decides how it is read:
-    ``.csv`` and ``.jsonl`` as below, anything else one prompt a line), each on one line (inner whitespace
-    collapsed), blank ones dropped. Raises :class:`PromptFileError` for a malformed ``.csv`` or ``.jsonl``."""
+    ``.csv`` and ``.jsonl`` as below, anything else one prompt a line, ``# comment`` lines left out), each on one
+    line (inner whitespace collapsed), blank ones dropped. Raises :class:`PromptFileError` for a malformed ``.csv``
+    or ``.jsonl``."""
     ext = os.path.splitext(path)[1].lower()
-    raw = _from_csv(text, path) if ext == ".csv" else _from_jsonl(text, path) if ext == ".jsonl" else text.splitlines()
+    raw = _from_csv(text, path) if ext == ".csv" else _from_jsonl(text, path) if ext == ".jsonl" else \
+        [line for line in text.splitlines() if not _COMMENT.match(line)]
     return [_one_line(p) for p in raw if p.strip()]
 
 
@@ -122,7 +129,7 @@ def shipped_prompt_file(name: str) -> str | None:
 
 def read_prompt_file(path: str, max_prompts: int = 100000) -> list[str]:
     """The prompts in ``path`` in file order, each on one line (inner whitespace collapsed), blank ones dropped:
-    ``.txt`` one prompt a line; ``.csv`` the ``prompt`` (or ``text``, ``caption``) column, else the first column;
+    ``.txt`` one prompt a line (``# comment`` lines left out); ``.csv`` the ``prompt`` (or ``text``, ``caption``) column, else the first column;
     ``.jsonl`` one JSON object a line with a ``prompt`` (``text``, ``caption``) string, or a JSON string.
     Raises :class:`PromptFileError` for a missing, empty, binary or malformed file or more than ``max_prompts``."""
     ext = os.path.splitext(path)[1].lower()

@@ -26,6 +26,11 @@ def test_prompt_files_in_three_formats(tmp_path):
     (tmp_path / "c.csv").write_text("first\n\"second, quoted\"\n")          # no header: one prompt a row
     (tmp_path / "d.jsonl").write_text(json.dumps({"prompt": "p1"}) + "\n" + json.dumps("p2") + "\n")
     assert read_prompt_file(str(tmp_path / "a.txt")) == ["one", "two words"]
+    # "# " lines are comments, as in sd-scripts' prompt files; a hashtag starts a prompt; .csv / .jsonl keep theirs
+    (tmp_path / "commented.txt").write_text("# cats\n  #\na cat\n#sunset, beach\n\t# dogs, later\n")
+    assert read_prompt_file(str(tmp_path / "commented.txt")) == ["a cat", "#sunset, beach"]
+    (tmp_path / "commented.csv").write_text("prompt\n# not a comment\n")
+    assert read_prompt_file(str(tmp_path / "commented.csv")) == ["# not a comment"]
     assert read_prompt_file(str(tmp_path / "b.csv")) == ["x, y", "z"]
     assert read_prompt_file(str(tmp_path / "c.csv")) == ["first", "second, quoted"]
     assert read_prompt_file(str(tmp_path / "d.jsonl")) == ["p1", "p2"]
