@@ -582,7 +582,10 @@ class TrainConfig:
     eval_every: int = _f(10, "evaluate on fixed (prompt, noise) pairs every N iterations (0 = off)")
     eval_every_s: float = _f(0.0, "also evaluate whenever the training time passes a multiple of this many seconds "
                              "(0 = off): equal resolution in time when comparing methods")
-    eval_prompts: list = _f([], "evaluation prompts (default: the first 32 training prompts)")
+    eval_prompts: list = _f([], "evaluation prompts (default: the eval_heldout prompts, else the first 32 training "
+                                "prompts)")
+    eval_heldout: int = _f(0, "hold out this many different prompts of the prompt list (drawn with the seed): never "
+                              "trained on, they are the evaluation prompts, as the Prompt List's eval_count (0 = none)")
     eval_seeds: int = _f(4, "fixed noises per evaluation prompt")
     eval_rewards: list = _f([], "held-out judges: reward models (RewardSpec) scored on the evaluation samples only, "
                                 "never trained on; their weighted mean is the log's eval_judge")
@@ -656,6 +659,11 @@ class TrainConfig:
                  f"more than {MAX_TREES_PER_ITERATION} (the papers use 8-48); lower prompts_per_iter, and raise "
                  "iterations for more data")
         _require(self.eval_every >= 0, c, "eval_every", f"must be >= 0, got {self.eval_every}")
+        _require(isinstance(self.eval_heldout, int) and self.eval_heldout >= 0, c, "eval_heldout",
+                 f"must be a whole number >= 0, got {self.eval_heldout!r}")
+        _require(not (self.eval_heldout and self.eval_prompts), c, "eval_heldout",
+                 f"{self.eval_heldout} held-out prompts and {len(self.eval_prompts)} eval_prompts are both given; "
+                 "evaluate on one: drop eval_prompts to evaluate on the held-out prompts, or set eval_heldout to 0")
         _require(math.isfinite(self.eval_every_s) and self.eval_every_s >= 0, c, "eval_every_s",
                  f"must be a number of seconds >= 0, got {self.eval_every_s}")
         _require(1 <= self.eval_seeds <= MAX_EVAL_SEEDS, c, "eval_seeds",
@@ -667,7 +675,27 @@ class TrainConfig:
         check_run_name(self.run_name)
 
     def load_prompts(self) -> list[str]:
-        """The training prompts (inline list, else the prompts file), validated."""
+        """The training prompts (inline list, else the prompts file, without the ``eval_heldout`` ones), validated."""
+        return self.split_prompts()[0]
+
+    def heldout_prompts(self) -> list[str]:
+        """The ``eval_heldout`` prompts held out of the prompt list for evaluation only ([] when 0)."""
+        return self.split_prompts()[1] if self.eval_heldout else []
+
+    def split_prompts(self) -> tuple[list[str], list[str]]:
+        """(training prompts, held-out prompts): :func:`treegrpo.prompts.split_heldout` of the prompt list with
+        ``eval_heldout`` and the seed (the same on every process and every resume)."""
+        from .prompts import split_heldout
+
+        prompts = self._prompt_list()
+        different = len(set(prompts))
+        _require(self.eval_heldout < different, "TrainConfig", "eval_heldout",
+                 f"{self.eval_heldout} prompts held out of {different} different ones leaves none to train on; hold "
+                 "out fewer, or give more prompts")
+        return split_heldout(prompts, self.eval_heldout, self.seed)
+
+    def _prompt_list(self) -> list[str]:
+        """The prompt list (inline, else the prompts file), validated."""
         if self.prompts:
             return list(self.prompts)
         from .prompts import PromptFileError, parse_prompts, shipped_prompt_file
@@ -743,7 +771,7 @@ class TrainConfig:
         # a reward of weight 0 changes nothing learnt (the Train node leaves one out, a config may list it)
         d["rewards"] = [{"name": r["name"], "weight": r["weight"]} for r in d["rewards"] if r["weight"] > 0]
         keep = ("prompts", "prompts_file", "negative_prompt", "guidance_scale", "rewards", "tree", "advantage",
-                "lora", "optim", "prompts_per_iter", "trees_per_prompt", "seed", "video")
+                "lora", "optim", "prompts_per_iter", "trees_per_prompt", "seed", "video", "eval_heldout")
         out = {k: d[k] for k in keep}
         # what the model is asked to make: image size, schedule shift, Flux guidance and prompt length (not the
         # weights' dtype, autocast, the decode batch, where single-file configs are read from, or the family: the

@@ -103,7 +103,7 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
                 raise ValueError(f"no reward model given for {missing}")
         self.weights = {r.name: r.weight for r in cfg.rewards if r.weight > 0}
         self.prompts = cfg.load_prompts()
-        self.eval_prompts = list(cfg.eval_prompts) or self.prompts[:DEFAULT_EVAL_PROMPTS]
+        self.eval_prompts = list(cfg.eval_prompts) or cfg.heldout_prompts() or self.prompts[:DEFAULT_EVAL_PROMPTS]
         self.progress, self.stop, self.step_callback, self.dist = progress, stop, step_callback, dist
         self.iteration_callback = iteration_callback
         self.rank = dist.rank if dist is not None else 0
@@ -158,7 +158,7 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
             raise ValueError("rebind: the new policy must carry this trainer's LoRA")
         self.cfg, self.policy = cfg, policy
         self.prompts = cfg.load_prompts()
-        self.eval_prompts = list(cfg.eval_prompts) or self.prompts[:DEFAULT_EVAL_PROMPTS]
+        self.eval_prompts = list(cfg.eval_prompts) or cfg.heldout_prompts() or self.prompts[:DEFAULT_EVAL_PROMPTS]
         self.out = cfg.output_dir
 
     # ------------------------------------------------------------------ helpers

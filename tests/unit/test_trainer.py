@@ -1013,3 +1013,36 @@ def test_sample_grid_names_its_model_and_prompts_and_keeps_each_image_whole(tmp_
     margin = w - (2 * 130 + 2)
     assert margin > 8 and (base[18:, :margin - 8] < 0.5).any()             # row labels drawn in the margin
     assert np.abs(base[18:, margin:] - lora[18:, margin:]).max() > 0.02     # the LoRA's samples differ
+
+
+def test_eval_heldout_prompts_are_evaluated_and_never_trained_on(tmp_path):
+    """eval_heldout 3 of the demo's prompts: the trainer samples trees only for the others, evaluates on the three
+    (drawn with the seed: the same split again), and a resume with another count is refused as a change."""
+    from treegrpo import checkpoint as ckpt
+    cfg = _cfg(tmp_path, iterations=2, prompts_per_iter=4, eval_every=2, eval_seeds=2, eval_heldout=3,
+               checkpoint_every=2, run_name="h")
+    train, held = cfg.split_prompts()
+    assert len(held) == 3 and not set(held) & set(train) and cfg.split_prompts() == (train, held)
+    tr, _ = run_training(cfg, progress=False)
+    assert tr.eval_prompts == held and tr.prompts == train
+    log = json.load(open(tmp_path / "log.json"))
+    assert [e["iteration"] for e in log["eval"]] == [0, 2]
+    other = _cfg(tmp_path, iterations=3, prompts_per_iter=4, eval_every=2, eval_seeds=2, eval_heldout=2,
+                 checkpoint_every=2, run_name="h")
+    with pytest.raises(ckpt.CheckpointError, match="eval_heldout: 3 -> 2"):
+        ckpt.check_resume(str(tmp_path), other)
+
+
+def test_eval_heldout_prompts_are_checked_by_the_rewards_before_any_model():
+    """The ocr reward reads the held-out prompts too: one without quoted text is refused before training."""
+    from treegrpo.rewards.base import check_config_prompts
+    cfg = TrainConfig(prompts=['a sign "OPEN"', 'a mug "HI"', "a cat", 'a shirt "GO"'], eval_heldout=1, seed=0,
+                      rewards=[{"name": "ocr"}])
+    train, held = cfg.split_prompts()
+    if "a cat" in train:          # the seed's draw decides which side; make the unquoted one the held-out one
+        seed = next(s for s in range(100) if "a cat" in TrainConfig(prompts=cfg.prompts, eval_heldout=1, seed=s,
+                                                                     rewards=[{"name": "ocr"}]).heldout_prompts())
+        cfg = TrainConfig(prompts=cfg.prompts, eval_heldout=1, seed=seed, rewards=[{"name": "ocr"}])
+    assert cfg.heldout_prompts() == ["a cat"]
+    with pytest.raises(ValueError, match="quote none: 'a cat'"):
+        check_config_prompts(cfg, cfg.load_prompts())

@@ -189,8 +189,9 @@ def check_config_prompts(cfg, prompts: list[str]) -> None:
     """The prompts each reward of a TrainConfig ``cfg`` will score (the training prompts and the evaluation prompts;
     the judges the evaluation prompts) are ones it can score, before any model is built; ValueError naming the
     config field."""
-    evals = list(cfg.eval_prompts) or list(prompts)
-    for field_name, texts in (("rewards", list(prompts) + list(cfg.eval_prompts)), ("eval_rewards", evals)):
+    held = list(cfg.eval_prompts) or (cfg.heldout_prompts() if getattr(cfg, "eval_heldout", 0) else [])
+    evals = held or list(prompts)
+    for field_name, texts in (("rewards", list(prompts) + held), ("eval_rewards", evals)):
         for i, r in enumerate(getattr(cfg, field_name)):
             try:
                 check_reward_prompts(r.name, texts)
