@@ -166,3 +166,21 @@ def test_on_a_cuda_device_onnx_runtime_is_asked_for_that_card_and_reads_on_the_c
     assert torch.equal(on_gpu(images, prompts), ocr(images, prompts))
     OCRReward(device="cpu")
     assert not any(k.startswith("EngineConfig.onnxruntime.use_cuda") for k in seen[1])
+
+
+def test_the_train_node_checks_the_text_the_ocr_reward_reads_and_says_where_brackets_went(caplog):
+    """In ComfyUI the reward reads a prompt without its weighting syntax: a quoted text that is only an embedding
+    name is refused, and brackets that are emphasis (not \\( \\)) inside the quoted text are said once."""
+    import logging
+    from treegrpo.comfyui.train_node import check_reward_prompts
+    from treegrpo.config import TrainConfig
+
+    ocr = [{"name": "ocr"}]
+    with pytest.raises(ValueError, match="quote none"):
+        tc = TrainConfig(prompts=['a sign "embedding:neon"'], rewards=ocr)
+        check_reward_prompts(tc, tc.prompts)
+    with caplog.at_level(logging.WARNING):
+        tc = TrainConfig(prompts=['a sign "OPEN (24h)"', 'a mug (glossy:1.2) "HI \\(2\\)"'], rewards=ocr)
+        check_reward_prompts(tc, tc.prompts)
+    said = [r.getMessage() for r in caplog.records if "weighting syntax" in r.getMessage()]
+    assert len(said) == 1 and "'OPEN (24h)' is read 'OPEN 24h'" in said[0] and "HI" not in said[0]

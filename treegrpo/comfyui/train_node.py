@@ -187,7 +187,7 @@ def run_train_node(model, clip, vae, tc: TrainConfig, rewards: dict, judges: dic
     shape, the conditioning of the training and held-out prompts, the artist hook (``artist``: the keyword arguments
     of :func:`artist_hook`), the loop and its previews."""
     texts, held_out = prompts, eval_prompts
-    check_config_prompts(tc, texts)          # e.g. the ocr reward: every prompt quotes the text to write
+    check_reward_prompts(tc, texts)          # e.g. the ocr reward: every prompt quotes the text to write
     check_tail(tc.tree)                      # a tail_steps its schedule hides: said on the console
     r = vae.spacial_compression_decode()
     if width % r or height % r:
@@ -202,6 +202,29 @@ def run_train_node(model, clip, vae, tc: TrainConfig, rewards: dict, judges: dic
                          node_id=executing_node_id())
     curve, grid = run_previews(trainer, held_out or texts)
     return trainer, curve, grid
+
+
+def check_reward_prompts(tc: TrainConfig, prompts: list[str]) -> None:
+    """The rewards' prompt requirements (:func:`treegrpo.rewards.base.check_config_prompts`) on the prompts as the
+    rewards read them here, without ComfyUI's weighting syntax (:func:`treegrpo.prompts.reward_text`); where that
+    syntax sits inside the text the ``ocr`` reward wants written (``"OPEN (24h)"``: the text encoder reads ``24h``
+    emphasised, without brackets), the console says what is compared and how to write literal brackets."""
+    from ..prompts import reward_text
+
+    read = {p: reward_text(p) for p in dict.fromkeys(list(prompts) + list(tc.eval_prompts))}
+    check_config_prompts(dataclasses.replace(tc, eval_prompts=[read[p] for p in tc.eval_prompts]),
+                         [read[p] for p in prompts])
+    if not any(r.name == "ocr" for r in list(tc.rewards) + list(tc.eval_rewards)):
+        return
+    from ..rewards.ocr import quoted_text
+
+    typed = {p: quoted_text(p.replace("\\(", "(").replace("\\)", ")")) for p in read}   # \( \) are brackets
+    changed = [(typed[p], quoted_text(r)) for p, r in read.items() if typed[p] != quoted_text(r)]
+    if changed:
+        shown = "; ".join(f"{a!r} is read {b!r}" for a, b in changed[:3])
+        logging.warning("TreeGRPO: the ocr reward compares the quoted text as ComfyUI's text encoder reads it, "
+                        "without its weighting syntax: %s%s. Write \\( and \\) for brackets the image should "
+                        "show", shown, f" (and {len(changed) - 3} more)" if len(changed) > 3 else "")
 
 
 def cannot_write(folder: str) -> Optional[str]:
