@@ -15,12 +15,15 @@ from comfy_test_pack.compat import newer_fields
 
 
 def _randomize(module: torch.nn.Module, seed: int, std: float = 0.02) -> None:
-    """Deterministic small random weights (ComfyUI builds its layers without initialising them)."""
+    """Deterministic small random weights (ComfyUI builds its layers without initialising them); a normalisation
+    layer's scale 1 (found by its type too: the UNet's last GroupNorm is named ``out.0``, and a zero scale there
+    made the whole denoiser output 0, so nothing could train)."""
+    norms = {f"{n}.weight" for n, m in module.named_modules() if "norm" in type(m).__name__.lower()}
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in module.named_parameters():
             if p.ndim <= 1:
-                p.copy_(torch.ones_like(p) if "norm" in name or name.endswith("gamma") or "ln_" in name
+                p.copy_(torch.ones_like(p) if name in norms or "norm" in name or name.endswith("gamma") or "ln_" in name
                         else torch.zeros_like(p))
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * std)

@@ -551,14 +551,18 @@ def probe_policy(policy, prompt: str, guidance: float, params: Sequence[torch.Te
     decode = decode_tiled = reward = None
     image_shape = None
 
+    @torch.no_grad()            # as the run decodes and scores its leaves: no graph (ComfyUI's VAE is an inference
+    def decode_probe(latents):  # tensor, which cannot be saved for a backward)
+        return policy.probe_decode(latents)
+
     def decode_curve():
-        return curve(lambda n: peak_of(policy.probe_decode, lambda: (torch.randn((n, *shape), device=policy.device),),
+        return curve(lambda n: peak_of(decode_probe, lambda: (torch.randn((n, *shape), device=policy.device),),
                                        fake), decode_rows)
 
     check()
     try:
         with _mode(fake):
-            image_shape = tuple(policy.probe_decode(torch.zeros((1, *shape), device=policy.device)).shape[1:])
+            image_shape = tuple(decode_probe(torch.zeros((1, *shape), device=policy.device)).shape[1:])
         decode = decode_curve()
         if policy.set_tiled_decode(True):
             try:
@@ -570,6 +574,7 @@ def probe_policy(policy, prompt: str, guidance: float, params: Sequence[torch.Te
     if rewards and image_shape is not None:
         on_host: set = set()      # rewards that read the images' values on the host (a JPEG size, an OCR engine)
 
+        @torch.no_grad()
         def scores(imgs):
             out = []
             for k, r in enumerate(rewards):

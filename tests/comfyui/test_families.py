@@ -323,6 +323,34 @@ def test_video_leaves_decode_a_few_frames_and_rewards_average_them(comfyui_pack)
     assert any(p.abs().sum() > 0 for n, p in trainer.lora.named_lora_parameters() if n.endswith(".up"))
 
 
+def test_the_memory_plan_measures_a_vae_comfyui_loaded_in_inference_mode(comfyui_pack, caplog):
+    """ComfyUI runs its loader nodes in inference mode, so a loaded VAE's weights are inference tensors: the plan
+    (any memory_budget_gb) measures the decode and the rewards without a graph, as the run decodes and scores its
+    leaves (with one, every real VAE raised 'Inference tensors cannot be saved for backward')."""
+    import logging
+
+    from comfy_test_pack.families import build, vae_for
+    from treegrpo.comfyui.runtime import latent_shape_for
+    from treegrpo.comfyui.train_node import train_full
+    from treegrpo.config import TrainConfig
+
+    patcher, pos, neg, _ = build("WAN21_T2V")
+    with torch.inference_mode():                  # as ComfyUI's VAELoader runs
+        vae = vae_for("WAN21_T2V")
+    shape = latent_shape_for(patcher, 16, 16, vae.spacial_compression_decode(), 5, vae.temporal_compression_decode())
+    cfg = TrainConfig(backend="comfy", prompts=["a fox"], rewards=[{"name": "r", "weight": 1.0}],
+                      tree={"steps": 3, "window_start": 1, "window_width": 1, "branch": 2},
+                      lora={"rank": 2, "alpha": 2.0, "targets": ["auto"]}, optim={"kl_beta": 0.0},
+                      iterations=1, prompts_per_iter=1, eval_every=0, checkpoint_every=0, run_name="plan_real_vae",
+                      video={"frames": 5, "reward_frames": 2, "frame_stride": 4}, signals={"keep_best": False},
+                      memory={"budget_gb": 64.0})
+    with torch.inference_mode(), caplog.at_level(logging.INFO):
+        trainer = train_full(patcher, vae, ["a fox"], [(pos, neg)], {"r": lambda im, p: im.mean(dim=(1, 2, 3))},
+                             cfg, shape)
+    assert trainer.iteration == 1
+    assert [m for m in caplog.messages if m.startswith("TreeGRPO memory: planned peak")]
+
+
 def test_reward_scorer_averages_each_videos_frames(comfyui_pack):
     """The step graph's Reward Scorer on a VAEDecode batch of two 9-frame videos: frames 0, 4, 8 of each scored,
     one reward per video (their mean)."""

@@ -220,6 +220,10 @@ def test_the_sd15_workflow_on_a_single_file_checkpoint_as_a_user_runs_it(comfyui
     assert {f"{run}.safetensors", f"{run}_it000001.safetensors", f"{run}_it000002.safetensors"} <= set(saved), saved
     assert f"treegrpo/{run}/{run}.safetensors" in _lora_choices(srv)
     assert any(o.get("images") for o in entry["outputs"].values())
+    # it trained: the LoRA's up matrices, zero at the start, moved
+    from treegrpo.lora import read_lora_file
+    ups = [t for k, t in read_lora_file(str(loras / f"{run}.safetensors"))[0].items() if "lora_up" in k]
+    assert ups and max(float(t.abs().max()) for t in ups) > 0
     # the held-out prompt was evaluated and never trained on; the rewards read it without the weighting syntax
     train_log = json.loads((folder / "log.json").read_text())
     assert len(train_log["train"]) == 2 and len(train_log["eval"]) == 3
