@@ -46,8 +46,11 @@ def check_rewards(raw: dict[str, torch.Tensor], n: int, where: str = "") -> None
     (e.g. " at iteration 3"). The one sanity check of reward values: trainer, nodes and backup all call it."""
     for name, r in raw.items():
         if r.shape != (n,):
+            frames = r.numel() // n if r.ndim == 1 and n and r.numel() > n and r.numel() % n == 0 else None
+            hint = (f"; {r.numel()} scores for {n} leaves look like {frames}-frame videos scored frame by frame: set "
+                    f"the Reward Scorer's frames_per_video to {frames}" if frames else "")
             raise RewardError(f"reward {name!r} returned shape {tuple(r.shape)}, expected ({n},){where}: one value "
-                              "per image (score the leaf images of this tree)")
+                              f"per image (score the leaf images of this tree){hint}")
         bad = (~torch.isfinite(r)).nonzero().flatten()
         if bad.numel():
             raise RewardError(f"reward {name!r} returned non-finite values {r[bad][:5].tolist()} for leaves "

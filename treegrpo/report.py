@@ -228,15 +228,17 @@ def _fig_to_image(fig) -> torch.Tensor:
 
 def tree_preview(batch, images: torch.Tensor, rewards: dict | None = None, cell: float = 1.1) -> torch.Tensor:
     """Leaves (n, 3, H, W) laid out one tree per row in branch order, titled with the weighted reward and
-    the leaf advantage when known. Returns a ComfyUI IMAGE (1, H', W', 3)."""
+    the leaf advantage when known; video leaves (every frame of each, in order) by their first frame. Returns a
+    ComfyUI IMAGE (1, H', W', 3)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from .video import leaf_frames
+
     n_trees = batch.n_trees
+    images = leaf_frames(images, batch.leaves.shape[0], "the Tree Preview")
     n = images.shape[0]
-    if n != batch.leaves.shape[0]:
-        raise ValueError(f"{n} images but the tree has {batch.leaves.shape[0]} leaves: decode this tree's leaves")
     per = n // n_trees
     total = None
     if rewards:

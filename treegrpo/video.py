@@ -72,3 +72,16 @@ def score_over_frames(score: Callable[[torch.Tensor, list[str]], torch.Tensor], 
 def first_frames(images: torch.Tensor) -> torch.Tensor:
     """(B, 3, H, W): each video's first scored frame (for image-only statistics and previews); images unchanged."""
     return images[:, 0] if images.ndim == 5 else images
+
+
+def leaf_frames(images: torch.Tensor, leaves: int, where: str) -> torch.Tensor:
+    """Decoded leaves as ComfyUI's VAEDecode gives them, (N, 3, H, W): one image per leaf, or every frame of every
+    leaf's video in order (N = leaves × frames) → (leaves, 3, H, W), each leaf's first frame. Any other count raises
+    ValueError naming ``where`` (the node) and the counts."""
+    n = images.shape[0]
+    if n == leaves:
+        return images
+    if leaves and n > leaves and n % leaves == 0:
+        return images[:: n // leaves]
+    raise ValueError(f"{where} got {n} images for the tree's {leaves} leaves (nor {leaves} whole videos): connect the "
+                     "VAE Decode of this tree's leaves")

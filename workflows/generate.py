@@ -78,8 +78,11 @@ def real_model_workflow(loader_nodes, model, clip, vae, size, reward_note, *, ru
         note("n1", "TreeGRPO LoRA training.\n" + reward_note + "\n" + (reward_text or HPS_TEXT) + " The Reward Model "
              "Loader's tooltip lists every reward's files, where they come from and their licence; its file list shows "
              "the files that can be the chosen reward.\n"
-             "Prompts: the Prompt List reads a .txt/.csv/.jsonl file from ComfyUI/input/ (or a set the pack ships) and "
-             "holds 4 prompts out for evaluation.\nRuns: run_name " + run_name + " — its LoRAs appear in LoraLoader "
+             + ("Prompts: typed in the Train node, one a line; the evaluation uses them too. For a prompt file and "
+                "prompts held out for evaluation, connect a Prompt List's prompts and eval_prompts to the Train node."
+                if prompts else
+                "Prompts: the Prompt List reads a .txt/.csv/.jsonl file from ComfyUI/input/ (or a set the pack ships) "
+                "and holds 4 prompts out for evaluation.") + "\nRuns: run_name " + run_name + " — its LoRAs appear in LoraLoader "
              "under treegrpo/" + run_name + "/ (every save_every iterations, the best by the judge, the last); "
              "checkpoints, logs and every evaluation's sample grid in output/treegrpo/" + run_name + "/. Queue it "
              "again to resume; after changing a setting set existing_run to new (a numbered run beside this one) or "

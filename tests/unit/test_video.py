@@ -93,3 +93,26 @@ def test_trainer_scores_video_leaves_by_the_mean_over_frames():
     raw = tr.score_images(videos, ["a", "b"])
     assert seen == [(6, 3, 4, 4)]
     assert torch.allclose(raw["r"], videos.mean(dim=(2, 3, 4)).mean(1))
+
+
+def test_the_step_graphs_preview_and_monitor_take_a_decoded_videos_every_frame():
+    """VAEDecode gives every frame of every leaf's video in order: the Tree Preview and the Run Monitor show each
+    leaf by its first frame; a count that is neither the leaves nor whole videos of them is refused naming both; an
+    Advantage Backup fed per-frame scores names frames_per_video."""
+    from types import SimpleNamespace
+
+    from treegrpo.advantages import RewardError, check_rewards
+    from treegrpo.report import tree_preview
+    from treegrpo.video import leaf_frames
+
+    frames = torch.rand(18, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(leaf_frames(frames, 2, "x"), frames[[0, 9]])
+    assert torch.equal(leaf_frames(frames[:2], 2, "x"), frames[:2])
+    with pytest.raises(ValueError, match="the Tree Preview got 17 images for the tree's 2 leaves"):
+        leaf_frames(frames[:17], 2, "the Tree Preview")
+    batch = SimpleNamespace(n_trees=1, leaves=torch.zeros(2, 4, 2, 1, 1), advantages=None, branching=[2])
+    img = tree_preview(batch, frames)
+    assert img.ndim == 4 and img.shape[0] == 1 and img.shape[-1] == 3
+    with pytest.raises(RewardError, match="look like 9-frame videos scored frame by frame: set the Reward Scorer's "
+                                          "frames_per_video to 9"):
+        check_rewards({"clipscore": torch.rand(18)}, 2)

@@ -226,14 +226,13 @@ def monitor_tree(tree: TreeResult, images: torch.Tensor, rewards: dict, judge: O
     from ..config import SignalsConfig
     from ..io import atomic_write_json
     from ..hacking import hacking_warnings, image_signals
+    from ..video import leaf_frames
 
     run = tree.run
     if run is None:
         raise ValueError("the Run Monitor needs a tree sampled with a TreeGRPO Trainer State (the run it records)")
+    images = leaf_frames(images, tree.batch.leaves.shape[0], "the Run Monitor")   # videos: their first frames
     n = images.shape[0]
-    if n != tree.batch.leaves.shape[0]:
-        raise ValueError(f"the Run Monitor got {n} images for {tree.batch.leaves.shape[0]} leaves: connect the VAE "
-                         "Decode of this tree's leaves")
     raw = {k: torch.as_tensor(v, dtype=torch.float32).reshape(-1) for k, v in rewards["rewards"].items()}
     rec = {"iteration": tree.iteration, "eval_reward": float(weighted_raw(raw, rewards["weights"]).mean()),
            **image_signals(images, n // tree.batch.n_trees)}
