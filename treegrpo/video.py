@@ -33,6 +33,28 @@ def frame_indices(length: int, count: int, stride: int) -> list[int]:
     return [i for i in range(0, int(length), int(stride))][:int(count)] or [0]
 
 
+def video_notes(frames: int, temporal_compression: int, reward_frames: int, frame_stride: int) -> list[str]:
+    """What a video setting gives that differs from what it asks (each a sentence for the console): a length the
+    VAE cannot make (not ``tc·k + 1``: the video is that much shorter), fewer scored frames than ``reward_frames``
+    (the stride runs past the end), only the first frame scored."""
+    if frames <= 1:
+        return []
+    tc = max(1, int(temporal_compression))
+    made = video_length(latent_frames_for(frames, tc), tc)
+    notes = []
+    if made != frames:
+        notes.append(f"frames {frames}: this model's VAE makes videos of {tc}k+1 frames, so the leaves are {made} "
+                     f"frames long; set frames to {made} or {made + tc}")
+    picked = frame_indices(made, reward_frames, frame_stride)
+    if len(picked) < reward_frames:
+        notes.append(f"reward_frames {reward_frames} at frame_stride {frame_stride}: a {made}-frame video has only "
+                     f"{len(picked)} such frame{'s' if len(picked) > 1 else ''} ({', '.join(map(str, picked))}), so "
+                     f"{'only its first frame is' if len(picked) == 1 else 'those are'} scored; "
+                     + (f"lower frame_stride to {(made - 1) // (reward_frames - 1)} to spread {reward_frames} frames "
+                        "over it" if reward_frames <= made else f"it has {made} frames in all"))
+    return notes
+
+
 def latent_prefix(indices: list[int], temporal_compression: int) -> int:
     """Latent frames to decode so that pixel frame ``max(indices)`` is among the decoded ones (causal VAE)."""
     tc = max(1, int(temporal_compression))

@@ -116,3 +116,17 @@ def test_the_step_graphs_preview_and_monitor_take_a_decoded_videos_every_frame()
     with pytest.raises(RewardError, match="look like 9-frame videos scored frame by frame: set the Reward Scorer's "
                                           "frames_per_video to 9"):
         check_rewards({"clipscore": torch.rand(18)}, 2)
+
+
+def test_a_video_setting_the_vae_cannot_give_is_said():
+    """frames not 4k+1 (Wan's VAE), scored frames the stride runs past, only the first frame: each said, with the
+    setting that gives what was asked; the shipped workflow's 33 frames, 4 scored 8 apart: nothing to say."""
+    from treegrpo.video import video_notes
+
+    assert video_notes(33, 4, 4, 8) == [] and video_notes(1, 4, 4, 4) == []
+    short, = video_notes(10, 4, 3, 4)
+    assert "leaves are 9 frames long; set frames to 9 or 13" in short
+    few, = video_notes(9, 4, 8, 4)
+    assert "only 3 such frames (0, 4, 8)" in few and "lower frame_stride to 1" in few
+    first, = video_notes(9, 4, 4, 16)
+    assert "only its first frame is scored" in first and "lower frame_stride to 2" in first

@@ -193,6 +193,11 @@ def run_train_node(model, clip, vae, tc: TrainConfig, rewards: dict, judges: dic
     if width % r or height % r:
         raise ValueError(f"width {width} and height {height} must be multiples of the VAE's scale factor {r}")
     shape = runtime.latent_shape_for(model, width, height, r, tc.video.frames, vae.temporal_compression_decode() or 1)
+    if len(shape) == 4:                      # a video model: what its length and scored frames come to
+        from ..video import video_notes
+        for note in video_notes(tc.video.frames, vae.temporal_compression_decode() or 1, tc.video.reward_frames,
+                                tc.video.frame_stride):
+            logging.warning("TreeGRPO: %s", note)
     encoded = texts + [p for p in dict.fromkeys(held_out) if p not in texts]   # held-out prompts need conds too
     conds = [(encode(clip, t, guidance), encode(clip, negative, guidance)) for t in encoded]
     hook, check = artist_hook(model, rewards, taste_features, seed=tc.seed, **artist) if artist else (None, None)

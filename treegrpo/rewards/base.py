@@ -191,7 +191,8 @@ def check_config_prompts(cfg, prompts: list[str]) -> None:
     config field."""
     held = list(cfg.eval_prompts) or (cfg.heldout_prompts() if getattr(cfg, "eval_heldout", 0) else [])
     evals = held or list(prompts)
-    for field_name, texts in (("rewards", list(prompts) + held), ("eval_rewards", evals)):
+    for field_name, texts in (("rewards", list(dict.fromkeys(list(prompts) + held))),
+                              ("eval_rewards", list(dict.fromkeys(evals)))):   # each prompt counted once
         for i, r in enumerate(getattr(cfg, field_name)):
             try:
                 check_reward_prompts(r.name, texts)
