@@ -629,6 +629,9 @@ class TrainConfig:
                  "cuda:N (an NVIDIA GPU), xpu[:N] or mps")
         _require(self.backend != "diffusers" or bool(self.model), c, "model",
                  "the diffusers backend needs a model path: a local diffusers folder or a .safetensors checkpoint")
+        _require(self.backend == "comfy" or self.video.frames == 1, "VideoConfig", "frames",
+                 f"{self.video.frames} frames: the {self.backend} backend trains image models (one frame); video "
+                 "models (Wan, HunyuanVideo, LTX-Video, ...) train in ComfyUI's Train node. Leave frames at 1")
         _require(self.tree.method != "ode" or self.optim.loss != "grpo", c, "tree",
                  "method 'ode' samples no SDE edges for GRPO to train: use optim.loss nft or awm with it, or "
                  "method tree / trajectory")

@@ -117,6 +117,7 @@ CONFIG_CASES = [
     ("tail_schedule_huge", {"tree.tail_steps_schedule": [[0, 10 ** 9]]}, "tail_steps <= 1000 (every leaf runs"),
     ("lr_factor_huge", {"optim.lr_factor_schedule": [[0, 1e300]]}, "a factor > 0 and <= 100 (it multiplies optim.lr"),
     ("frames_huge", {"video.frames": 100000}, "VideoConfig.frames: must be <= 1024"),
+    ("frames_on_images", {"video.frames": 9}, "VideoConfig.frames: 9 frames: the demo backend trains image models"),
     ("height_huge", {"pipeline.height": 65536}, "PipelineConfig.height: must be <= 8192 pixels"),
 ]
 

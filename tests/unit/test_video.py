@@ -67,11 +67,11 @@ def test_video_config_validates_and_is_a_training_setting():
         VideoConfig(reward_frames=0)
     with pytest.raises(ConfigError, match="VideoConfig: unknown field"):
         TrainConfig.from_dict({"prompts": ["a"], "video": {"fps": 8}})
-    a = TrainConfig(prompts=["a"]).training_settings()
-    b = TrainConfig(prompts=["a"], video={"frames": 33}).training_settings()
+    a = TrainConfig(backend="comfy", prompts=["a"]).training_settings()
+    b = TrainConfig(backend="comfy", prompts=["a"], video={"frames": 33}).training_settings()
     assert a != b and b["video"]["frames"] == 33
     # a checkpoint written before the field existed reads as the default
-    old = TrainConfig(prompts=["a"]).to_dict()
+    old = TrainConfig(backend="comfy", prompts=["a"]).to_dict()
     old.pop("video")
     assert TrainConfig.from_dict(old).training_settings() == a
 
