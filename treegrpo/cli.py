@@ -196,8 +196,17 @@ def _quiet_libraries() -> None:
             pass
 
 
+def base_config(ns) -> dict:
+    """The config the flags go onto: ``--config``'s file; else the demo run's, unless a flag names another backend
+    (the demo's prompts, rewards, judge and learning rate are the demo task's: a diffusers model starts from the
+    config's own defaults)."""
+    if ns.config:
+        return read_config_file(ns.config)
+    return demo_run_config_dict() if getattr(ns, "cfg:backend", None) in (None, "demo") else {}
+
+
 def cmd_train(ns) -> int:
-    d = read_config_file(ns.config) if ns.config else demo_run_config_dict()
+    d = base_config(ns)
     cfg = TrainConfig.from_dict(apply_flags(d, ns))
     if ns.quiet:
         _quiet_libraries()
@@ -218,7 +227,7 @@ def cmd_train(ns) -> int:
 
 
 def cmd_config(ns) -> int:
-    d = read_config_file(ns.config) if ns.config else demo_run_config_dict()
+    d = base_config(ns)
     cfg = TrainConfig.from_dict(apply_flags(d, ns))
     check_reward_names(cfg)
     print(json.dumps(cfg.to_dict(), indent=2))
@@ -319,7 +328,7 @@ def cmd_sample(ns) -> int:
     from .tree import sample_ode
     from .video import first_frames
 
-    d = read_config_file(ns.config) if ns.config else demo_run_config_dict()
+    d = base_config(ns)
     cfg = TrainConfig.from_dict(apply_flags(d, ns))
     # everything that needs no model first: the output path, the sample count, the LoRA file and its values
     check_output_file(ns.output, "--output", ".png")

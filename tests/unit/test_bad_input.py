@@ -138,7 +138,12 @@ FLAG_CASES = [
     ("flag_section_missing", ["sample", "--branch", "3"], ["(did you mean --tree.branch?)"]),
     ("flag_typo", ["demo", "--iteratons", "3"], ["(did you mean --iterations?)"]),
     ("demo_reward_prompt", ["train", "--prompts", "a cat"],
-     ["TrainConfig.rewards[0]: demo prompt 'a cat' must have the form 'a <colour> <shape>'"]),
+     ["TrainConfig.rewards[0]: reward 'demo_adherence' is the embedded demo's", "demo prompt 'a cat' must have the "
+      "form 'a <colour> <shape>'", "For your own prompts give another reward"]),
+    # flags for another backend start from the config's defaults, not the demo task's (its judge refused the prompt)
+    ("diffusers_from_flags", ["train", "--backend", "diffusers", "--model", "/nonexistent", "--prompts", "a red fox",
+                              "--rewards", '[{"name": "jpeg_compressibility"}]'],
+     ["model path '/nonexistent' does not exist"]),
     ("flag_of_another_command", ["train", "--dump-config"],
      ["--dump-config (a flag of treegrpo demo, not of treegrpo train; treegrpo config --config FILE prints"]),
     ("flag_long_value", ["train", "--tree.branch", LONG], ["--tree.branch: expected a whole number", "characters]"]),

@@ -29,7 +29,12 @@ class DemoAdherence:
         """Every prompt is one the demo's classifier scores, 'a <colour> <shape>' (ValueError naming the first
         that is not), before any model is built."""
         for p in prompts:
-            parse_prompt(p)
+            try:
+                parse_prompt(p)
+            except ValueError as e:
+                raise ValueError(f"reward {who!r} is the embedded demo's: it scores only the demo's prompts, "
+                                 f"'a <colour> <shape>', and {e}. For your own prompts give another reward "
+                                 "(`treegrpo rewards` lists them)") from None
 
     def __init__(self, path: str | os.PathLike | None = None, device: str | torch.device = "cpu"):
         self.device = torch.device(device)
