@@ -11,7 +11,7 @@ import torch
 from .advantages import check_rewards, weighted_raw
 from .hacking import best_index, hacking_checks, image_signals, warning_changes
 from .tree import sample_ode, sample_ode_window_kl
-from .video import first_frames, score_over_frames
+from .video import first_frames, frame_strip, score_over_frames
 
 
 def next_multiple(t: float, every: float) -> float:
@@ -76,7 +76,7 @@ class Evaluation:
         if kl is not None:
             out["eval_kl"] = float(kl.mean())
         if return_images:
-            out["images"] = first_frames(images).cpu()
+            out["images"] = frame_strip(images).cpu()     # videos: their scored frames side by side
         return out
 
     def record_evaluation(self) -> dict:
@@ -85,7 +85,8 @@ class Evaluation:
         the log and ``warnings`` get what :func:`treegrpo.hacking.warning_changes` says (a warning when its check
         starts failing, a line once it has passed for a while)."""
         rec = self.evaluate(return_images=self.keep_eval_images)
-        self.last_eval_images = rec.pop("images", None)   # (B, 3, H, W) for an eval callback; not in the logs
+        self.last_eval_images = rec.pop("images", None)   # (B, 3, H, W) for an eval callback (videos: frame strips,
+        #                                                   treegrpo.video.frame_strip); not in the logs
         self.evals.append(rec)
         sc = self.cfg.signals
         limits = dict(judge_drop=sc.judge_drop, diversity_floor=sc.diversity_floor, hf_ceiling=sc.hf_ceiling)

@@ -21,11 +21,14 @@ def image_grid(images: torch.Tensor, nrow: int, scale: int = 4, pad: int = 2) ->
 def sample_grid(images: torch.Tensor, per_prompt: int, size: int = 128) -> torch.Tensor:
     """(B, 3, H, W) samples, ``per_prompt`` consecutive per prompt → a (3, H', W') grid, one row per prompt, each
     image scaled to about ``size`` pixels on its longer side (a 16-pixel demo image enlarged, a 1024-pixel one
-    reduced)."""
-    side = max(images.shape[-2:])
-    if side > size:
-        images = torch.nn.functional.interpolate(images.float(), scale_factor=size / side, mode="area")
-    return image_grid(images, nrow=max(1, per_prompt), scale=max(1, size // max(images.shape[-2:])))
+    reduced); a strip of video frames (wider than twice its height) by twice its height."""
+    def side(t):
+        h, w = t.shape[-2:]
+        return max(h, min(w, 2 * h))
+
+    if side(images) > size:
+        images = torch.nn.functional.interpolate(images.float(), scale_factor=size / side(images), mode="area")
+    return image_grid(images, nrow=max(1, per_prompt), scale=max(1, size // side(images)))
 
 
 def labelled_grids(grids: list[torch.Tensor], titles: list[str], row_labels: Optional[list[str]] = None,

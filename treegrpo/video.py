@@ -91,6 +91,18 @@ def score_over_frames(score: Callable[[torch.Tensor, list[str]], torch.Tensor], 
     return flat.reshape(b, f).mean(1)
 
 
+def frame_strip(images: torch.Tensor, gap: int = 2) -> torch.Tensor:
+    """(B, 3, H, W): each video's scored frames side by side, in order, ``gap`` white pixels apart (B, 3, H,
+    F·W + (F−1)·gap), so that a sample grid shows the motion; images unchanged."""
+    if images.ndim != 5:
+        return images
+    b, f, c, h, w = images.shape
+    out = torch.ones((b, c, h, f * w + (f - 1) * gap), dtype=images.dtype, device=images.device)
+    for i in range(f):
+        out[..., i * (w + gap):i * (w + gap) + w] = images[:, i]
+    return out
+
+
 def first_frames(images: torch.Tensor) -> torch.Tensor:
     """(B, 3, H, W): each video's first scored frame (for image-only statistics and previews); images unchanged."""
     return images[:, 0] if images.ndim == 5 else images

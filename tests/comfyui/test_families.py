@@ -321,6 +321,10 @@ def test_video_leaves_decode_a_few_frames_and_rewards_average_them(comfyui_pack)
     leaf_rewards = images.mean(dim=(1, 2, 3)).reshape(2, 2).mean(1)
     assert torch.allclose(torch.tensor(trainer.history[0]["reward"]), leaf_rewards.mean(), atol=1e-5)
     assert any(p.abs().sum() > 0 for n, p in trainer.lora.named_lora_parameters() if n.endswith(".up"))
+    # the evaluation's samples (grids, previews, callbacks): each video's scored frames side by side
+    with torch.inference_mode(False):
+        ev = trainer.evaluate(prompts=["a fox"], seeds=1, return_images=True)
+    assert ev["images"].shape == (1, 3, 32, 2 * 32 + 2) and torch.all(ev["images"][..., 32:34] == 1)
 
 
 def test_the_memory_plan_measures_a_vae_comfyui_loaded_in_inference_mode(comfyui_pack, caplog):

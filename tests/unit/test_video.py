@@ -130,3 +130,19 @@ def test_a_video_setting_the_vae_cannot_give_is_said():
     assert "only 3 such frames (0, 4, 8)" in few and "lower frame_stride to 1" in few
     first, = video_notes(9, 4, 4, 16)
     assert "only its first frame is scored" in first and "lower frame_stride to 2" in first
+
+
+def test_a_video_sample_is_shown_as_its_scored_frames_side_by_side():
+    """frame_strip: (B, F, 3, H, W) → the F frames left to right, 2 white pixels apart; the sample grid sizes such a
+    strip by its height (a 4-frame 352-pixel strip is not squeezed to 128 pixels wide)."""
+    from treegrpo.report import sample_grid
+    from treegrpo.video import frame_strip
+
+    v = torch.rand(2, 4, 3, 8, 10, generator=torch.Generator().manual_seed(0))
+    s = frame_strip(v)
+    assert s.shape == (2, 3, 8, 4 * 10 + 3 * 2)
+    assert torch.equal(s[..., 12:22], v[:, 1]) and torch.all(s[..., 10:12] == 1)
+    assert frame_strip(v[:, 0]) is not None and torch.equal(frame_strip(v[:, 0]), v[:, 0])
+    strips = torch.rand(2, 3, 352, 4 * 640 + 6)
+    g = sample_grid(strips, 2)
+    assert g.shape[1] == 2 + 64 + 2 and g.shape[2] > 2 * 400              # frames 64 px tall, one row

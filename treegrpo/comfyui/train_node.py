@@ -321,7 +321,7 @@ def run_previews(trainer: Trainer, prompts: list[str]) -> tuple[torch.Tensor, to
     evaluation samples (2 per prompt, up to 8 prompts). A failure here (a plotting library missing, a reward
     model erroring) is logged and answered with a blank image: the LoRA is already saved."""
     from ..io import atomic_write
-    from ..report import curve_image, image_grid, signals_image, to_pil
+    from ..report import curve_image, image_grid, sample_grid, signals_image, to_pil
     from .watch import preview_grid_path, read_grid
 
     def curve():
@@ -337,7 +337,8 @@ def run_previews(trainer: Trainer, prompts: list[str]) -> tuple[torch.Tensor, to
         if g is None:
             with torch.inference_mode(False):
                 ev = trainer.evaluate(prompts=prompts[:8], seeds=2, return_images=True)
-            g = image_grid(ev["images"], nrow=2, scale=max(1, 128 // max(1, ev["images"].shape[-1])))
+            g = sample_grid(ev["images"], 2) if ev["images"].shape[-1] > 2 * ev["images"].shape[-2] else \
+                image_grid(ev["images"], nrow=2, scale=max(1, 128 // max(1, ev["images"].shape[-1])))
             if trainer.rank == 0:
                 atomic_write(path, lambda tmp: to_pil(g).save(tmp, format="PNG"))
             g = read_grid(path)
