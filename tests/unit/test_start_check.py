@@ -595,3 +595,24 @@ def test_a_check_cut_by_a_stop_is_made_when_the_run_resumes(tmp_path):
     assert [(i, a) for i, a, _, _ in asked] == [(2, False), (2, True)]
     rec2 = next(h for h in t2.history if h["iteration"] == 1)          # the record of the 2nd iteration
     assert rec2["check"] == START and rec2["check_restored"] == 0 and len(t2.history) == 3
+
+
+def test_a_run_begun_without_checks_resumed_with_them_says_what_they_go_back_to(tmp_path, caplog):
+    """A checkpoint without a guard (a run begun with artist_check_every 0, or by a version before the checks):
+    the resumed run says once that its checks begin now and go back no further than where it resumed; a run that
+    had them from the start says nothing of the kind."""
+    import logging
+
+    t = _trainer(tmp_path)
+    t.train(iterations=2)
+    check = StartCheck(_scripted(["now", "now"], [], []), CheckConfig(every=5, pictures=2, final=False))
+    t2 = _trainer(tmp_path, check)
+    with caplog.at_level(logging.WARNING):
+        t2.train(iterations=3, resume=True)
+    said = [m for m in caplog.messages if "checks against the start begin at iteration 2" in m]
+    assert len(said) == 1 and "goes back to the state the run resumed from" in said[0]
+    caplog.clear()
+    fresh = StartCheck(_scripted(["now", "now"], [], []), CheckConfig(every=5, pictures=2, final=False))
+    with caplog.at_level(logging.WARNING):
+        _trainer(tmp_path / "b", fresh).train(iterations=1)
+    assert not [m for m in caplog.messages if "checks against the start begin" in m]

@@ -237,6 +237,12 @@ class StartCheck(TrainerCallback):
         self.guard = self.read_guard(trainer, kept) if kept is not None else None
         if self.guard is None:
             self.guard = StartGuard(self.snapshot(trainer))
+            if kept is None and trainer.iteration > 0 and getattr(trainer, "rank", 0) == 0:
+                # a run begun without checks (artist_check_every 0, or a version before them) resumed with them
+                logging.warning("TreeGRPO %s: checks against the start begin at iteration %d (the run's checkpoint "
+                                "has none): each shows the pictures now beside the base model's, and picking the "
+                                "base model goes back to the state the run resumed from, not further; "
+                                "artist_check_every 0 trains on without them", trainer.cfg.run_name, trainer.iteration)
 
     # -- the guard in the run's checkpoint ---------------------------------------------------------------------------
 
