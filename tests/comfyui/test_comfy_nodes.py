@@ -329,6 +329,21 @@ def test_train_node_full_loop_writes_lora_and_images(rt):
     assert len(log["train"]) == 3
 
 
+def test_a_resumed_run_without_its_base_models_grid_samples_it_again_for_the_before_after_figure(rt):
+    """A run whose iteration-0 evaluation grid is not in its folder (a version before the pack kept them, or
+    deleted), resumed to its end: the base model's grid is sampled again on the evaluation's fixed noises, the same
+    picture as the first session's, and samples_before_after.png is drawn."""
+    run = Path(rt.base_dir) / "output" / "treegrpo" / "regrid"
+    rt.execute(train_graph("regrid", 2))
+    first = run / "evals" / "eval_000000.png"
+    kept = first.read_bytes()
+    first.unlink()
+    (run / "samples_before_after.png").unlink()
+    rt.reset_cache()
+    rt.execute(train_graph("regrid", 4))
+    assert first.read_bytes() == kept and (run / "samples_before_after.png").is_file()
+
+
 def test_a_second_reward_of_weight_zero_is_not_loaded(rt):
     """reward_model_2 at weight_2 0 leaves its loader unrun (here one that would fail: pickscore without its files),
     and the run trains on the first reward alone; at weight 1 the same graph fails in that loader."""

@@ -235,6 +235,8 @@ class RunWatcher(TrainerCallback):
             first = self.first_grid
             if first is None and t.evals:   # resumed: the base model's grid from the run's first session, kept
                 first = read_grid(eval_grid_path(t.out, t.evals[0]["iteration"]))
+            if first is None and t.evals and t.evals[0]["iteration"] == 0 and self.last_grid is not None:
+                first = self.base_grid()    # not kept (a version before it kept them, or deleted): sampled again
             if first is not None and self.last_grid is not None:
                 pair = labelled_pair(first, self.last_grid, (f"base model (iteration {t.evals[0]['iteration']})",
                                                              f"LoRA at iteration {t.evals[-1]['iteration']}"),
@@ -252,6 +254,19 @@ class RunWatcher(TrainerCallback):
                                   f"LoRA treegrpo/{t.cfg.run_name}/{os.path.basename(path)}",
                                   *t.warnings[self._warnings_shown:]]))
         return path
+
+    def base_grid(self) -> torch.Tensor:
+        """The base model's evaluation grid sampled again (the LoRA off, the evaluation's fixed noises: iteration 0's
+        pictures, as its evaluation drew them) and kept where that evaluation's grid goes."""
+        from ..report import sample_grid, to_pil
+        t = self.trainer
+        with torch.inference_mode(False), t.policy.lora_disabled():
+            ev = t.evaluate(return_images=True)
+        grid = sample_grid(ev["images"], t.cfg.eval_seeds)
+        path = eval_grid_path(t.out, 0)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        to_pil(grid).save(path)
+        return grid
 
     def stopped(self, error: BaseException) -> None:
         """The node's text when the run stops early (Cancel, the artist away, an error): where it can go on from,
