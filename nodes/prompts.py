@@ -17,7 +17,8 @@ class PromptList(PackNode):
         choices = prompt_file_choices()
         return io.Schema(
             node_id="TreeGRPOPromptList", display_name="TreeGRPO Prompt List", category=f"{CATEGORY}/training",
-            description="Prompts from a file in ComfyUI's input/ folder (.txt one a line, .csv with a 'prompt' column, "
+            description="Prompts from a file in ComfyUI's input/ folder (.txt one a line, '# ' lines comments, .csv "
+                        "with a 'prompt' column, "
                         ".jsonl with {\"prompt\": ...} a line), or a set the pack ships (treegrpo/...). Connect "
                         "'prompts' to the Train node's prompts and 'eval_prompts' to its eval_prompts.",
             inputs=[

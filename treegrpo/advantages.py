@@ -41,12 +41,15 @@ def segment_softmax(logits: torch.Tensor, group: torch.Tensor, n: int) -> torch.
     return e / torch.zeros(n, dtype=e.dtype, device=e.device).index_add_(0, group, e)[group]
 
 
-def check_rewards(raw: dict[str, torch.Tensor], n: int, where: str = "") -> None:
+def check_rewards(raw: dict[str, torch.Tensor], n: int, where: str = "", frames_hint: bool = False) -> None:
     """Every reward must be a finite (n,) tensor; the error names the reward, the bad leaves and ``where``
-    (e.g. " at iteration 3"). The one sanity check of reward values: trainer, nodes and backup all call it."""
+    (e.g. " at iteration 3"). The one sanity check of reward values: trainer, nodes and backup all call it.
+    ``frames_hint`` (the step graph's backup, fed by Reward Scorers): a whole multiple of n scores is named as the
+    frames of videos, and the Reward Scorer's input that groups them."""
     for name, r in raw.items():
         if r.shape != (n,):
-            frames = r.numel() // n if r.ndim == 1 and n and r.numel() > n and r.numel() % n == 0 else None
+            frames = r.numel() // n if frames_hint and r.ndim == 1 and n and r.numel() > n and r.numel() % n == 0 \
+                else None
             hint = (f"; {r.numel()} scores for {n} leaves look like {frames}-frame videos scored frame by frame: set "
                     f"the Reward Scorer's frames_per_video to {frames}" if frames else "")
             raise RewardError(f"reward {name!r} returned shape {tuple(r.shape)}, expected ({n},){where}: one value "
@@ -159,7 +162,7 @@ def backup_advantages(batch, raw: dict[str, torch.Tensor], weights: dict[str, fl
     leaf_tree = batch.leaf_tree
     n_leaves = leaf_tree.numel()
     raw = {k: v.detach().float().reshape(-1).to(leaf_tree.device) for k, v in raw.items()}
-    check_rewards(raw, n_leaves)
+    check_rewards(raw, n_leaves, frames_hint=True)     # the trainer checked its own scores: the step graph's
     if cfg.reward_stats == "prompt":
         group, n_groups = batch.prompt_ids.to(leaf_tree.device)[leaf_tree], int(batch.prompt_ids.max()) + 1
     else:

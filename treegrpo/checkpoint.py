@@ -262,6 +262,19 @@ def prompts_digest(prompts: list) -> str:
     return hashlib.sha256(json.dumps(list(prompts), ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
+def _comments_note(path: str) -> str:
+    """Where a prompt file has ``# `` lines: that they are comments now (versions before 2026-12-07 trained on them
+    as prompts, so an unchanged file reads as other prompts)."""
+    from .prompts import comment_lines
+    try:
+        with open(path, encoding="utf-8-sig") as fh:
+            n = comment_lines(fh.read(), path)
+    except (OSError, UnicodeDecodeError):
+        return ""
+    return (f" (its {n} line{'s' if n > 1 else ''} beginning '# ' {'are' if n > 1 else 'is'} comments since "
+            "2026-12-07; an earlier version trained on them as prompts)") if n else ""
+
+
 def check_resume(output_dir: str, cfg, *, allow_changes: bool = False, required: bool = True,
                  override_hint: str = "pass --allow-changes to continue anyway") -> Optional[str]:
     """Before any model is loaded: the newest readable checkpoint of ``cfg.run_name`` in ``output_dir`` (None when
@@ -280,7 +293,8 @@ def check_resume(output_dir: str, cfg, *, allow_changes: bool = False, required:
     if state.get("prompts_sha256") and not cfg.prompts:   # a prompts file: its prompts count, not its path
         changes = [c for c in changes if not c.startswith("prompts_file:")]
         if prompts_digest(cfg.load_prompts()) != state["prompts_sha256"]:
-            changes.append(f"prompts_file: the prompts in {cfg.prompts_file!r} are not the ones the run was trained on")
+            changes.append(f"prompts_file: the prompts in {cfg.prompts_file!r} are not the ones the run was trained on"
+                           + _comments_note(cfg.prompts_file))
     if changes and not allow_changes:
         raise CheckpointError(f"run {cfg.run_name!r} was trained with other settings (a resumed run goes on learning "
                               f"what it began to learn): {'; '.join(changes)}. Resume with the same settings (only the "

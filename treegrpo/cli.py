@@ -329,6 +329,8 @@ def cmd_sample(ns) -> int:
     from .video import first_frames
 
     d = base_config(ns)
+    if ns.prompt and not d.get("prompts") and not d.get("prompts_file"):
+        d["prompts"] = list(ns.prompt)     # a config of another backend's defaults: the prompts to sample are these
     cfg = TrainConfig.from_dict(apply_flags(d, ns))
     # everything that needs no model first: the output path, the sample count, the LoRA file and its values
     check_output_file(ns.output, "--output", ".png")
@@ -344,7 +346,8 @@ def cmd_sample(ns) -> int:
     noise = torch.randn((len(allp), *policy.latent_shape()), generator=g)
     with torch.no_grad():
         imgs = policy.decode(sample_ode(policy, allp, noise, cfg.tree.steps, cfg.guidance_scale))
-    title = (f"LoRA {os.path.basename(ns.lora)} (iteration {lora[1].get('treegrpo.step', '?')})" if lora else
+    step = lora[1].get("treegrpo.step") if lora else None
+    title = (f"LoRA {os.path.basename(ns.lora)}" + (f" (iteration {step})" if step else "") if lora else
              f"base model {base_name}")
     grid = labelled_grids([sample_grid(first_frames(imgs), ns.per_prompt)], [title], list(prompts))
     atomic_write(ns.output, lambda tmp: to_pil(grid).save(tmp, format="PNG"))
@@ -496,17 +499,27 @@ def main(argv: Optional[list[str]] = None) -> int:
             if interrupted.is_set():   # Ctrl-C inside an import or a C call can surface as another error (ImportError
                 return interrupts.report(exit_now=argv is None)   # from a half-imported torch, ...), or as the stop
             if isinstance(e, (ConfigError, ValueError, FileNotFoundError, FloatingPointError)):
-                print(f"treegrpo: error: {short_message(str(e))}", file=sys.stderr)
+                print(f"{who()}: error: {short_message(str(e))}", file=sys.stderr)
                 return 2
             if _out_of_memory(e):
-                print(f"treegrpo: error: {out_of_memory_message(e)}", file=sys.stderr)
+                print(f"{who()}: error: {out_of_memory_message(e)}", file=sys.stderr)
                 return 1
             from .io import SaveError
             if isinstance(e, SaveError):   # a full disk mid-run: one line, and the way on
-                print(f"treegrpo: error: {short_message(str(e))} A run keeps its newest checkpoint that was written "
+                print(f"{who()}: error: {short_message(str(e))} A run keeps its newest checkpoint that was written "
                       "whole: add --resume once there is room", file=sys.stderr)
                 return 1
             raise
+
+
+def who() -> str:
+    """``treegrpo``, and under ``torchrun`` / ``accelerate launch`` the process (every process prints its own error
+    line: the same line from each is one error, a line from one alone is that process's)."""
+    try:
+        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return "treegrpo"
+    return f"treegrpo [process {rank} of {world}]" if world > 1 else "treegrpo"
 
 
 def _out_of_memory(e: BaseException) -> bool:

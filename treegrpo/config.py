@@ -563,8 +563,9 @@ class TrainConfig:
     model: Optional[str] = _f(None, "model path (diffusers folder / single file); demo: None = shipped weights")
     pipeline: PipelineConfig = field(default_factory=PipelineConfig, metadata={"help": "diffusers model loading"})
     prompts: list = _f([], "training prompts (or prompts_file, not both)")
-    prompts_file: Optional[str] = _f(None, "a prompt file: .txt (one prompt a line), .csv (a prompt column) or .jsonl "
-                                           "({\"prompt\": ...} a line), or a set the pack ships: "
+    prompts_file: Optional[str] = _f(None, "a prompt file: .txt (one prompt a line; '# ' lines are comments), .csv "
+                                           "(a prompt column) or .jsonl ({\"prompt\": ...} a line), or a set the "
+                                           "pack ships: "
                                            "treegrpo/general_subjects.txt, treegrpo/text_rendering.txt")
     negative_prompt: str = _f("", "negative prompt for CFG")
     guidance_scale: float = _f(1.0, "classifier-free guidance scale, CFG (1 = off; the nodes' cfg; `cfg` in earlier "
@@ -585,7 +586,8 @@ class TrainConfig:
     eval_prompts: list = _f([], "evaluation prompts (default: the eval_heldout prompts, else the first 32 training "
                                 "prompts)")
     eval_heldout: int = _f(0, "hold out this many different prompts of the prompt list (drawn with the seed): never "
-                              "trained on, they are the evaluation prompts, as the Prompt List's eval_count (0 = none)")
+                              "trained on, they are the evaluation prompts, as the Prompt List's eval_count (0 = none; "
+                              "each evaluation samples eval_heldout x eval_seeds images)")
     eval_seeds: int = _f(4, "fixed noises per evaluation prompt")
     eval_rewards: list = _f([], "held-out judges: reward models (RewardSpec) scored on the evaluation samples only, "
                                 "never trained on; their weighted mean is the log's eval_judge")
@@ -593,7 +595,7 @@ class TrainConfig:
     video: VideoConfig = field(default_factory=VideoConfig, metadata={"help": "video length and scored frames"})
     checkpoint_every: int = _f(50, "write a checkpoint every N iterations (0 = only at the end); --resume continues from the latest")
     keep_checkpoints: int = _f(2, "checkpoints kept on disk")
-    output_dir: str = _f("treegrpo_out", "folder for the LoRA, logs (log.csv, log.json) and checkpoints")
+    output_dir: str = _f("treegrpo_out", "folder for the LoRA, logs (log.csv, eval.csv, log.json) and checkpoints")
     run_name: str = _f("treegrpo", "name of the run (file names, checkpoint identity): letters, digits, -, _ and ., "
                                    "at most 120 bytes")
     device: str = _f("auto", "auto | cpu | cuda[:N] | xpu[:N] | mps")
@@ -629,9 +631,6 @@ class TrainConfig:
                  "cuda:N (an NVIDIA GPU), xpu[:N] or mps")
         _require(self.backend != "diffusers" or bool(self.model), c, "model",
                  "the diffusers backend needs a model path: a local diffusers folder or a .safetensors checkpoint")
-        _require(self.backend == "comfy" or self.video.frames == 1, "VideoConfig", "frames",
-                 f"{self.video.frames} frames: the {self.backend} backend trains image models (one frame); video "
-                 "models (Wan, HunyuanVideo, LTX-Video, ...) train in ComfyUI's Train node. Leave frames at 1")
         _require(self.tree.method != "ode" or self.optim.loss != "grpo", c, "tree",
                  "method 'ode' samples no SDE edges for GRPO to train: use optim.loss nft or awm with it, or "
                  "method tree / trajectory")

@@ -107,6 +107,14 @@ def _from_jsonl(text: str, path: str) -> list[str]:
 _COMMENT = re.compile(r"\s*#(\s|$)")
 
 
+def comment_lines(text: str, path: str) -> int:
+    """How many ``# comment`` lines the prompt file ``path`` (its contents ``text``) has that are not prompts (0 for
+    a .csv or .jsonl file)."""
+    if os.path.splitext(path)[1].lower() in (".csv", ".jsonl"):
+        return 0
+    return sum(1 for line in text.splitlines() if _COMMENT.match(line))
+
+
 def parse_prompts(text: str, path: str) -> list[str]:
     """The prompts in ``text``, the contents of the prompt file ``path`` (its extension decides how it is read:
     ``.csv`` and ``.jsonl`` as below, anything else one prompt a line, ``# comment`` lines left out), each on one
@@ -129,7 +137,8 @@ def shipped_prompt_file(name: str) -> str | None:
 
 def read_prompt_file(path: str, max_prompts: int = 100000) -> list[str]:
     """The prompts in ``path`` in file order, each on one line (inner whitespace collapsed), blank ones dropped:
-    ``.txt`` one prompt a line (``# comment`` lines left out); ``.csv`` the ``prompt`` (or ``text``, ``caption``) column, else the first column;
+    ``.txt`` one prompt a line (``# comment`` lines left out); ``.csv`` the ``prompt`` (or ``text``, ``caption``)
+    column, else the first column;
     ``.jsonl`` one JSON object a line with a ``prompt`` (``text``, ``caption``) string, or a JSON string.
     Raises :class:`PromptFileError` for a missing, empty, binary or malformed file or more than ``max_prompts``."""
     ext = os.path.splitext(path)[1].lower()

@@ -54,7 +54,9 @@ def labelled_grids(grids: list[torch.Tensor], titles: list[str], row_labels: Opt
     xs = [margin]
     for g in scaled[:-1]:
         xs.append(xs[-1] + g.shape[2] + pad)
-    canvas = Image.new("RGB", (xs[-1] + scaled[-1].shape[2], band + h), "white")
+    width = max(xs[-1] + scaled[-1].shape[2],            # a title wider than its grid is not cut off
+                *(x + int(measure.textlength(t, font=font)) + 2 for x, t in zip(xs, titles)))
+    canvas = Image.new("RGB", (width, band + h), "white")
     draw = ImageDraw.Draw(canvas)
     for x, title in zip(xs, titles):
         draw.text((x, 3), title, fill="black", font=font)
@@ -240,7 +242,7 @@ def tree_preview(batch, images: torch.Tensor, rewards: dict | None = None, cell:
     from .video import leaf_frames
 
     n_trees = batch.n_trees
-    images = leaf_frames(images, batch.leaves.shape[0], "the Tree Preview")
+    images = leaf_frames(images, batch.leaves, "the Tree Preview")
     n = images.shape[0]
     per = n // n_trees
     total = None

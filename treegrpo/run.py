@@ -106,6 +106,10 @@ def prepare(cfg: TrainConfig, resume: bool = False, allow_changes: bool = False,
     from . import checkpoint as ckpt
 
     prompts = cfg.load_prompts()
+    if cfg.backend != "comfy" and cfg.video.frames != 1:     # (an older checkpoint may hold it: checked here)
+        raise ConfigError(f"VideoConfig.frames: {cfg.video.frames} frames: the {cfg.backend} backend trains image "
+                          "models (one frame); video models (Wan, HunyuanVideo, LTX-Video, ...) train in ComfyUI's "
+                          "Train node. Leave frames at 1")
     check_reward_names(cfg)
     from .rewards.base import check_config_prompts
     try:

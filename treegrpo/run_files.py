@@ -31,15 +31,16 @@ def _set_numpy_state(st: list) -> None:
 EVAL_FIRST = ("iteration", "train_time", "total_nfe", "eval_reward", "eval_judge", "eval_kl")
 
 
-def write_csv(path: str, records: list[dict], first: tuple = ()) -> None:
+def write_csv(path: str, records: list[dict], first: tuple = (), join_lists: bool = False) -> None:
     """``records`` as a CSV table at ``path``: one row each, a column for every key any of them has (``first``
-    in that order, the others sorted; a key a record lacks is an empty cell), lists joined by ``"; "``."""
+    in that order, the others sorted; a key a record lacks is an empty cell); ``join_lists``: lists joined by
+    ``"; "`` (else written as Python shows them, as log.csv always had them)."""
     keys = sorted({k for r in records for k in r})
     keys = [k for k in first if k in keys] + [k for k in keys if k not in first]
     with open(path, "w", newline="", encoding="utf-8") as fh:
         wr = csv.DictWriter(fh, fieldnames=keys)
         wr.writeheader()
-        wr.writerows({k: "; ".join(map(str, v)) if isinstance(v, list) else v for k, v in r.items()}
+        wr.writerows({k: "; ".join(map(str, v)) if join_lists and isinstance(v, list) else v for k, v in r.items()}
                      for r in records)
 
 
@@ -250,7 +251,8 @@ class RunFiles:
         os.makedirs(self.out, exist_ok=True)
         atomic_write(os.path.join(self.out, "log.csv"), lambda tmp: write_csv(tmp, self.history, first=()))
         if self.evals:
-            atomic_write(os.path.join(self.out, "eval.csv"), lambda tmp: write_csv(tmp, self.evals, first=EVAL_FIRST))
+            atomic_write(os.path.join(self.out, "eval.csv"), lambda tmp: write_csv(tmp, self.evals, first=EVAL_FIRST,
+                                                                             join_lists=True))
         from . import __version__
         atomic_write_json(os.path.join(self.out, "log.json"), {
             "train": self.history, "eval": self.evals, "version": __version__,

@@ -98,7 +98,7 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
         #: models alone
         self.leaf_scorer: Optional[Callable] = leaf_scorer
         if rewards is not None:
-            missing = [r.name for r in cfg.rewards if r.name not in rewards]
+            missing = [r.name for r in cfg.rewards if r.weight > 0 and r.name not in rewards]   # weight 0: unused
             if missing:
                 raise ValueError(f"no reward model given for {missing}")
         self.weights = {r.name: r.weight for r in cfg.rewards if r.weight > 0}

@@ -108,14 +108,16 @@ def first_frames(images: torch.Tensor) -> torch.Tensor:
     return images[:, 0] if images.ndim == 5 else images
 
 
-def leaf_frames(images: torch.Tensor, leaves: int, where: str) -> torch.Tensor:
-    """Decoded leaves as ComfyUI's VAEDecode gives them, (N, 3, H, W): one image per leaf, or every frame of every
-    leaf's video in order (N = leaves × frames) → (leaves, 3, H, W), each leaf's first frame. Any other count raises
-    ValueError naming ``where`` (the node) and the counts."""
-    n = images.shape[0]
-    if n == leaves:
+def leaf_frames(images: torch.Tensor, leaves: torch.Tensor, where: str) -> torch.Tensor:
+    """Decoded ``leaves`` (latents (n, C, H, W), or videos (n, C, T, H, W)) as ComfyUI's VAEDecode gives them,
+    (N, 3, H, W): one image per leaf, or for videos every frame of every leaf in order (N = n × frames) → (n, 3, H,
+    W), each leaf's first frame. Any other count raises ValueError naming ``where`` (the node) and the counts."""
+    n, count = images.shape[0], leaves.shape[0]
+    if n == count:
         return images
-    if leaves and n > leaves and n % leaves == 0:
-        return images[:: n // leaves]
-    raise ValueError(f"{where} got {n} images for the tree's {leaves} leaves (nor {leaves} whole videos): connect the "
-                     "VAE Decode of this tree's leaves")
+    video = leaves.ndim == 5 and leaves.shape[2] > 1
+    if video and count and n > count and n % count == 0:
+        return images[:: n // count]
+    videos = f" (nor {count} whole videos)" if video else ""
+    raise ValueError(f"{where} got {n} images for the tree's {count} leaves{videos}: connect the VAE Decode of this "
+                     "tree's leaves")

@@ -153,6 +153,11 @@ def test_a_resumed_run_compares_its_prompt_files_prompts_not_its_path(tmp_path, 
     (tmp_path / "p.txt").write_text("a red circle\na green star\n")
     with pytest.raises(CheckpointError, match="the prompts in 'p.txt' are not the ones the run was trained on"):
         check_resume(str(tmp_path / "out"), TrainConfig.from_dict(d))
+    # a file with '# ' lines (an earlier version trained on them as prompts): the refusal says they are comments now
+    (tmp_path / "p.txt").write_text("# shapes\na red circle\na green star\n")
+    with pytest.raises(CheckpointError, match="its 1 line beginning '# ' is comments since 2026-12-07; an earlier "
+                                              "version trained on them as prompts"):
+        check_resume(str(tmp_path / "out"), TrainConfig.from_dict(d))
 
 
 def test_fewer_prompts_per_iteration_than_processes_is_refused_before_the_model_loads(tmp_path, monkeypatch):
@@ -248,7 +253,7 @@ def test_eval_csv_has_a_column_for_every_figure_and_joins_warnings(tmp_path):
     from treegrpo.run_files import EVAL_FIRST, write_csv
     recs = [{"iteration": 0, "eval_reward": 0.5, "diversity": 0.2},
             {"iteration": 5, "eval_reward": 0.7, "eval_judge": 0.6, "warnings": ["a", "b"], "rejected": True}]
-    write_csv(str(tmp_path / "e.csv"), recs, first=EVAL_FIRST)
+    write_csv(str(tmp_path / "e.csv"), recs, first=EVAL_FIRST, join_lists=True)
     with open(tmp_path / "e.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert list(rows[0]) == ["iteration", "eval_reward", "eval_judge", "diversity", "rejected", "warnings"]
@@ -1046,3 +1051,12 @@ def test_eval_heldout_prompts_are_checked_by_the_rewards_before_any_model():
     assert cfg.heldout_prompts() == ["a cat"]
     with pytest.raises(ValueError, match="quote none: 'a cat'"):
         check_config_prompts(cfg, cfg.load_prompts())
+
+
+def test_a_config_may_list_a_reward_of_weight_zero(tmp_path):
+    """A reward of weight 0 is neither loaded nor scored nor checked against the prompts (jpeg_compressibility's
+    name here, an ocr reward's prompts elsewhere), and the run trains on the others."""
+    cfg = _cfg(tmp_path, iterations=1, prompts_per_iter=2,
+               rewards=[{"name": "demo_adherence", "weight": 1.0}, {"name": "ocr", "weight": 0.0}])
+    trainer, _ = run_training(cfg, progress=False)
+    assert trainer.iteration == 1 and set(trainer.weights) == {"demo_adherence"}

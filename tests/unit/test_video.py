@@ -106,16 +106,22 @@ def test_the_step_graphs_preview_and_monitor_take_a_decoded_videos_every_frame()
     from treegrpo.video import leaf_frames
 
     frames = torch.rand(18, 3, 8, 8, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(leaf_frames(frames, 2, "x"), frames[[0, 9]])
-    assert torch.equal(leaf_frames(frames[:2], 2, "x"), frames[:2])
-    with pytest.raises(ValueError, match="the Tree Preview got 17 images for the tree's 2 leaves"):
-        leaf_frames(frames[:17], 2, "the Tree Preview")
-    batch = SimpleNamespace(n_trees=1, leaves=torch.zeros(2, 4, 2, 1, 1), advantages=None, branching=[2])
+    videos, stills = torch.zeros(2, 4, 3, 1, 1), torch.zeros(2, 4, 1, 1)
+    assert torch.equal(leaf_frames(frames, videos, "x"), frames[[0, 9]])
+    assert torch.equal(leaf_frames(frames[:2], videos, "x"), frames[:2])
+    with pytest.raises(ValueError, match="the Tree Preview got 17 images for the tree's 2 leaves .nor 2 whole videos"):
+        leaf_frames(frames[:17], videos, "the Tree Preview")
+    with pytest.raises(ValueError, match="the Run Monitor got 18 images for the tree's 2 leaves: connect"):
+        leaf_frames(frames, stills, "the Run Monitor")        # image leaves: another batch's decode, not frames
+    batch = SimpleNamespace(n_trees=1, leaves=videos, advantages=None, branching=[2])
     img = tree_preview(batch, frames)
     assert img.ndim == 4 and img.shape[0] == 1 and img.shape[-1] == 3
     with pytest.raises(RewardError, match="look like 9-frame videos scored frame by frame: set the Reward Scorer's "
                                           "frames_per_video to 9"):
-        check_rewards({"clipscore": torch.rand(18)}, 2)
+        check_rewards({"clipscore": torch.rand(18)}, 2, frames_hint=True)
+    with pytest.raises(RewardError) as e:                  # a reward of the Train node's or the CLI's: no scorer
+        check_rewards({"mine": torch.rand(18)}, 2, where=" at iteration 3")
+    assert "frames_per_video" not in str(e.value)
 
 
 def test_a_video_setting_the_vae_cannot_give_is_said():

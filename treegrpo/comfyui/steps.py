@@ -231,7 +231,7 @@ def monitor_tree(tree: TreeResult, images: torch.Tensor, rewards: dict, judge: O
     run = tree.run
     if run is None:
         raise ValueError("the Run Monitor needs a tree sampled with a TreeGRPO Trainer State (the run it records)")
-    images = leaf_frames(images, tree.batch.leaves.shape[0], "the Run Monitor")   # videos: their first frames
+    images = leaf_frames(images, tree.batch.leaves, "the Run Monitor")   # videos: their first frames
     n = images.shape[0]
     raw = {k: torch.as_tensor(v, dtype=torch.float32).reshape(-1) for k, v in rewards["rewards"].items()}
     rec = {"iteration": tree.iteration, "eval_reward": float(weighted_raw(raw, rewards["weights"]).mean()),

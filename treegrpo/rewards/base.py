@@ -194,6 +194,8 @@ def check_config_prompts(cfg, prompts: list[str]) -> None:
     for field_name, texts in (("rewards", list(dict.fromkeys(list(prompts) + held))),
                               ("eval_rewards", list(dict.fromkeys(evals)))):   # each prompt counted once
         for i, r in enumerate(getattr(cfg, field_name)):
+            if field_name == "rewards" and r.weight <= 0:     # not loaded, not scored
+                continue
             try:
                 check_reward_prompts(r.name, texts)
             except ValueError as e:

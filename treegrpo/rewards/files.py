@@ -49,9 +49,8 @@ def _vlm_judge(b: str, beside: set[str]) -> bool:
 def _clip(b: str, beside: set[str]) -> bool:
     """Any single CLIP weight file outside a folder model, but another reward's own file (a taste model, HPSv3's
     weights, ImageReward's, an aesthetic head) put there before its folder was complete."""
-    from .aesthetic import HEAD_NAMES
     return b.lower().endswith(WEIGHT_EXTS) and not _in_folder_model(beside) and "taste" not in b.lower() \
-        and not _hpsv3(b, beside) and not _image_reward(b, beside) and b not in HEAD_NAMES
+        and not _hpsv3(b, beside) and not _image_reward(b, beside) and not _aesthetic(b, beside)
 
 
 def _image_reward(b: str, beside: set[str]) -> bool:
