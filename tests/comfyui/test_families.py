@@ -355,6 +355,29 @@ def test_the_memory_plan_measures_a_vae_comfyui_loaded_in_inference_mode(comfyui
     assert [m for m in caplog.messages if m.startswith("TreeGRPO memory: planned peak")]
 
 
+def test_a_vae_comfyui_loaded_decodes_the_leaves_tiled_or_whole(comfyui_pack):
+    """A VAE loaded by a node (inference tensors) decodes the leaves plainly and tiled (the memory plan's choice or
+    the tiled_decode widget) to the same frames, under the trainer's no_grad: ComfyUI 0.33's tiled decode finishes its
+    output in place, which raised outside inference mode."""
+    from comfy_test_pack.families import build, vae_for
+    from treegrpo.comfyui.policy import ComfyPolicy
+    from treegrpo.config import LoraConfig
+
+    patcher, pos, neg, _ = build("WAN21_T2V")
+    with torch.inference_mode():
+        vae = vae_for("WAN21_T2V")
+    with torch.inference_mode(False):
+        pol = ComfyPolicy(patcher, ["p"], [(pos, neg)], (16, 3, 4, 4), vae=vae,
+                          lora_cfg=LoraConfig(rank=2, alpha=2.0, targets=["auto"]))
+        lat = torch.randn(2, 16, 3, 4, 4, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            whole = pol.decode(lat)
+            assert pol.set_tiled_decode(True)
+            tiled = pol.decode(lat)
+    assert whole.shape == tiled.shape == (2, 3, 3, 32, 32) and not whole.is_inference()
+    assert torch.allclose(whole, tiled, atol=2e-2)
+
+
 def test_reward_scorer_averages_each_videos_frames(comfyui_pack):
     """The step graph's Reward Scorer on a VAEDecode batch of two 9-frame videos: frames 0, 4, 8 of each scored,
     one reward per video (their mean)."""
@@ -365,6 +388,40 @@ def test_reward_scorer_averages_each_videos_frames(comfyui_pack):
     out = out.result[0] if hasattr(out, "result") else out[0]
     per_frame = frames.mean(dim=(1, 2, 3)).reshape(2, 9)[:, [0, 4, 8]]
     assert torch.allclose(out["rewards"]["mean"], per_frame.mean(1), atol=1e-6)
+
+
+def test_the_step_graph_trains_a_video_model_from_vaedecodes_every_frame(comfyui_pack):
+    """The step graph on Wan 2.1 (tiny) with ComfyUI's real Wan VAE, each node's execute as ComfyUI calls it: Tree
+    Sampler → VAEDecode (every frame of every leaf: 2 leaves × 9 frames) → Reward Scorer (frames_per_video 9) →
+    Advantage Backup → Tree Preview and Run Monitor (on the same decode) → Trainer Step; the LoRA trains. (The
+    preview and the monitor refused VAEDecode's frames, a video user's walk.)"""
+    import nodes as comfy_nodes
+    from comfy_test_pack.families import build, vae_for
+
+    def out(r):
+        return r.result if hasattr(r, "result") else r
+
+    classes = comfyui_pack.node_classes()
+    patcher, pos, neg, _ = build("WAN21_T2V")
+    with torch.inference_mode():
+        vae = vae_for("WAN21_T2V")
+        run, = out(classes["TreeGRPOTrainerState"].execute("video_steps", 2, 2.0, 5e-2, 1e-4, 0.0, 0))[:1]
+        tree, latents = out(classes["TreeGRPOTreeSampler"].execute(
+            patcher, pos, neg, {"samples": torch.zeros(1, 16, 3, 4, 4)}, 0, 2.0, "simple", 4, 1, 1, 2, 0.7, "fixed", 1,
+            "a fox", run=run))[:2]
+        images = comfy_nodes.VAEDecode().decode(vae, latents)[0]
+        assert images.shape == (2 * 9, 32, 32, 3)                # what VAEDecode gives a video batch
+        reward = {"name": "mean", "model": lambda im, p: im.mean(dim=(1, 2, 3))}
+        rewards, = out(classes["TreeGRPORewardScorer"].execute(images, reward, "a fox", 1.0, frames_per_video=9,
+                                                                 reward_frames=3, frame_stride=4))[:1]
+        tree, _ = out(classes["TreeGRPOAdvantageBackup"].execute(tree, rewards, "softmax", 1.0, 0.0, 0.0))[:2]
+        preview, = out(classes["TreeGRPOTreePreview"].execute(tree, images, rewards))[:1]
+        monitor, = out(classes["TreeGRPORunMonitor"].execute(tree, images, rewards))[:1]
+        assert preview.ndim == 4 and monitor.ndim == 4
+        with pytest.raises(ValueError, match="got 17 images for the tree's 2 leaves .nor 2 whole videos"):
+            classes["TreeGRPOTreePreview"].execute(tree, images[:17], rewards)
+        out(classes["TreeGRPOTrainerStep"].execute(tree, run, patcher))
+    assert any(p.abs().sum() > 0 for n, p in run.trainer.lora.named_lora_parameters() if n.endswith(".up"))
 
 
 def test_train_node_sets_flux_guidance_and_flux_reads_it(comfyui_pack):

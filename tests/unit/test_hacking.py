@@ -185,10 +185,11 @@ def test_the_before_after_picture_says_which_side_is_which():
     left, right = torch.rand(3, 40, 60, generator=gen), torch.rand(3, 40, 30, generator=gen)
     out = labelled_pair(left, right, ("base model (iteration 0)", "LoRA at iteration 12"), ["a red circle", "a cat"])
     band, h = 18, 40
-    x_left = out.shape[2] - 8 - 30 - 60
-    assert out.shape == (3, band + h, x_left + 60 + 8 + 30)
-    assert torch.equal(out[:, band:, x_left:x_left + 60], left)
-    assert torch.equal(out[:, band:, x_left + 68:], right)
+    x_left = next(x for x in range(out.shape[2] - 59) if torch.equal(out[:, band:, x:x + 60], left))
+    assert out.shape[:2] == (3, band + h) and torch.equal(out[:, band:, x_left + 68:x_left + 98], right)
+    # the right title is wider than its 30-pixel grid: the picture widens for it (it was cut off)
+    dark_title = (out.mean(0) < 0.5)[:band, x_left + 98:]
+    assert out.shape[2] > x_left + 98 and dark_title.any() and not dark_title[:, -2:].any()
     dark = out.mean(0) < 0.5
     assert dark[:band, x_left:x_left + 60].any() and dark[:band, x_left + 68:].any()     # the two titles
     assert dark[band:band + h // 2, :x_left - 8].any() and dark[band + h // 2:, :x_left - 8].any()   # a label a row

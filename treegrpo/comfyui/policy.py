@@ -424,10 +424,14 @@ class ComfyPolicy(Policy):
             tc = self.vae.temporal_compression_decode() or 1
             picks = frame_indices(video_length(raw.shape[2], tc), self.video.reward_frames, self.video.frame_stride)
             raw = raw[:, :, :latent_prefix(picks, tc)]
-        images = (self.vae.decode_tiled if self.tiled_decode else self.vae.decode)(raw)  # (B, [T,] H, W, 3) in [0, 1]
-        if images.ndim == 5:  # video VAEs: (B, T, H, W, C)
-            images = images[:, picks] if picks is not None else images[:, 0]
-        return images.movedim(-1, -3).float().clamp(0, 1)
+        # as ComfyUI's VAEDecode runs it, in inference mode: ComfyUI 0.33's tiled decode builds its output there and
+        # finishes it in place (outside, a VAE loaded by a node raised "Inplace update to inference tensor")
+        with torch.inference_mode():
+            images = (self.vae.decode_tiled if self.tiled_decode else self.vae.decode)(raw)  # (B, [T,] H, W, 3)
+            if images.ndim == 5:  # video VAEs: (B, T, H, W, C)
+                images = images[:, picks] if picks is not None else images[:, 0]
+            images = images.movedim(-1, -3).float().clamp(0, 1)
+        return images.clone()      # a plain tensor again, in [0, 1]
 
     @contextlib.contextmanager
     def lora_disabled(self):
