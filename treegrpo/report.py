@@ -196,11 +196,11 @@ def signals_image(evals: list[dict], width: int = 768, height: int = 320) -> tor
 
     it = [e["iteration"] for e in evals]
     fig, (a, b) = plt.subplots(1, 2, figsize=(width / 100, height / 100), dpi=100)
-    a.plot(it, [e["eval_reward"] for e in evals], marker="o", ms=3, label="training reward")
+    a.plot(it, [e["eval_reward"] for e in evals], marker="o", ms=3, label="the reward trained on")
     if any(e.get("eval_judge") is not None for e in evals):
         a.plot(it, [e.get("eval_judge", float("nan")) for e in evals], marker="x", ms=3, ls="--",
                label="held-out judge")
-    a.set_xlabel("iteration"), a.set_ylabel("evaluation score"), a.grid(alpha=0.3), a.legend(fontsize=7)
+    a.set_xlabel("iteration"), a.set_ylabel("score of the evaluation samples"), a.grid(alpha=0.3), a.legend(fontsize=7)
     base = evals[0] if evals else {}
     for key, label in RELATIVE_SIGNALS:
         if base.get(key):
