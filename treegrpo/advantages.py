@@ -162,7 +162,7 @@ def backup_advantages(batch, raw: dict[str, torch.Tensor], weights: dict[str, fl
     leaf_tree = batch.leaf_tree
     n_leaves = leaf_tree.numel()
     raw = {k: v.detach().float().reshape(-1).to(leaf_tree.device) for k, v in raw.items()}
-    check_rewards(raw, n_leaves, frames_hint=True)     # the trainer checked its own scores: the step graph's
+    check_rewards(raw, n_leaves, frames_hint=True)     # first seen here: the step graph's Reward Scorers' scores
     if cfg.reward_stats == "prompt":
         group, n_groups = batch.prompt_ids.to(leaf_tree.device)[leaf_tree], int(batch.prompt_ids.max()) + 1
     else:

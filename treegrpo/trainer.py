@@ -102,8 +102,7 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
             if missing:
                 raise ValueError(f"no reward model given for {missing}")
         self.weights = {r.name: r.weight for r in cfg.rewards if r.weight > 0}
-        self.prompts = cfg.load_prompts()
-        self.eval_prompts = list(cfg.eval_prompts) or cfg.heldout_prompts() or self.prompts[:DEFAULT_EVAL_PROMPTS]
+        self.set_prompts(cfg)
         self.progress, self.stop, self.step_callback, self.dist = progress, stop, step_callback, dist
         self.iteration_callback = iteration_callback
         self.rank = dist.rank if dist is not None else 0
@@ -157,11 +156,16 @@ class Trainer(Evaluation, RunFiles, MemoryPlanning):
         if policy.lora is not self.lora:
             raise ValueError("rebind: the new policy must carry this trainer's LoRA")
         self.cfg, self.policy = cfg, policy
-        self.prompts = cfg.load_prompts()
-        self.eval_prompts = list(cfg.eval_prompts) or cfg.heldout_prompts() or self.prompts[:DEFAULT_EVAL_PROMPTS]
+        self.set_prompts(cfg)
         self.out = cfg.output_dir
 
     # ------------------------------------------------------------------ helpers
+    def set_prompts(self, cfg: TrainConfig) -> None:
+        """The training prompts and the evaluation's (``eval_prompts``, else the ``eval_heldout`` ones, else the
+        first training prompts), from one read of the prompt list."""
+        self.prompts, held = cfg.split_prompts()
+        self.eval_prompts = list(cfg.eval_prompts) or held or self.prompts[:DEFAULT_EVAL_PROMPTS]
+
     def _set_lr(self) -> float:
         """Set this iteration's learning rate from the schedule (iterations done and, under a time budget,
         the training time used); returns it."""
