@@ -424,7 +424,7 @@ def main(argv: list[str] | None = None) -> None:
     print_cost_split(res["cost"])
     if not ns.report:
         os.makedirs(ns.out, exist_ok=True)
-        atomic_write_json(os.path.join(ns.out, "budget.json"), res)
+        atomic_write_json(os.path.join(ns.out, "budget.json"), h.json_ready(res))
         print(f"wrote {os.path.join(ns.out, 'budget.json')}")
 
 

@@ -222,10 +222,10 @@ def main() -> None:
         res = report(recs, baseline=next(iter(chosen)), smooth=ns.smooth)
         name = ("lr_sweep.json" if sweep == "traj_window" else f"lr_sweep_{sweep}.json") if ns.lr_sweep else \
             "explore.json"
-        atomic_write_json(os.path.join(ns.out, name), {"result": res, "records": recs, "budget_s": ns.budget,
+        atomic_write_json(os.path.join(ns.out, name), h.json_ready({"result": res, "records": recs, "budget_s": ns.budget,
                                                        "steps": ns.steps, "tail": ns.tail, "evals": ns.evals,
                                                        "smooth": ns.smooth, "provenance": h.provenance(
-                                                           {"base": proto.base, **chosen})})
+                                                           {"base": proto.base, **chosen})}))
         return
     if ns.merge:
         parts = [json.load(open(p, encoding="utf-8")) for p in ns.merge]
@@ -253,7 +253,7 @@ def main() -> None:
             result[f"vs_{peer}"] = report(records, baseline=peer, smooth=sm)
     plot(records, "train_time", os.path.join(ns.out, "reward_vs_time.png"), "training wall-clock (s)")
     plot(records, "total_nfe", os.path.join(ns.out, "reward_vs_nfe.png"), "denoiser evaluations (NFE)")
-    atomic_write_json(os.path.join(ns.out, "methods.json"), result)
+    atomic_write_json(os.path.join(ns.out, "methods.json"), h.json_ready(result))
     print(f"total {time.time() - t0:.0f} s; wrote {ns.out}/methods.json and the PNGs")
 
 

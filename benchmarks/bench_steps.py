@@ -164,7 +164,7 @@ def main(argv=None) -> dict:
     if ns.collect:
         cost = json.load(open(cost_path, encoding="utf-8")) if os.path.exists(cost_path) else None
         res = collect(ns.collect, cost, tuple(ns.methods.split(",")) if ns.methods else ())
-        atomic_write_json(os.path.join(ns.out, "steps.json"), res)
+        atomic_write_json(os.path.join(ns.out, "steps.json"), h.json_ready(res))
         print(steps_table(res["rows"]))
         result["collected"] = res
     return result

@@ -50,6 +50,21 @@ def merge(a: Mapping, b: Mapping) -> dict:
     return out
 
 
+def json_ready(result: Mapping, raw: tuple = ("records",)) -> dict:
+    """``result`` with every NaN or infinite float outside the ``raw`` entries written as null (a ratio no seed
+    reached), so the file is standard JSON (``jq``, a browser); the ``raw`` entries (the runs, which ``--merge`` /
+    ``--collect`` read back and compute from) stay as they are."""
+    def finite(v):
+        if isinstance(v, float):
+            return v if math.isfinite(v) else None
+        if isinstance(v, Mapping):
+            return {k: finite(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [finite(x) for x in v]
+        return v
+    return {k: v if k in raw else finite(v) for k, v in result.items()}
+
+
 class Registry(Mapping):
     """Name → configuration changes (nested dicts), read-only: every lookup returns a fresh copy."""
 
@@ -216,6 +231,9 @@ def protocol(*, lr: float = LR, steps: int = 10, tail: str = "fixed",
         for ov in methods.values():
             if ov.get("tree", {}).get("method") in ("trajectory", "ode"):
                 ov["tree"]["group_size"] = t.leaves
+                ov["tree"]["branch_schedule"] = []          # the base's tree shape is not theirs
+            if ov.get("tree", {}).get("method") == "ode":   # independent whole samples: no window, cap or mirror
+                ov["tree"].update(window_schedule="fixed", leaf_cap=0, antithetic=None)
         if peer_lr is None:
             peer_lr = base_config.get("optim", {}).get("lr", OptimConfig.__dataclass_fields__["lr"].default)
         path = t.window_start + t.window_width + (t.tail_steps or t.steps - t.window_start - t.window_width)
@@ -227,7 +245,8 @@ def protocol(*, lr: float = LR, steps: int = 10, tail: str = "fixed",
         if family == "auto" and base_config.get("backend") == "diffusers" and base_config.get("model"):
             from treegrpo.backends.diffusers import detect_family
             family = detect_family(base_config["model"], base_config.get("pipeline", {}).get("config"))
-        methods["traj_all"]["tree"]["window_width"] = all_step_width(t.steps, family)
+        methods["traj_all"]["tree"].update(window_width=all_step_width(t.steps, family), window_schedule="fixed",
+                                           window_max_start=-1)     # the SDE on every step: nowhere to move
         return Protocol(Registry({"b": base_config})["b"], Registry(methods), whole=True)
     if tail not in TAILS:
         raise SystemExit(f"--tail {tail!r}: one of {sorted(TAILS)}")

@@ -248,6 +248,14 @@ class TreeConfig:
                         f"{MAX_STEPS} (every leaf runs this many denoiser calls)")
         _require(self.antithetic in (None, True, False), c, "antithetic",
                  f"must be true, false or null (auto), got {self.antithetic!r}")
+        if self.method == "ode":     # G whole samples from independent noises: no window to move, cap or mirror
+            _require(self.window_schedule == "fixed", c, "window_schedule",
+                     f"method 'ode' samples no SDE window to move (got {self.window_schedule!r}); set it to fixed")
+            _require(self.leaf_cap == 0, c, "leaf_cap",
+                     f"method 'ode' has no tree to cap (got {self.leaf_cap}); set it to 0 and the samples per group "
+                     "with group_size")
+            _require(self.antithetic is not True, c, "antithetic",
+                     "method 'ode' draws each sample's own noise, with no siblings to mirror; set it to null")
         _require(self.leaves <= self.max_leaves, c, "branch",
                  f"{'x'.join(map(str, self.branching))} = {self.leaves} leaves per tree exceed max_leaves="
                  f"{self.max_leaves} (each leaf is a full latent plus its ODE tail); lower branch/window_width, "

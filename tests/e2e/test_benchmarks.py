@@ -31,6 +31,17 @@ def test_time_to_reach_interpolates_and_reports_nan_when_never_reached():
     assert h.mean_std([1.0, 3.0, math.nan]) == (2.0, pytest.approx(math.sqrt(2)), 2)
 
 
+def test_result_files_are_standard_json():
+    """A ratio no seed reached is NaN in memory and null in the file (``NaN`` is not JSON: jq and browsers refuse
+    it); the runs' records, which --merge and --collect compute from, are written as they are."""
+    res = h.json_ready({"result": {"ratio": math.nan, "by_seed": {"0": 0.5, "1": math.inf}, "xs": [1.0, -math.inf]},
+                        "n": 3, "records": [{"kl": math.nan}]})
+    assert res["result"] == {"ratio": None, "by_seed": {"0": 0.5, "1": None}, "xs": [1.0, None]} and res["n"] == 3
+    assert math.isnan(res["records"][0]["kl"])
+    strict = json.dumps({k: v for k, v in res.items() if k != "records"}, allow_nan=False)
+    assert json.loads(strict)["result"]["ratio"] is None
+
+
 def _rec(method, seed, pts, t_iter):
     return {"method": method, "seed": seed, "evals": _evals(pts), "iterations": 10, "peak_rss_mb": 1.0,
             "split": {"t_sample": 0.0, "t_decode": 0.0, "t_reward": 0.0, "t_update": 0.0, "t_iter": t_iter}}
@@ -158,6 +169,20 @@ def test_on_a_users_config_nft_and_awm_sample_its_schedule_at_its_lr_unless_told
     assert {with_tail.overrides(n)["optim"]["lr"] for n in h.PEERS} == {3e-4}
     assert "lr" not in h.protocol(base_config=base).overrides("tree").get("optim", {})    # the config's own
     assert h.DEMO.overrides("nft")["optim"]["lr"] == h.PEER_LR                            # the demo: as measured
+
+
+def test_on_a_users_config_every_method_is_a_valid_config():
+    """A config with tree-only settings (a sliding window, a leaf cap, mirrored siblings, a branch schedule) still
+    gives every method a config it accepts: the baselines and the ODE peers do not inherit the tree's shape."""
+    from treegrpo.config import TrainConfig
+
+    base = {"prompts": ["a"], "tree": {"steps": 16, "window_start": 2, "window_width": 3, "branch": 2,
+                                       "branch_schedule": [4, 2, 2], "leaf_cap": 12, "antithetic": True,
+                                       "window_schedule": "sliding", "window_max_start": 6}}
+    p = h.protocol(base_config=base)
+    for name in p.methods:
+        cfg = TrainConfig.from_dict(p.config_dict(p.overrides(name)))
+        assert cfg.tree.leaves == 12, name
 
 
 def test_the_registry_is_read_only_and_another_protocol_builds_its_own():

@@ -86,6 +86,20 @@ def test_loss_and_method_must_fit_together():
     TrainConfig(prompts=["a"], tree={"method": "tree"}, optim={"loss": "awm"})
 
 
+@pytest.mark.parametrize("field, value, fix", [("window_schedule", "sliding", "set it to fixed"),
+                                               ("leaf_cap", 4, "set it to 0"),
+                                               ("antithetic", True, "set it to null")])
+def test_ode_refuses_the_tree_settings_it_would_ignore(field, value, fix):
+    """Independent whole samples have no window to move, no tree to cap and no siblings to mirror: a config asking
+    for one is told so instead of running without it (null / false / 0 / fixed are what it does)."""
+    from treegrpo.config import TreeConfig
+
+    with pytest.raises(ConfigError, match=f"TreeConfig.{field}.*method 'ode'.*{fix}"):
+        TreeConfig(method="ode", group_size=4, **{field: value})
+    TreeConfig(method="ode", group_size=4, antithetic=False)
+    TreeConfig(method="trajectory", group_size=4, **{field: value})     # the trajectory baseline takes them
+
+
 def test_ode_groups_are_independent_deterministic_samples_with_the_nfe_formula():
     from treegrpo.backends.demo import DemoPolicy
     from treegrpo.config import TreeConfig
