@@ -159,6 +159,57 @@ def test_prompt_list_refuses_missing_empty_and_reads_a_long_file(comfyui_pack, i
                     "treegrpo_prompt_tests/long.txt", 10 ** 5, 0)
 
 
+def test_prompt_list_follows_links_the_user_put_in_input(comfyui_pack, input_dir, tmp_path):
+    """A prompt file or folder kept elsewhere and linked into input/ (as shared folders are): listed, and read when
+    chosen (it was listed, then refused as 'outside input/'); a link that loops is listed once; '..' stays refused."""
+    shared = tmp_path / "shared prompts é"
+    (shared / "sub").mkdir(parents=True)
+    (shared / "été.txt").write_text("a red circle\n")
+    (shared / "sub" / "deep.txt").write_text("a blue square\n")
+    (shared / "sub" / "loop").symlink_to(shared, target_is_directory=True)
+    for link, target in (("linked file.txt", shared / "été.txt"), ("linked folder", shared)):
+        (input_dir / link).unlink(missing_ok=True)
+        (input_dir / link).symlink_to(target)
+    cls = comfyui_pack.node_classes()["TreeGRPOPromptList"]
+    choices = cls.define_schema().inputs[0].options
+    for name, want in (("treegrpo_prompt_tests/linked file.txt", "a red circle"),
+                       ("treegrpo_prompt_tests/linked folder/sub/deep.txt", "a blue square")):
+        assert name in choices and cls.validate_inputs(file=name) is True
+        assert cls.execute(name, 0, 0).result[0] == want
+    assert sum(c.endswith("/deep.txt") for c in choices if "linked folder" in c) == 1      # not again by the loop
+    assert "outside" in cls.validate_inputs(file="treegrpo_prompt_tests/linked folder/../../../x.txt")
+
+
+def test_a_reward_models_entry_in_extra_model_paths_keeps_models_reward_models(comfyui_pack, tmp_path):
+    """ComfyUI reads extra_model_paths.yaml before it loads the pack: a ``reward_models:`` entry there registered the
+    folder with the extra path alone, hiding models/reward_models (where the README puts the files) and writing the
+    taste model where the loader did not look. Both are listed, models/reward_models first, and the taste model
+    goes to the first."""
+    import folder_paths
+
+    from treegrpo.comfyui.artist.taste import taste_file
+    from treegrpo.comfyui.reward_files import FOLDER, all_reward_files, register_model_folder
+
+    own = Path(folder_paths.models_dir) / FOLDER
+    extra = tmp_path / "shared models" / FOLDER
+    extra.mkdir(parents=True)
+    (extra / "external_hps.pt").write_bytes(b"x")
+    own.mkdir(parents=True, exist_ok=True)
+    (own / "own_hps.pt").write_bytes(b"x")
+    saved = folder_paths.folder_names_and_paths.pop(FOLDER)
+    try:
+        folder_paths.add_model_folder_path(FOLDER, str(extra))           # what ComfyUI does with the yaml entry
+        register_model_folder()
+        register_model_folder()                                          # (again: no change)
+        assert folder_paths.get_folder_paths(FOLDER) == [str(own), str(extra)]
+        assert {"external_hps.pt", "own_hps.pt"} <= set(all_reward_files())
+        assert Path(taste_file("folders_test")).parent == own
+    finally:
+        folder_paths.folder_names_and_paths[FOLDER] = saved
+        folder_paths.filename_list_cache.pop(FOLDER, None)
+        (own / "own_hps.pt").unlink()
+
+
 # ------------------------------------------------------------------ the SD1.5 workflow on a real-format checkpoint
 SITE = """
 import sys

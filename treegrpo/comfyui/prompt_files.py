@@ -14,10 +14,12 @@ def _input_dir() -> str:
 
 def prompt_file_choices() -> list[str]:
     """Prompt files under input/ (paths relative to it, sorted), then the shipped sets."""
-    found = []
+    found, seen = [], set()
     root = _input_dir()
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+    for folder, dirs, files in os.walk(root, followlinks=True):    # a linked folder too, each folder once
+        seen.add(os.path.realpath(folder))
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".")
+                         and os.path.realpath(os.path.join(folder, d)) not in seen)
         for f in files:
             if os.path.splitext(f)[1].lower() in PROMPT_FILE_TYPES:
                 found.append(os.path.relpath(os.path.join(folder, f), root).replace(os.sep, "/"))
@@ -33,8 +35,10 @@ def resolve_prompt_file(name: str) -> str:
     shipped = shipped_prompt_file(name)
     if shipped:
         return shipped
-    root = os.path.realpath(_input_dir())
-    path = os.path.realpath(os.path.join(root, name))
+    # the name is checked as written (no '..' out of input/); a link the user put in input/ is followed, as the
+    # list follows it
+    root = os.path.abspath(_input_dir())
+    path = os.path.normpath(os.path.join(root, name))
     if os.path.commonpath([root, path]) != root:
         raise PromptFileError(f"file: {name!r} is outside ComfyUI's input/ folder; put the prompt file there")
     if not os.path.isfile(path):

@@ -9,12 +9,33 @@ NO_FILE = "(none: built-in weights or none needed)"
 
 
 def register_model_folder() -> None:
-    """Register ``models/reward_models`` with ComfyUI's folder_paths (files and model folders)."""
+    """Register ``models/reward_models`` with ComfyUI's folder_paths (files and model folders), first, before the
+    folders an ``extra_model_paths.yaml`` names for it: ComfyUI reads that file before it loads node packs, so a
+    ``reward_models:`` entry there would otherwise be the only folder listed (as ComfyUI orders its own folders,
+    ``models/<name>`` and then the extra paths)."""
     import os
 
     import folder_paths
+    own = os.path.join(folder_paths.models_dir, FOLDER)
     if FOLDER not in folder_paths.folder_names_and_paths:
-        folder_paths.add_model_folder_path(FOLDER, os.path.join(folder_paths.models_dir, FOLDER))
+        folder_paths.add_model_folder_path(FOLDER, own)
+        return
+    paths = folder_paths.folder_names_and_paths[FOLDER][0]
+    if own not in paths:
+        paths.insert(0, own)
+        folder_paths.filename_list_cache.pop(FOLDER, None)
+
+
+def reward_folder() -> str:
+    """The folder the pack writes reward models into (a taste model): the first of ``reward_models`` (as LoRAs go
+    to the first ``loras`` folder), created when missing."""
+    import os
+
+    import folder_paths
+    register_model_folder()
+    root = folder_paths.get_folder_paths(FOLDER)[0]
+    os.makedirs(root, exist_ok=True)
+    return root
 
 
 def all_reward_files() -> list[str]:

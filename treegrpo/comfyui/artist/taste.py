@@ -50,12 +50,11 @@ def choose_encoder(clip_vision=None, rewards: Optional[dict] = None, demo: bool 
 
 
 def taste_file(run_name: str) -> str:
-    """``models/reward_models/<run_name>_taste.safetensors`` (the folder registered as the Reward Model Loader's)."""
-    import folder_paths
+    """``<reward models folder>/<run_name>_taste.safetensors``: the Reward Model Loader's first folder
+    (``models/reward_models``; :func:`treegrpo.comfyui.reward_files.reward_folder`)."""
+    from ..reward_files import reward_folder
 
-    root = os.path.join(folder_paths.models_dir, "reward_models")
-    os.makedirs(root, exist_ok=True)
-    return os.path.join(root, f"{run_name}_taste.safetensors")
+    return os.path.join(reward_folder(), f"{run_name}_taste.safetensors")
 
 
 def train_node_taste(encoder, mode: str, timeout_s: float, config: Optional[TasteConfig] = None, *,
