@@ -207,7 +207,8 @@ class Train(PackNode):
                                 tooltip="held-out evaluation prompts, one a line (the Prompt List's eval_prompts); "
                                         "empty = evaluate on the first 32 training prompts"),
                 io.Combo.Input("existing_run", options=list(EXISTING_RUN), default="resume", optional=True,
-                               tooltip="when run_name already trained: resume it (same settings only), start a new "
+                               tooltip="when run_name already trained: resume it (same settings only; refused where "
+                                       "its LoRAs are but its checkpoints are not in ComfyUI's output folder), start a new "
                                        "numbered run beside it (run_name-2, -3, ...; the old one stays), or overwrite "
                                        "it (its files, and its LoRAs in models/loras/treegrpo/<run_name>/, are "
                                        "moved to a previous-<time>/ folder beside them, nothing deleted)"),

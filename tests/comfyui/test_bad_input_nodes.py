@@ -184,6 +184,28 @@ def test_what_only_execution_sees_fails_before_sampling(rt, request, case, graph
         assert not (Path(rt.base_dir) / "output" / "treegrpo" / "bad_input").exists()   # nothing written
 
 
+def test_resume_without_the_runs_checkpoints_is_refused_not_started_over(rt):
+    """existing_run resume where the run's LoRAs are in models/loras but its run folder is not where ComfyUI now
+    writes (started with another --output-directory) or gone: it started over silently (the old LoRAs moved aside);
+    now it stops before any sampling, naming the folder it looked in and the ways on, and moves nothing."""
+    import shutil
+
+    from treegrpo.comfyui.watch import loras_folder
+
+    run = "bad_input_lost_checkpoints"
+    rt.execute(train(run_name=run, iterations=1))
+    shutil.rmtree(Path(rt.base_dir) / "output" / "treegrpo" / run)
+    loras = Path(loras_folder(run))
+    before = sorted(p.relative_to(loras) for p in loras.rglob("*"))
+    since = len(rt.progress)
+    msg = _execution_error(rt, train(run_name=run, iterations=2))      # (not the same prompt: ComfyUI's cache)
+    assert "no checkpoint to resume from" in msg and "--output-directory" in msg and "'overwrite'" in msg
+    assert not _sampling_started(rt, since)
+    assert sorted(p.relative_to(loras) for p in loras.rglob("*")) == before
+    rt.execute(train(run_name=run, iterations=2, existing_run="overwrite"))       # the way on it names
+    assert any(p.name.startswith("previous-") for p in loras.iterdir())
+
+
 def test_a_train_node_run_continued_with_other_settings_is_refused_untouched(rt):
     """The Train node resumes a run by its name: with other training settings it would not go on learning what it
     began to, so the node stops before any sampling, names the settings, and changes no file of the run."""

@@ -248,6 +248,20 @@ def cannot_write(folder: str) -> Optional[str]:
     return None
 
 
+def check_lost_checkpoints(run_name: str, out: str, loras: str, hint: str) -> None:
+    """``existing_run`` resume where the run's LoRA folder holds its LoRAs but its run folder no checkpoint: it
+    trained with another output folder (ComfyUI started with another ``--output-directory``) or its run folder went.
+    Starting over there would be a silent fresh start of a run the user asked to continue: refused, nothing trained."""
+    from .watch import lora_files
+
+    if ckpt.checkpoint_paths(out, run_name) or not lora_files(loras):
+        return
+    raise ValueError(f"TreeGRPO Train: run {run_name!r} has LoRAs in {loras!r} but no checkpoint to resume from in "
+                     f"{os.path.join(out, 'checkpoints')!r}. If it trained with another output folder (ComfyUI "
+                     f"started with another --output-directory), start ComfyUI with that one again to resume it; else "
+                     f"{hint}; nothing has been trained yet")
+
+
 def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict, cfg: TrainConfig,
                latent_shape: tuple, *, scheduler: str = "simple", judges: Optional[dict] = None,
                artist: Optional[Callable] = None, existing_run: str = "resume", save_every: int = 0,
@@ -283,6 +297,7 @@ def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict
             "previous-<time>/)")
     if resume:
         ckpt.check_resume(out, dataclasses.replace(cfg, output_dir=out), required=False, override_hint=hint)
+        check_lost_checkpoints(cfg.run_name, out, loras_folder(cfg.run_name), hint)
     ckpt.check_run_folder(out, cfg.run_name, runtime.model_name(model),
                           fresh=not (resume and ckpt.checkpoint_paths(out, cfg.run_name)),
                           hint=hint[0].upper() + hint[1:])

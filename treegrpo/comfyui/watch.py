@@ -63,11 +63,15 @@ def archive_loras(folder: str) -> Optional[str]:
     """Move the LoRA files an earlier run of the same name left in its LoRA folder (:func:`loras_folder`: the last,
     the best, the ``save_every`` ones) into ``<folder>/previous-<time>/``, where LoraLoader still lists them, so that
     a fresh run neither overwrites nor mixes with them; returns that folder, or None when there was nothing to move."""
+    return move_aside(lora_files(folder), folder)
+
+
+def lora_files(folder: str) -> list[str]:
+    """The LoRA files directly in ``folder`` (sorted full paths; none when it does not exist)."""
     try:
-        old = sorted(e.path for e in os.scandir(folder) if e.is_file() and e.name.endswith(".safetensors"))
+        return sorted(e.path for e in os.scandir(folder) if e.is_file() and e.name.endswith(".safetensors"))
     except FileNotFoundError:
-        return None
-    return move_aside(old, folder)
+        return []
 
 
 def archive_taste(run_name: str) -> Optional[str]:
