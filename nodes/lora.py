@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io, ui
 
-from treegrpo.comfyui.lora_files import prefix_error, save_to_loras
+from treegrpo.comfyui.lora_files import loras_write_error, prefix_error, save_to_loras
 
 from .sockets import CATEGORY, PackNode
 
@@ -28,7 +28,7 @@ class SaveLoRA(PackNode):
         deps = cls.check_dependencies()
         if deps is not True or filename_prefix is None:
             return deps
-        return prefix_error(filename_prefix) or True
+        return prefix_error(filename_prefix) or loras_write_error(filename_prefix) or True
 
     @classmethod
     def execute(cls, lora, filename_prefix):

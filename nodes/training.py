@@ -78,7 +78,7 @@ class TrainerState(PackNode):
             return deps
         try:
             if run_name is not None:
-                check_run_name(run_name)
+                check_run_name(run_name, "run_name")
             if lora_targets is not None:
                 parse_targets(lora_targets)
         except (ConfigError, ValueError) as e:
@@ -274,7 +274,7 @@ class Train(PackNode):
         check_trainable(model)
         if not [p for p in prompts.splitlines() if p.strip()]:
             raise ValueError("prompts: no prompt given; write one training prompt per line")
-        check_run_name(run_name)
+        check_run_name(run_name, "run_name")
         targets = parse_targets(lora_targets or "auto")
         bad = cls.check_combos(**combos)
         if bad is not True:

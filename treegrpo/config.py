@@ -71,18 +71,20 @@ def windows_reserved(name: str) -> bool:
     return name.split(".")[0].strip().upper() in WINDOWS_DEVICES or name.endswith((".", " "))
 
 
-def check_run_name(name: str) -> str:
+def check_run_name(name: str, field: str = "TrainConfig.run_name") -> str:
     """A run name is a file name: letters, digits, '-', '_' or '.', not starting with '.' (so neither '..' nor a
-    hidden file), at most :data:`RUN_NAME_BYTES` bytes of UTF-8; returns it, else raises ConfigError."""
+    hidden file), at most :data:`RUN_NAME_BYTES` bytes of UTF-8; returns it, else raises ConfigError naming
+    ``field`` (the nodes' widget: ``run_name``)."""
     if not (isinstance(name, str) and name and all(ch.isalnum() or ch in "-_." for ch in name)
             and not name.startswith(".")):
-        raise ConfigError(f"TrainConfig.run_name: use letters, digits, '-', '_' or '.' (not first), got {name!r}")
+        raise ConfigError(f"{field}: use letters, digits, '-', '_' or '.' (not first; no spaces or other symbols), "
+                          f"got {name!r}")
     if windows_reserved(name):
-        raise ConfigError(f"TrainConfig.run_name: {name!r} cannot be a file name on Windows (a device name such as "
+        raise ConfigError(f"{field}: {name!r} cannot be a file name on Windows (a device name such as "
                           "CON, NUL, COM1, or a name ending in '.'); choose another")
     size = len(name.encode("utf-8"))
     if size > RUN_NAME_BYTES:
-        raise ConfigError(f"TrainConfig.run_name: {size} bytes is too long for the file names made from it; use at "
+        raise ConfigError(f"{field}: {size} bytes is too long for the file names made from it; use at "
                           f"most {RUN_NAME_BYTES} (as many Latin letters, fewer of other scripts), got "
                           f"{name[:40]!r}...")
     return name

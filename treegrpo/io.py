@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from typing import Callable
+from typing import Callable, Optional
 
 
 class SaveError(OSError):
@@ -59,3 +59,19 @@ def atomic_write_text(path: str, text: str) -> str:
 
 def atomic_write_json(path: str, obj) -> str:
     return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def cannot_write(folder: str) -> Optional[str]:
+    """Why this process cannot write files in ``folder`` (it, or the nearest folder above it that exists, where it is
+    still to be made), or None when it can; creates nothing."""
+    path = os.path.abspath(folder)
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    if not os.path.isdir(path):
+        return f"{path!r} is a file"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"no permission to write in {path!r}"
+    return None

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 import comfy_harness as ch
 import test_comfy_nodes as tcn
@@ -125,9 +126,10 @@ EXECUTION_CASES = [
     # ComfyUI repeats a validate_inputs failure once per parameter it names, so the Train node and the Tree
     # Sampler check these first thing in execute instead (and ComfyUI 0.3.75 checks no V3 combo by itself)
     ("train_prompts_empty", train(prompts="\n  \n"), "prompts: no prompt given"),
-    ("train_run_name_slash", train(run_name="a/b"), "TrainConfig.run_name"),
-    ("train_run_name_empty", train(run_name=""), "TrainConfig.run_name"),
-    ("train_run_name_dotdot", train(run_name=".."), "TrainConfig.run_name"),
+    ("train_run_name_slash", train(run_name="a/b"), "run_name: use letters"),
+    ("train_run_name_empty", train(run_name=""), "run_name: use letters"),
+    ("train_run_name_dotdot", train(run_name=".."), "run_name: use letters"),
+    ("train_run_name_spaces", train(run_name="été 2026 ✨"), "no spaces or other symbols"),
     ("train_scheduler_unknown", train(scheduler="cosine"), "scheduler: 'cosine' is not one of"),
     ("train_checkpointing_unknown", train(gradient_checkpointing="maybe"), "gradient_checkpointing: 'maybe'"),
     ("train_tail_solver_unknown", train(tail_solver="rk4"), "tail_solver: 'rk4'"),
@@ -182,6 +184,33 @@ def test_what_only_execution_sees_fails_before_sampling(rt, request, case, graph
     assert not _sampling_started(rt, since)
     if case.startswith("train_"):
         assert not (Path(rt.base_dir) / "output" / "treegrpo" / "bad_input").exists()   # nothing written
+
+
+def test_save_lora_into_a_folder_it_cannot_write_is_refused_when_queued(rt, monkeypatch):
+    """The Save LoRA node (after the step graph's training) wrote into the first loras folder unchecked: a folder it
+    cannot write raised a bare PermissionError after the work. It is refused when the prompt is queued, naming the
+    folder and how to give ComfyUI another; a write that still fails says the LoRA is kept in the graph."""
+    import folder_paths
+
+    from treegrpo.comfyui.lora_files import save_to_loras
+
+    root = Path(folder_paths.get_folder_paths("loras")[0])
+    (root / "treegrpo").mkdir(parents=True, exist_ok=True)
+    (root / "treegrpo" / "a_file").write_text("x")
+    try:
+        cls = rt.node_classes()["TreeGRPOSaveLoRA"]
+        msg = cls.validate_inputs(filename_prefix="treegrpo/a_file/my_lora")
+        assert isinstance(msg, str) and "cannot write in" in msg and "is a file" in msg and "is_default" in msg
+        assert cls.validate_inputs(filename_prefix="treegrpo/fine/my_lora") is True
+        assert not (root / "treegrpo" / "fine").exists()                  # the check creates nothing
+
+        def denied(*a, **k):
+            raise PermissionError(13, "Permission denied")
+        monkeypatch.setattr("tempfile.mkstemp", denied)                    # the folder became read-only meanwhile
+        with pytest.raises(ValueError, match="queue the workflow again and ComfyUI runs only this node"):
+            save_to_loras({"x.lora_up.weight": torch.zeros(1, 1)}, "treegrpo/denied/my_lora")
+    finally:
+        (root / "treegrpo" / "a_file").unlink()
 
 
 def test_resume_without_the_runs_checkpoints_is_refused_not_started_over(rt):

@@ -728,7 +728,10 @@ def test_the_taste_model_of_an_earlier_run_is_moved_aside_not_overwritten(tmp_pa
 
     from treegrpo.comfyui.watch import archive_taste
 
-    monkeypatch.setitem(sys.modules, "folder_paths", types.SimpleNamespace(models_dir=str(tmp_path)))
+    fp = types.SimpleNamespace(models_dir=str(tmp_path), folder_names_and_paths={}, filename_list_cache={})
+    fp.add_model_folder_path = lambda name, path: fp.folder_names_and_paths.setdefault(name, ([], set()))[0].append(path)
+    fp.get_folder_paths = lambda name: list(fp.folder_names_and_paths[name][0])
+    monkeypatch.setitem(sys.modules, "folder_paths", fp)       # ComfyUI's folder registry, as much as is used
     root = tmp_path / "reward_models"
     assert archive_taste("r") is None                           # none written
     (root / "r_taste.safetensors").write_text("earlier")
@@ -997,7 +1000,7 @@ def test_the_train_node_knows_before_any_work_whether_it_can_write_its_folders(t
     still to be made under a writable one is fine, and the check creates nothing."""
     import shutil
 
-    from treegrpo.comfyui.train_node import cannot_write
+    from treegrpo.io import cannot_write
 
     (tmp_path / "f").write_text("x")
     assert "is a file" in cannot_write(str(tmp_path / "f" / "loras" / "run"))
@@ -1012,7 +1015,7 @@ def test_the_train_node_knows_before_any_work_whether_it_can_write_its_folders(t
         top.chmod(0o755)
         theirs = top / "loras"
         theirs.mkdir(mode=0o755)
-        code = ("import sys; sys.path.insert(0, %r); from treegrpo.comfyui.train_node import cannot_write; "
+        code = ("import sys; sys.path.insert(0, %r); from treegrpo.io import cannot_write; "
                 "print(cannot_write(%r))") % (str(ROOT), str(theirs / "treegrpo" / "run"))
         out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
                               code], capture_output=True, text=True)

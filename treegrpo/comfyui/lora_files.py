@@ -6,7 +6,12 @@ from __future__ import annotations
 import os
 
 from ..config import windows_reserved
+from ..io import SaveError, cannot_write
 from ..lora import save_lora_file
+
+#: where else LoRAs can go, for a message about a LoRA folder this process cannot write
+LORAS_ELSEWHERE = ("give ComfyUI a loras folder it can write first (extra_model_paths.yaml: a loras folder with "
+                   "is_default: true)")
 
 
 def prefix_error(prefix: str):
@@ -29,6 +34,18 @@ def prefix_error(prefix: str):
     return None
 
 
+def loras_write_error(prefix: str):
+    """Why the Save LoRA node could not write ``prefix`` into the first loras folder (checked when the prompt is
+    queued, before the training), or None."""
+    import folder_paths
+
+    folder = os.path.join(folder_paths.get_folder_paths("loras")[0],
+                          os.path.dirname(prefix.strip().replace("\\", "/").lstrip("/")))
+    why = cannot_write(folder)
+    return None if why is None else (f"filename_prefix {prefix!r}: cannot write in {folder!r} ({why}); make it "
+                                     f"writable for the user ComfyUI runs as, or {LORAS_ELSEWHERE}")
+
+
 def save_to_loras(lora: dict, prefix: str) -> str:
     """Write ``lora`` (ComfyUI keys; its ``metadata`` when it has one) as
     ``<models/loras>/<prefix>_<counter>.safetensors`` (the first free 5-digit counter), atomically; returns the path.
@@ -42,16 +59,24 @@ def save_to_loras(lora: dict, prefix: str) -> str:
         raise ValueError(prefix_error(prefix))
     prefix = prefix.strip().replace("\\", "/").lstrip("/")
     folder = os.path.join(root, os.path.dirname(prefix))
+    again = ("; the trained LoRA is still the graph's output: queue the workflow again and ComfyUI runs only this "
+             "node")
     try:
         os.makedirs(folder, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
         raise ValueError(f"filename_prefix {prefix!r}: a file stands where its folder {folder!r} should be; rename "
-                         "that file or choose another prefix (the trained LoRA is also kept in the run's "
-                         "folder)") from None
+                         f"that file or choose another prefix{again}") from None
+    except PermissionError:
+        raise ValueError(loras_write_error(prefix) or f"filename_prefix {prefix!r}: cannot create {folder!r}"
+                         + again) from None
     base = os.path.basename(prefix)
     n = 1
     while os.path.exists(os.path.join(folder, f"{base}_{n:05d}.safetensors")):
         n += 1
     path = os.path.join(folder, f"{base}_{n:05d}.safetensors")
-    save_lora_file(path, dict(lora), getattr(lora, "metadata", {}))
+    try:
+        save_lora_file(path, dict(lora), getattr(lora, "metadata", {}))
+    except OSError as e:       # a full disk (SaveError), or no permission to make the temporary file
+        why = str(e) if isinstance(e, SaveError) else loras_write_error(prefix) or f"could not write {path}: {e}"
+        raise ValueError(why + again) from None
     return path

@@ -89,7 +89,7 @@ def run_folder(run_name: str) -> str:
 
     import folder_paths
 
-    return os.path.join(folder_paths.get_output_directory(), "treegrpo", check_run_name(run_name))
+    return os.path.join(folder_paths.get_output_directory(), "treegrpo", check_run_name(run_name, "run_name"))
 
 
 def model_name(model) -> str:

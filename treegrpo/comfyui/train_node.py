@@ -15,11 +15,13 @@ from typing import Callable, Optional
 import torch
 
 from .. import checkpoint as ckpt
+from ..io import cannot_write
 from ..config import AdvantageConfig, LoraConfig, MemoryConfig, OptimConfig, TrainConfig, TreeConfig, VideoConfig
 from ..rewards.base import check_config_prompts
 from ..run import build_trainer, check_tail
 from ..trainer import Trainer
 from . import runtime
+from .lora_files import LORAS_ELSEWHERE
 from .policy import ComfyPolicy
 from .runtime import checkpointing_choice
 
@@ -232,22 +234,6 @@ def check_reward_prompts(tc: TrainConfig, prompts: list[str]) -> None:
                         "show", shown, f" (and {len(changed) - 3} more)" if len(changed) > 3 else "")
 
 
-def cannot_write(folder: str) -> Optional[str]:
-    """Why this process cannot write files in ``folder`` (it, or the nearest folder above it that exists, where it is
-    still to be made), or None when it can; creates nothing."""
-    path = os.path.abspath(folder)
-    while not os.path.exists(path):
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    if not os.path.isdir(path):
-        return f"{path!r} is a file"
-    if not os.access(path, os.W_OK | os.X_OK):
-        return f"no permission to write in {path!r}"
-    return None
-
-
 def check_lost_checkpoints(run_name: str, out: str, loras: str, hint: str) -> None:
     """``existing_run`` resume where the run's LoRA folder holds its LoRAs but its run folder no checkpoint: it
     trained with another output folder (ComfyUI started with another ``--output-directory``) or its run folder went.
@@ -284,13 +270,15 @@ def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict
         logging.info("TreeGRPO: run %r already trained; existing_run 'new' trains %r beside it", cfg.run_name, name)
         cfg = dataclasses.replace(cfg, run_name=name)
     out = runtime.run_folder(cfg.run_name)
-    for folder, what in ((out, "the run's folder (checkpoints, logs)"),
-                         (loras_folder(cfg.run_name), "the LoRA folder (where LoraLoader lists the run's LoRAs)")):
+    for folder, what, elsewhere in (
+            (out, "the run's folder (checkpoints, logs)", "start ComfyUI with --output-directory set to a folder it can "
+             "write"),
+            (loras_folder(cfg.run_name), "the LoRA folder (where LoraLoader lists the run's LoRAs)",
+             LORAS_ELSEWHERE)):
         why = cannot_write(folder)
         if why:
             raise ValueError(f"TreeGRPO Train cannot write {what} {folder!r}: {why}. Make it writable for the user "
-                             "ComfyUI runs as, or start ComfyUI with --output-directory / --extra-model-paths-config "
-                             "pointing somewhere it can write; nothing has been trained yet")
+                             f"ComfyUI runs as, or {elsewhere}; nothing has been trained yet")
     # before any model work: a run of this name trained with other settings or on another base model is not
     # continued silently
     hint = ("set existing_run to 'new' (a fresh numbered run; this one stays) or 'overwrite' (its files are moved to "

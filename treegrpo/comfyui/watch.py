@@ -121,7 +121,10 @@ class RunWatcher(TrainerCallback):
     def on_train_begin(self, trainer) -> None:
         """A run started afresh (not resumed from a checkpoint) first moves the LoRAs an earlier run of its name
         left in the LoRA folder aside (:func:`archive_loras`), and its taste model (:func:`archive_taste`); a run that
-        asks the artist is checkpointed at iteration 0."""
+        asks the artist is checkpointed at iteration 0. The console says where the run's files go."""
+        if trainer.rank == 0:
+            self.log(f"TreeGRPO {trainer.cfg.run_name}: the run folder (logs, checkpoints, figures) is "
+                     f"{trainer.cfg.output_dir}; its LoRAs go to {self.loras}")
         if trainer.rank == 0 and getattr(trainer, "started_fresh", False):
             moved = archive_loras(self.loras)
             if moved:
