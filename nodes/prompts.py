@@ -23,7 +23,8 @@ class PromptList(PackNode):
                         "'prompts' to the Train node's prompts and 'eval_prompts' to its eval_prompts.",
             inputs=[
                 io.Combo.Input("file", options=choices, default=choices[0] if choices else None,
-                               tooltip="a prompt file in ComfyUI/input/ (refresh after adding one), or a shipped set"),
+                               tooltip="a .txt, .csv or .jsonl prompt file in ComfyUI/input/ (refresh after adding one; "
+                                       "other files are not listed), or a shipped set"),
                 io.Int.Input("eval_count", default=0, min=0, max=100000,
                              tooltip="prompts held out for evaluation only (never trained on), drawn with the seed; "
                                      "0 = evaluate on the training prompts"),
