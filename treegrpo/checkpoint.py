@@ -381,7 +381,12 @@ def check_run_folder(output_dir: str, run_name: str, base_model: Optional[str], 
                                   "is deleted), or choose another run_name or output_dir"))
 
 
-def claim_output_dir(output_dir: str, run_name: str, base_model: str, *, fresh: bool = False) -> None:
-    """Record the run in ``<output_dir>/run.json`` after :func:`check_run_folder`."""
+def claim_output_dir(output_dir: str, run_name: str, base_model: str, *, fresh: bool = False,
+                     chain: Optional[dict] = None) -> None:
+    """Record the run in ``<output_dir>/run.json`` after :func:`check_run_folder` (``chain``: what the model is on
+    top of its checkpoint, where the front-end knows, as ``model_chain``)."""
     check_run_folder(output_dir, run_name, base_model, fresh=fresh)
-    atomic_write_json(os.path.join(output_dir, "run.json"), {"run_name": run_name, "base_model": base_model})
+    record = {"run_name": run_name, "base_model": base_model}
+    if chain is not None:
+        record["model_chain"] = chain
+    atomic_write_json(os.path.join(output_dir, "run.json"), record)

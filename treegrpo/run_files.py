@@ -56,6 +56,10 @@ class RunFiles:
     #: which front-end trains the run, kept in its checkpoints: "steps" for the step nodes (one iteration per queued
     #: prompt, settings that may change between queues), "train" for the Train node and the command line
     frontend = "train"
+    #: what the model is on top of its checkpoint, where the front-end knows (the ComfyUI nodes:
+    #: :func:`treegrpo.comfyui.model_chain.describe`): kept in ``run.json``, and in the LoRA's metadata when the model
+    #: is more than its checkpoint
+    model_chain: Optional[dict] = None
 
     @property
     def best_lora_path(self) -> str:
@@ -91,6 +95,8 @@ class RunFiles:
                 "treegrpo.lora_rank": str(self.cfg.lora.rank), "treegrpo.backend": self.cfg.backend}
         if self.cfg.optim.loss != "grpo":      # NFT / AWM; a GRPO LoRA is described as before the field existed
             meta["treegrpo.loss"] = self.cfg.optim.loss
+        if self.model_chain and self.model_chain.get("on_top"):     # trained on top of a LoRA or patched sampling
+            meta["treegrpo.model_chain"] = self.model_chain
         return meta
 
     @property
@@ -228,7 +234,7 @@ class RunFiles:
         resuming one, else None once the folder is ours for a fresh start."""
         found = ckpt.checkpoint_paths(self.out, self.cfg.run_name) if resume else []
         if found:   # the newest readable one: a damaged latest falls back to the one before
-            ckpt.claim_output_dir(self.out, self.cfg.run_name, self.base_model_name)
+            ckpt.claim_output_dir(self.out, self.cfg.run_name, self.base_model_name, chain=self.model_chain)
             return ckpt.read_latest_checkpoint(found, self.cfg.run_name)
         # the earlier run of this name aside (also one on another base model), then the folder is ours; unless
         # replacing it was not asked for (the command line without --overwrite): one that finished iterations
@@ -239,7 +245,7 @@ class RunFiles:
         moved = ckpt.archive_run(self.out, self.cfg.run_name)
         if moved:
             self.log(f"an earlier run {self.cfg.run_name!r} was moved to {moved}")
-        ckpt.claim_output_dir(self.out, self.cfg.run_name, self.base_model_name, fresh=True)
+        ckpt.claim_output_dir(self.out, self.cfg.run_name, self.base_model_name, fresh=True, chain=self.model_chain)
         return None
 
     def write_logs(self) -> None:

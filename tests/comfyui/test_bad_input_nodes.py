@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import comfy_harness as ch
+from treegrpo.lora import read_lora_file
 import test_comfy_nodes as tcn
 
 NO_FILE = tcn.NO_FILE
@@ -211,6 +212,86 @@ def test_save_lora_into_a_folder_it_cannot_write_is_refused_when_queued(rt, monk
             save_to_loras({"x.lora_up.weight": torch.zeros(1, 1)}, "treegrpo/denied/my_lora")
     finally:
         (root / "treegrpo" / "a_file").unlink()
+
+
+def _in_front(graph: dict, *nodes: tuple[str, str, dict]) -> dict:
+    """``graph`` with ``nodes`` (id, class, inputs but the model) chained between the model loader and the Train
+    node."""
+    src = ["d", 0]
+    for nid, cls, inputs in nodes:
+        graph[nid] = {"class_type": cls, "inputs": {"model": src, **inputs}}
+        src = [nid, 0]
+    graph["train"]["inputs"]["model"] = src
+    return graph
+
+
+def test_a_run_resumed_on_another_model_chain_is_refused_or_told(rt):
+    """The Train node trains on the MODEL it is given, with what the nodes in front did to it (a LoRA, a sampling
+    patch). A resume compared only the architecture: a run continued silently on top of its own LoRA, with another
+    LoRA strength or another prediction. Other weights under the LoRA or another prediction are refused before any
+    work, naming the change; another shift is said on the console; the LoRA's metadata says what it was trained
+    on top of."""
+    import logging
+
+    from treegrpo.comfyui.watch import loras_folder
+
+    run = "bad_input_chain"
+    rt.execute(_in_front(train(run_name=run, iterations=1), ("ms", "ModelSamplingAuraFlow", {"shift": 2.0})))
+    _, meta = read_lora_file(str(Path(loras_folder(run)) / f"{run}.safetensors"))
+    chain = json.loads(meta["treegrpo.model_chain"])
+    assert chain["sampling"] == "flow" and chain["schedule"]["shift"] == 2.0 and chain["on_top"]
+    since = len(rt.progress)
+    # the run's own LoRA loaded under it (what the user had in their everyday graph)
+    own = f"treegrpo/{run}/{run}.safetensors"
+    msg = _execution_error(rt, _in_front(train(run_name=run, iterations=2),
+                                         ("ms", "ModelSamplingAuraFlow", {"shift": 2.0}),
+                                         ("lo", "LoraLoaderModelOnly", {"lora_name": own, "strength_model": 1.0})))
+    assert "trained on another model" in msg and "the weights under the LoRA: 0 patched weights" in msg
+    assert "existing_run to 'new'" in msg and not _sampling_started(rt, since)
+    # another shift: told, and it trains
+    logs = []
+    handler = logging.Handler()
+    handler.emit = lambda rec: logs.append(rec.getMessage())
+    logging.getLogger().addHandler(handler)
+    try:
+        rt.execute(_in_front(train(run_name=run, iterations=2), ("ms", "ModelSamplingAuraFlow", {"shift": 3.0})))
+    finally:
+        logging.getLogger().removeHandler(handler)
+    assert any("continues with its noise schedule: " in line and "shift 2.0 -> 3.0" in line for line in logs), logs
+    # another prediction (an eps sampling put on the flow model), refused
+    msg = _execution_error(rt, _in_front(train(run_name=run, iterations=3),
+                                         ("ms", "ModelSamplingDiscrete", {"sampling": "eps", "zsnr": False})))
+    assert "its prediction flow -> eps" in msg
+    # the plain model's LoRA says nothing of a chain (as before chains were recorded)
+    rt.execute(train(run_name="bad_input_plain", iterations=1))
+    assert "treegrpo.model_chain" not in read_lora_file(
+        str(Path(loras_folder("bad_input_plain")) / "bad_input_plain.safetensors"))[1]
+
+
+def test_a_step_run_whose_sampler_gets_another_model_is_refused(rt):
+    """The step nodes' run keeps its LoRA between queued prompts: a Tree Sampler that got another prediction under
+    it (an eps sampling put in front) in a later prompt went on training; it is refused, naming the change."""
+    g = step(tree={"seed": 1})
+    g["tree"]["inputs"]["run"] = ["run", 0]
+    g["run"]["inputs"]["run_name"] = "bad_step_chain"
+    rt.execute(g)
+    g = json.loads(json.dumps(g))
+    g["ms"] = {"class_type": "ModelSamplingDiscrete", "inputs": {"model": ["d", 0], "sampling": "eps",
+                                                               "zsnr": False}}
+    g["tree"]["inputs"].update(model=["ms", 0], seed=2)
+    msg = _execution_error(rt, g)
+    assert "its prediction flow -> eps" in msg and "another run_name" in msg
+
+
+def test_an_x0_sampling_set_by_a_node_is_named_as_the_nodes_doing(rt):
+    """ModelSamplingDiscrete set to x0 in front of the Train node was refused as if the family could not be trained
+    ("cannot train SD1.x", listing EPS among the refused classes); the message now says a node in front did it and
+    what to set instead, before any work."""
+    since = len(rt.progress)
+    msg = _execution_error(rt, _in_front(train(run_name="bad_input_x0", iterations=1),
+                                         ("ms", "ModelSamplingDiscrete", {"sampling": "x0", "zsnr": False})))
+    assert "a node in front of TreeGRPO" in msg and "predict x0" in msg and "set it to eps or v_prediction" in msg
+    assert not _sampling_started(rt, since)
 
 
 def test_resume_without_the_runs_checkpoints_is_refused_not_started_over(rt):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Optional
 
 #: LoRA targets when a model's family names none (attention q/k/v/out of the UNets and DiTs, Flux-style
@@ -180,6 +181,17 @@ def sampling_kind(model) -> str:
     return type(sampling).__name__
 
 
+def own_sampling(base):
+    """The sampling the checkpoint itself has, made afresh from its config (a loaded model's ``model_sampling``
+    attribute holds the sampling a node patched in while a clone of it is loaded); None when it cannot be made."""
+    try:
+        import comfy.model_base
+
+        return comfy.model_base.model_sampling(base.model_config, base.model_type)
+    except Exception:        # a model class ComfyUI's function does not know (a custom node's)
+        return None
+
+
 def prediction_of(model) -> str:
     """'flow' or 'epsilon' (σ-space DDIM) for a ComfyUI model's ``model_sampling``; :class:`FamilyError` naming the
     family when its sampling is neither."""
@@ -192,6 +204,12 @@ def prediction_of(model) -> str:
     sampling = getattr(model, "get_model_object", lambda name: base.model_sampling)("model_sampling")
     name, fam = family_of(model)
     kinds = [k.__name__ for k in type(sampling).__mro__ if k.__module__ == "comfy.model_sampling"]
+    own = own_sampling(base)
+    if own is not None and sampling_kind(SimpleNamespace(model=base, get_model_object=lambda _: own)) != kind:
+        # the checkpoint's own sampling is another: a node in front set this one (an object patch)
+        raise FamilyError(f"a node in front of TreeGRPO (e.g. ModelSamplingDiscrete set to {kind}) made "
+                          f"{fam.label if fam else name} ({name}) predict {kind}, which TreeGRPO has no SDE step for: "
+                          "remove that node, or set it to eps or v_prediction")
     raise FamilyError(f"TreeGRPO cannot train {fam.label if fam else name} ({name}): its sampling ({', '.join(kinds)}) "
                       "is neither rectified flow (CONST) nor a σ-space model (EPS, V_PREDICTION, EDM), the two kinds "
                       "TreeGRPO's SDE step and log-probability exist for")

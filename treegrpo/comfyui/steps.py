@@ -26,7 +26,8 @@ from ..io import atomic_write
 from ..run import build_trainer
 from ..trainer import Trainer
 from ..tree import TreeBatch
-from . import runtime
+from .. import checkpoint as ckpt
+from . import model_chain, runtime
 from .policy import ComfyPolicy
 
 
@@ -129,6 +130,11 @@ def sample_tree(model, positive, negative, latent: dict, tree_cfg: TreeConfig, *
     if trainer is not None and trainer.base_model_name != name:
         raise ValueError(f"run {run.run_name!r} trains a LoRA for {trainer.base_model_name}, but the sampler got "
                          f"{name}: use another run name for another base model")
+    chain = model_chain.describe(model)
+    if trainer is not None:
+        for line in model_chain.check_same_model(trainer.model_chain, chain, run.run_name, STEP_HINT):
+            logging.warning(line)
+        trainer.model_chain = chain
     with torch.inference_mode(False):
         policy = ComfyPolicy(model, [text], [(positive, negative)], runtime.latent_shape_of(latent, model),
                              lora=trainer.lora if trainer is not None else None,
@@ -141,8 +147,13 @@ def sample_tree(model, positive, negative, latent: dict, tree_cfg: TreeConfig, *
             trainer = build_trainer(tc, policy, progress=False, base_model_name=name)
             trainer.log = logging.info      # the console: "resumed from ...", the memory plan
             trainer.frontend = "steps"
+            trainer.model_chain = chain
             if run is not None:
                 check_continuable(run)
+                if ckpt.checkpoint_paths(run.folder, run.run_name):
+                    for line in model_chain.check_same_model((ckpt.folder_owner(run.folder) or {}).get("model_chain"),
+                                                             chain, run.run_name, STEP_HINT):
+                        logging.warning(line)
                 trainer.begin(resume=True)
                 run.trainer = trainer       # only a run that began: a refused one is refused again at the next queue
         else:
@@ -159,6 +170,10 @@ def sample_tree(model, positive, negative, latent: dict, tree_cfg: TreeConfig, *
         batch = trainer.sample()
     batch.prompts = [prompt] * len(batch.prompts)
     return TreeResult(batch, trainer, prompt, run, iteration=trainer.iteration)
+
+
+#: the ways on when a step run's model changed under it
+STEP_HINT = "give the Trainer State another run_name (nothing of this run is changed)"
 
 
 #: the settings of the step nodes' own runs (:func:`_step_config`): how a checkpoint written before checkpoints named
@@ -183,8 +198,6 @@ def check_continuable(run: RunState) -> None:
     refused, or scaled by another alpha (a change of targets is refused by the checkpoint's parameter names). The
     step settings themselves (lr, KL, tree, prompt) may change between queues."""
     import json
-
-    from .. import checkpoint as ckpt
 
     found = ckpt.checkpoint_paths(run.folder, run.run_name)
     if not found:

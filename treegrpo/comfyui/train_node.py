@@ -20,7 +20,7 @@ from ..config import AdvantageConfig, LoraConfig, MemoryConfig, OptimConfig, Tra
 from ..rewards.base import check_config_prompts
 from ..run import build_trainer, check_tail
 from ..trainer import Trainer
-from . import runtime
+from . import model_chain, runtime
 from .lora_files import LORAS_ELSEWHERE
 from .policy import ComfyPolicy
 from .runtime import checkpointing_choice
@@ -283,9 +283,14 @@ def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict
     # continued silently
     hint = ("set existing_run to 'new' (a fresh numbered run; this one stays) or 'overwrite' (its files are moved to "
             "previous-<time>/)")
+    chain = model_chain.describe(model)
     if resume:
         ckpt.check_resume(out, dataclasses.replace(cfg, output_dir=out), required=False, override_hint=hint)
         check_lost_checkpoints(cfg.run_name, out, loras_folder(cfg.run_name), hint)
+        if ckpt.checkpoint_paths(out, cfg.run_name):
+            for line in model_chain.check_same_model((ckpt.folder_owner(out) or {}).get("model_chain"), chain,
+                                                     cfg.run_name, hint):
+                logging.warning(line)
     ckpt.check_run_folder(out, cfg.run_name, runtime.model_name(model),
                           fresh=not (resume and ckpt.checkpoint_paths(out, cfg.run_name)),
                           hint=hint[0].upper() + hint[1:])
@@ -302,6 +307,7 @@ def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict
                                                           if cb is not None],
                                 leaf_scorer=artist)  # the person answering about some trees (artist_every)
         trainer.log = logging.info
+        trainer.model_chain = chain
         # after the check against the start: the console line shows its verdict
         trainer.callbacks.append(RunWatcher(trainer, cfg.iterations, bar, save_every=save_every, node_id=node_id))
         watcher = trainer.callbacks[-1]
