@@ -93,9 +93,9 @@ def test_the_train_node_refuses_a_family_before_any_work(comfyui_pack):
 
 
 def test_a_sampling_that_is_neither_flow_nor_sigma_space_is_refused_naming_the_family(comfyui_pack):
-    """Lotus-style x0 prediction (``X0``/``IMG_TO_IMG``) on an otherwise trainable model: the error names the
-    family and the sampling classes (ComfyUI's model_sampling can be swapped by a node, so the family alone does
-    not decide)."""
+    """Lotus-style x0 prediction (``X0``/``IMG_TO_IMG``) put on an otherwise trainable model by a node: the error
+    says a node in front did it, names the family and the sampling class (ComfyUI's model_sampling can be swapped by
+    a node, so the family alone does not decide)."""
     import comfy.model_sampling as ms
     from comfy_test_pack import _tiny
 
@@ -107,7 +107,8 @@ def test_a_sampling_that_is_neither_flow_nor_sigma_space_is_refused_naming_the_f
     patched = patcher.clone()
     patched.add_object_patch("model_sampling", X0Sampling(patcher.model.model_config))
     assert F.prediction_of(patcher) == "epsilon"
-    with pytest.raises(F.FamilyError, match=r"SD1\.x \(SD15\).*IMG_TO_IMG.*neither rectified flow"):
+    with pytest.raises(F.FamilyError, match=r"a node in front of TreeGRPO .* made SD1\.x \(SD15\) predict x0 "
+                                            r"\(IMG_TO_IMG\).*remove that node"):
         F.check_trainable(patched)
 
 

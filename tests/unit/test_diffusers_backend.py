@@ -186,9 +186,14 @@ def test_detection_and_load_errors(saved, tmp_path):
         assert where in str(e.value)
     prepare(_train_cfg(saved["flux"], tmp_path / "win", "flux", tree={"steps": 4, "window_start": 2,
                                                                       "window_width": 2, "branch": 2}))
-    prepare(_train_cfg(saved["sdxl"], tmp_path / "win", "sdxl",     # ODE sampling (NFT, AWM): no window to slide
-                       tree={"method": "ode", "steps": 4, "window_start": 1, "window_width": 2, "group_size": 4,
-                             "window_schedule": "sliding"}, optim={"lr": 2e-2, "loss": "nft"}))
+    prepare(_train_cfg(saved["sdxl"], tmp_path / "win", "sdxl",     # ODE sampling (NFT, AWM): its evaluation's window
+                       tree={"method": "ode", "steps": 4, "window_start": 1, "window_width": 2, "group_size": 4},
+                       optim={"lr": 2e-2, "loss": "nft"}))
+    with pytest.raises(ConfigError, match="method 'ode' samples no SDE window to move"):      # none to slide
+        _train_cfg(saved["sdxl"], tmp_path / "win", "sdxl", tree={"method": "ode", "steps": 4, "window_start": 1,
+                                                                  "window_width": 2, "group_size": 4,
+                                                                  "window_schedule": "sliding"},
+                   optim={"lr": 2e-2, "loss": "nft"})
     with pytest.warns(UserWarning, match="pipeline.config .* is not read"):     # a folder has its own configs
         prepare(_train_cfg(saved["flux"], tmp_path / "win", "flux", pipeline={"height": 16, "width": 16,
                                                                               "config": saved["sd"]}))

@@ -207,9 +207,10 @@ def prediction_of(model) -> str:
     own = own_sampling(base)
     if own is not None and sampling_kind(SimpleNamespace(model=base, get_model_object=lambda _: own)) != kind:
         # the checkpoint's own sampling is another: a node in front set this one (an object patch)
+        which = next((k for k in kinds if not k.startswith("ModelSampling")), kind)
         raise FamilyError(f"a node in front of TreeGRPO (e.g. ModelSamplingDiscrete set to {kind}) made "
-                          f"{fam.label if fam else name} ({name}) predict {kind}, which TreeGRPO has no SDE step for: "
-                          "remove that node, or set it to eps or v_prediction")
+                          f"{fam.label if fam else name} ({name}) predict {kind} ({which}), which TreeGRPO has no SDE "
+                          "step for: remove that node, or set it to eps or v_prediction")
     raise FamilyError(f"TreeGRPO cannot train {fam.label if fam else name} ({name}): its sampling ({', '.join(kinds)}) "
                       "is neither rectified flow (CONST) nor a σ-space model (EPS, V_PREDICTION, EDM), the two kinds "
                       "TreeGRPO's SDE step and log-probability exist for")
