@@ -118,7 +118,8 @@ class TrainerStep(PackNode):
     def execute(cls, tree, run, model):
         stats = train_step(tree, run)
         lora = LoraDict(run.trainer.lora_tensors("comfy"), metadata=run.trainer.metadata())
-        text = json.dumps({k: (round(v, 5) if isinstance(v, float) else v) for k, v in stats.items()}, indent=1)
+        # 5 significant digits: a loss of 1e-8 (the ratio at 1 on a run's first iteration) is not shown as 0.0
+        text = json.dumps({k: (float(f"{v:.5g}") if isinstance(v, float) else v) for k, v in stats.items()}, indent=1)
         return io.NodeOutput(patched_model(model, run.lora), lora, text, ui=ui.PreviewText(text))
 
 

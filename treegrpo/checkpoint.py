@@ -114,19 +114,25 @@ RUN_FOLDER_FILES = ("log.json", "log.csv", "eval.csv", "summary.json", "reward_c
                     "samples_before_after.png", "artist_labels.jsonl", "artist_checks.jsonl")
 
 
+def best_iteration(path: str) -> Optional[int]:
+    """The iteration a best LoRA file holds (its ``treegrpo.best_iteration`` metadata); None without a file, or one
+    whose metadata cannot be read."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(path, framework="pt") as f:
+            return int((f.metadata() or {}).get("treegrpo.best_iteration", ""))
+    except (OSError, ValueError, RuntimeError, SafetensorError):
+        return None
+
+
 def set_aside_best(path: str, after: int) -> Optional[str]:
     """Move the best LoRA ``path`` (``<run>_best.safetensors``) to ``<run>_best-not-preferred-<iteration>.safetensors``
     beside it when the iteration its metadata names (``treegrpo.best_iteration``) is after ``after``: a check against
     the start took the run back before that state. The new path, or None (no such file, one of an earlier state, or
     one whose metadata cannot be read: left as it is)."""
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(path, framework="pt") as f:
-            it = int((f.metadata() or {}).get("treegrpo.best_iteration", ""))
-    except (OSError, ValueError, RuntimeError, SafetensorError):
-        return None
-    if it <= after:
+    it = best_iteration(path)
+    if it is None or it <= after:
         return None
     dest = f"{path[:-len('.safetensors')]}-not-preferred-{it}.safetensors"
     os.replace(path, dest)

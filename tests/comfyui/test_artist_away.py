@@ -131,6 +131,30 @@ def test_the_nodes_last_text_says_how_the_run_ended(comfyui_pack, tmp_path, monk
                          "iteration 8's pictures: the run ends on iteration 4's LoRA")
 
 
+@pytest.mark.parametrize("best", [0, 4])
+def test_the_end_says_when_the_best_lora_is_the_untrained_one(comfyui_pack, tmp_path, monkeypatch, best):
+    """A run whose judge never scored a trained state above the base model keeps iteration 0's LoRA as its best:
+    a file named _best that changes nothing. The last console line and the node say so (a walk found every short
+    SD1.5 run's _best file all zeros, without a word)."""
+    import torch
+
+    from treegrpo.comfyui import watch
+    from treegrpo.lora import save_lora_file
+
+    lines, shown = [], []
+    best_path = str(tmp_path / "b_best.safetensors")
+    save_lora_file(best_path, {"m.lora_up.weight": torch.zeros(2, 1)}, {"treegrpo.best_iteration": str(best)})
+    trainer = SimpleNamespace(cfg=SimpleNamespace(run_name="b", eval_seeds=1), keep_eval_images=False, rank=0,
+                              warnings=[], iteration=4, evals=[], out=str(tmp_path), best_lora_path=best_path,
+                              save_lora=lambda path: path, best_set_aside=[])
+    monkeypatch.setattr(watch, "loras_folder", lambda name: str(tmp_path / "loras"))
+    w = watch.RunWatcher(trainer, 4, lambda: None, log=lines.append, node_id="7")
+    monkeypatch.setattr(w, "show_text", shown.append)
+    w.finish()
+    said = "b_best.safetensors is the untrained LoRA (no change)"
+    assert (said in lines[-1]) == (best == 0) and (said in shown[-1]) == (best == 0)
+
+
 def test_a_best_lora_set_aside_follows_into_the_lora_folder(comfyui_pack, tmp_path, monkeypatch):
     """The best LoRA of a state the artist rejected moves aside in the run folder; its copy where LoraLoader lists
     it follows at the next line, and after a stop (the list of moves gone with the process) at the next copy."""

@@ -294,6 +294,20 @@ def test_an_x0_sampling_set_by_a_node_is_named_as_the_nodes_doing(rt):
     assert not _sampling_started(rt, since)
 
 
+def test_a_float16_vae_on_the_cpu_is_said_before_training(rt):
+    """ComfyUI started with --fp16-vae on a CPU: each decode of a leaf took ~160x longer (fp16 convolutions), the run
+    looked hung after its first evaluation. The Train node says why first; bf16, fp32 or a GPU say nothing."""
+    from types import SimpleNamespace
+
+    from treegrpo.comfyui.runtime import slow_precision_note
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert "--fp16-vae" in slow_precision_note(SimpleNamespace(vae_dtype=torch.float16, device=cpu))
+    for dtype, device in ((torch.bfloat16, cpu), (torch.float32, cpu), (torch.float16, gpu)):
+        assert slow_precision_note(SimpleNamespace(vae_dtype=dtype, device=device)) is None
+    assert slow_precision_note(None) is None                          # the demo model's pixel "VAE"
+
+
 def test_resume_without_the_runs_checkpoints_is_refused_not_started_over(rt):
     """existing_run resume where the run's LoRAs are in models/loras but its run folder is not where ComfyUI now
     writes (started with another --output-directory) or gone: it started over silently (the old LoRAs moved aside);

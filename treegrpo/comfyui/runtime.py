@@ -188,3 +188,15 @@ def memory_budget(device) -> float:
         return 0.0
     loaded = sum(m.model_loaded_memory() for m in mm.current_loaded_models if m.device == device)
     return float(mm.get_free_memory(device) + loaded - mm.extra_reserved_memory())
+
+
+def slow_precision_note(vae) -> Optional[str]:
+    """A console warning for a VAE that decodes in float16 on the CPU (ComfyUI's ``--fp16-vae``): CPUs compute
+    float16 convolutions one to two orders of magnitude slower than float32 (measured 160x on a 3x3, 128-channel
+    convolution), and a run decodes every leaf of every tree, so it looks hung. None otherwise."""
+    dtype, device = getattr(vae, "vae_dtype", None), getattr(vae, "device", None)
+    if dtype != torch.float16 or device is None or torch.device(device).type != "cpu":
+        return None
+    return ("TreeGRPO: the VAE decodes in float16 on the CPU (ComfyUI started with --fp16-vae?): CPUs compute float16 "
+            "convolutions far slower than float32, and the run decodes every leaf of every tree, so each iteration "
+            "takes many times longer; start ComfyUI without --fp16-vae (or with --bf16-vae)")

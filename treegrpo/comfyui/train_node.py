@@ -284,6 +284,9 @@ def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict
     hint = ("set existing_run to 'new' (a fresh numbered run; this one stays) or 'overwrite' (its files are moved to "
             "previous-<time>/)")
     chain = model_chain.describe(model)
+    slow = runtime.slow_precision_note(vae)
+    if slow:
+        logging.warning(slow)
     if resume:
         ckpt.check_resume(out, dataclasses.replace(cfg, output_dir=out), required=False, override_hint=hint)
         check_lost_checkpoints(cfg.run_name, out, loras_folder(cfg.run_name), hint)

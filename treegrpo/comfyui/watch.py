@@ -253,12 +253,15 @@ class RunWatcher(TrainerCallback):
             _reraise_interrupt(e)
             logging.warning("TreeGRPO: could not draw the run's figures (%s: %s)", type(e).__name__, e)
         elapsed = self.now() - self.started   # the whole run as the person waited for it
+        base_best = (f"{t.cfg.run_name}_best.safetensors is the untrained LoRA (no change): no evaluation after "
+                     "iteration 0 scored above the base model" if ckpt.best_iteration(t.best_lora_path) == 0 else None)
         self.log(f"TreeGRPO {t.cfg.run_name}: done, iteration {t.iteration}/{self.total} after "
                  f"{format_duration(elapsed)}; LoRA {path} (LoraLoader lists it under treegrpo/{t.cfg.run_name}/); "
-                 f"checkpoints, logs and evaluation grids in {t.out}")
+                 f"checkpoints, logs and evaluation grids in {t.out}" + (f"; {base_best}" if base_best else ""))
         # the node's last text: what the run delivered, and what its end said (a check that took the LoRA back)
         self.show_text("\n".join([f"done: iteration {t.iteration}/{self.total}",
                                   f"LoRA treegrpo/{t.cfg.run_name}/{os.path.basename(path)}",
+                                  *([base_best] if base_best else []),
                                   *t.warnings[self._warnings_shown:]]))
         return path
 
