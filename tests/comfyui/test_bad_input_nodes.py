@@ -246,7 +246,7 @@ def test_a_run_resumed_on_another_model_chain_is_refused_or_told(rt):
     msg = _execution_error(rt, _in_front(train(run_name=run, iterations=2),
                                          ("ms", "ModelSamplingAuraFlow", {"shift": 2.0}),
                                          ("lo", "LoraLoaderModelOnly", {"lora_name": own, "strength_model": 1.0})))
-    assert "trained on another model" in msg and "the weights under the LoRA: 0 patched weights" in msg
+    assert "trained on another model" in msg and "the weights under the LoRA: 0 weights patched" in msg
     assert "existing_run to 'new'" in msg and not _sampling_started(rt, since)
     # another shift: told, and it trains
     logs = []

@@ -1024,3 +1024,26 @@ def test_the_train_node_knows_before_any_work_whether_it_can_write_its_folders(t
     if out.returncode != 0:     # this checkout or its Python closed to other users: nothing to check here
         pytest.skip(f"the other user cannot run this Python here: {out.stderr.strip()[-200:]}")
     assert out.stdout.strip() == f"no permission to write in {str(theirs)!r}"
+
+
+def test_a_model_chain_change_is_named_in_words():
+    """What a resume compares (treegrpo.comfyui.model_chain): another LoRA or strength in front (the same weights
+    patched, other values), a LoRA added, another prediction refuse; another shift or patch is only said; a run
+    recorded before chains were is not compared."""
+    from treegrpo.comfyui.model_chain import check_same_model, compare
+
+    chain = {"sampling": "eps", "schedule": {"sigma_min": 0.03, "sigma_max": 14.6, "shift": None},
+             "weights": {"patched": 40, "digest": "a"}, "patches": [], "on_top": True}
+    other, said = compare(chain, {**chain, "weights": {"patched": 40, "digest": "b"}})
+    assert other == ["the weights under the LoRA: a LoRA loaded in front is another one or at another strength "
+                     "(the same 40 weights patched, with other values)"] and said == []
+    other, _ = compare(chain, {**chain, "weights": {"patched": 80, "digest": "c"}, "sampling": "v"})
+    assert "its prediction eps -> v" in other[0] and "40 weights patched by the nodes in front (LoraLoader) -> 80" in other[1]
+    other, said = compare(chain, {**chain, "schedule": {**chain["schedule"], "sigma_max": 12.0},
+                                  "patches": ["sampler_cfg_function:rescale_cfg"]})
+    assert other == [] and said == ["its noise schedule: sigma_max 14.6 -> 12.0",
+                                    "its sampling patches: with sampler_cfg_function:rescale_cfg"]
+    with pytest.raises(ValueError, match="run 'r' was trained on another model .* set existing_run"):
+        check_same_model(chain, {**chain, "sampling": "v"}, "r", "set existing_run to 'new'")
+    assert check_same_model(None, {**chain, "sampling": "v"}, "r", "x") == []          # an older run: not compared
+    assert check_same_model(chain, chain, "r", "x") == []

@@ -95,10 +95,13 @@ def compare(saved: dict, now: dict) -> tuple[list[str], list[str]]:
         other.append(f"its prediction {saved.get('sampling')} -> {now['sampling']} (a ModelSampling node added, "
                      "removed or set to another type)")
     w0, w1 = saved.get("weights") or {}, now["weights"]
-    if (w0.get("patched"), w0.get("digest")) != (w1["patched"], w1["digest"]):
-        other.append(f"the weights under the LoRA: {w0.get('patched', 0)} patched weights ({w0.get('digest') or 'none'}) "
-                     f"-> {w1['patched']} ({w1['digest'] or 'none'}) (a LoraLoader in front added, removed or changed "
-                     "a LoRA or its strength)")
+    n0, n1 = w0.get("patched", 0), w1["patched"]
+    if n0 == n1 and w0.get("digest") != w1["digest"]:
+        other.append(f"the weights under the LoRA: a LoRA loaded in front is another one or at another strength (the "
+                     f"same {n1} weights patched, with other values)")
+    elif n0 != n1:
+        other.append(f"the weights under the LoRA: {n0} weights patched by the nodes in front (LoraLoader) -> {n1} "
+                     "(a LoRA added or removed)")
     s0, s1 = saved.get("schedule") or {}, now["schedule"]
     moved = [f"{k} {s0.get(k)} -> {s1[k]}" for k in s1 if s0.get(k) != s1[k]]
     if moved:
