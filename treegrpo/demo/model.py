@@ -205,7 +205,9 @@ class DemoDiT(nn.Module):
             if ch != cfg.in_channels:
                 raise ValueError(f"the demo model takes {cfg.in_channels}-channel latents (B, {cfg.in_channels}, {r}, "
                                  f"{r}), got {tuple(x.shape)}: encode its images with the demo model's own VAE")
-            raise ValueError(f"the demo model makes {r}×{r} images, not {wid}×{hgt}: set width and height to {r}")
+            raise ValueError(f"the demo model makes {r}×{r} images, not {wid}×{hgt}: set width and height to {r} "
+                             "(in ComfyUI: a conditioning area crops the latent it sees, and the demo model has no "
+                             "area support)")
         sigma = torch.as_tensor(sigma, dtype=torch.float32, device=x.device).reshape(-1).expand(b)
         patches = x.view(b, ch, hp, p, wp, p).permute(0, 2, 4, 1, 3, 5).reshape(b, hp * wp, ch * p * p)
         img = self.patch_embed(patches) + self.pos_embed
