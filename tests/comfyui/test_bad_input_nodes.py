@@ -290,7 +290,8 @@ def test_an_x0_sampling_set_by_a_node_is_named_as_the_nodes_doing(rt):
     since = len(rt.progress)
     msg = _execution_error(rt, _in_front(train(run_name="bad_input_x0", iterations=1),
                                          ("ms", "ModelSamplingDiscrete", {"sampling": "x0", "zsnr": False})))
-    assert "a node in front of TreeGRPO" in msg and "predict x0" in msg and "set it to eps or v_prediction" in msg
+    assert "a node in front of TreeGRPO" in msg and "predict x0" in msg
+    assert "remove that node (the checkpoint itself predicts flow)" in msg and "eps" not in msg   # not for flow
     assert not _sampling_started(rt, since)
 
 
@@ -328,6 +329,11 @@ def test_resume_without_the_runs_checkpoints_is_refused_not_started_over(rt):
     assert sorted(p.relative_to(loras) for p in loras.rglob("*")) == before
     rt.execute(train(run_name=run, iterations=2, existing_run="overwrite"))       # the way on it names
     assert any(p.name.startswith("previous-") for p in loras.iterdir())
+    # a run stopped before its first checkpoint (Cancel in iteration 1: its run folder kept, no checkpoint, its
+    # iteration-0 best LoRA copied) starts afresh when queued again, as before
+    shutil.rmtree(Path(rt.base_dir) / "output" / "treegrpo" / run / "checkpoints")
+    rt.execute(train(run_name=run, iterations=3))
+    assert (Path(rt.base_dir) / "output" / "treegrpo" / run / "checkpoints").is_dir()
 
 
 def test_a_train_node_run_continued_with_other_settings_is_refused_untouched(rt):

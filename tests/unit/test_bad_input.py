@@ -1047,3 +1047,8 @@ def test_a_model_chain_change_is_named_in_words():
         check_same_model(chain, {**chain, "sampling": "v"}, "r", "set existing_run to 'new'")
     assert check_same_model(None, {**chain, "sampling": "v"}, "r", "x") == []          # an older run: not compared
     assert check_same_model(chain, chain, "r", "x") == []
+    # the step nodes' run (settings may change between prompts): another strength in front is said, a LoRA added not
+    said = check_same_model(chain, {**chain, "weights": {"patched": 40, "digest": "b"}}, "r", "x", steps=True)
+    assert len(said) == 1 and "another one or at another strength" in said[0]
+    with pytest.raises(ValueError, match="a LoRA added or removed"):
+        check_same_model(chain, {**chain, "weights": {"patched": 80, "digest": "b"}}, "r", "x", steps=True)

@@ -181,6 +181,11 @@ def sampling_kind(model) -> str:
     return type(sampling).__name__
 
 
+def kind_of(sampling, base) -> str:
+    """:func:`sampling_kind` of a ``model_sampling`` object of the model ``base`` (another than the one it has)."""
+    return sampling_kind(SimpleNamespace(model=base, get_model_object=lambda _: sampling))
+
+
 def own_sampling(base):
     """The sampling the checkpoint itself has, made afresh from its config (a loaded model's ``model_sampling``
     attribute holds the sampling a node patched in while a clone of it is loaded); None when it cannot be made."""
@@ -205,12 +210,13 @@ def prediction_of(model) -> str:
     name, fam = family_of(model)
     kinds = [k.__name__ for k in type(sampling).__mro__ if k.__module__ == "comfy.model_sampling"]
     own = own_sampling(base)
-    if own is not None and sampling_kind(SimpleNamespace(model=base, get_model_object=lambda _: own)) != kind:
-        # the checkpoint's own sampling is another: a node in front set this one (an object patch)
+    own_kind = kind_of(own, base) if own is not None else kind
+    if own_kind != kind:     # the checkpoint's own sampling is another: a node in front set this one (an object patch)
         which = next((k for k in kinds if not k.startswith("ModelSampling")), kind)
         raise FamilyError(f"a node in front of TreeGRPO (e.g. ModelSamplingDiscrete set to {kind}) made "
                           f"{fam.label if fam else name} ({name}) predict {kind} ({which}), which TreeGRPO has no SDE "
-                          "step for: remove that node, or set it to eps or v_prediction")
+                          f"step for: remove that node (the checkpoint itself predicts {own_kind})"
+                          + (", or set it to eps or v_prediction" if own_kind in ("eps", "v") else ""))
     raise FamilyError(f"TreeGRPO cannot train {fam.label if fam else name} ({name}): its sampling ({', '.join(kinds)}) "
                       "is neither rectified flow (CONST) nor a σ-space model (EPS, V_PREDICTION, EDM), the two kinds "
                       "TreeGRPO's SDE step and log-probability exist for")

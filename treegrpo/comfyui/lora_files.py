@@ -67,7 +67,7 @@ def save_to_loras(lora: dict, prefix: str) -> str:
         raise ValueError(f"filename_prefix {prefix!r}: a file stands where its folder {folder!r} should be; rename "
                          f"that file or choose another prefix{again}") from None
     except PermissionError:
-        raise ValueError(loras_write_error(prefix) or f"filename_prefix {prefix!r}: cannot create {folder!r}"
+        raise ValueError((loras_write_error(prefix) or f"filename_prefix {prefix!r}: cannot create {folder!r}")
                          + again) from None
     base = os.path.basename(prefix)
     n = 1
@@ -77,6 +77,6 @@ def save_to_loras(lora: dict, prefix: str) -> str:
     try:
         save_lora_file(path, dict(lora), getattr(lora, "metadata", {}))
     except OSError as e:       # a full disk (SaveError), or no permission to make the temporary file
-        why = str(e) if isinstance(e, SaveError) else loras_write_error(prefix) or f"could not write {path}: {e}"
+        why = str(e) if isinstance(e, SaveError) else (loras_write_error(prefix) or f"could not write {path}: {e}")
         raise ValueError(why + again) from None
     return path

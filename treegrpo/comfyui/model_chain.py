@@ -7,6 +7,7 @@ console. Pure description: nothing here changes the model."""
 from __future__ import annotations
 
 import hashlib
+import logging
 from typing import Any
 
 #: elements of one tensor read into the weights' digest: a strided sample, so a model merged in as full weights
@@ -19,7 +20,7 @@ def _feed(h, x: Any) -> None:
 
     if isinstance(x, torch.Tensor):
         flat = x.detach().reshape(-1)
-        step = max(1, flat.numel() // SAMPLE)
+        step = max(1, -(-flat.numel() // SAMPLE))
         part = flat[::step][:SAMPLE].float().cpu()
         h.update(f"T{tuple(x.shape)}{x.dtype}".encode())
         h.update(part.numpy().tobytes())
@@ -35,6 +36,12 @@ def _feed(h, x: Any) -> None:
         _feed(h, x.weights)
     else:                                          # a function, another object: its name
         h.update(getattr(x, "__qualname__", type(x).__name__).encode())
+
+
+def _digest(x: Any) -> str:
+    h = hashlib.sha256()
+    _feed(h, x)
+    return h.hexdigest()
 
 
 def _names(fns) -> list[str]:
@@ -54,25 +61,24 @@ def describe(model) -> dict:
     patches: the LoRAs loaded in front, their strengths), ``patches`` (the sampling patches' names, sorted),
     ``on_top`` (whether it is more than the checkpoint alone: a LoRA, a sampling patch, or a prediction or schedule
     other than the checkpoint's own)."""
-    from types import SimpleNamespace
-
-    from .families import own_sampling, sampling_kind
+    from .families import kind_of, own_sampling
 
     base = getattr(model, "model", model)
     sampling = model.get_model_object("model_sampling") if hasattr(model, "get_model_object") else base.model_sampling
     own = own_sampling(base) or sampling
-
-    def kind(obj) -> str:
-        return sampling_kind(SimpleNamespace(model=base, get_model_object=lambda name: obj))
     schedule = _schedule(sampling)
-    resampled = kind(sampling) != kind(own) or schedule != _schedule(own)
+    resampled = kind_of(sampling, base) != kind_of(own, base) or schedule != _schedule(own)
     patches = getattr(model, "patches", None) or {}
     h = hashlib.sha256()
     for key in sorted(patches):
         h.update(key.encode())
-        _feed(h, list(patches[key]))
+        for entry in sorted(_digest(p) for p in patches[key]):     # LoraLoaders in another order: the same model
+            h.update(entry.encode())
     opts = getattr(model, "model_options", None) or {}
-    names = []
+    # what else a node put on the model, by name: ComfyUI 0.33's bypass LoRA loaders (injections), object patches
+    # other than the sampling (the pack's own Trainer Step output carries its LoRA as object patches: not digested)
+    names = [f"injection:{k}" for k in sorted(getattr(model, "injections", None) or {})]
+    names += [f"object_patch:{k}" for k in sorted(getattr(model, "object_patches", None) or {}) if k != "model_sampling"]
     for k in ("sampler_cfg_function", "model_function_wrapper"):
         if opts.get(k) is not None:
             names += [f"{k}:{n}" for n in _names(opts[k])]
@@ -82,7 +88,8 @@ def describe(model) -> dict:
     for group in ("patches", "patches_replace"):
         for name, fns in sorted((to.get(group) or {}).items()):
             names += [f"{group}.{name}:{n}" for n in (_names(fns) if group == "patches" else sorted(map(str, fns)))]
-    return {"sampling": kind(sampling), "schedule": schedule,
+    names += [f"transformer_options.{k}" for k in ("rope_options", "optimized_attention_override") if to.get(k)]
+    return {"sampling": kind_of(sampling, base), "schedule": schedule,
             "weights": {"patched": len(patches), "digest": h.hexdigest()[:16] if patches else ""},
             "patches": sorted(names), "on_top": bool(patches or names or resampled)}
 
@@ -114,15 +121,45 @@ def compare(saved: dict, now: dict) -> tuple[list[str], list[str]]:
     return other, said
 
 
-def check_same_model(saved: dict | None, now: dict, run_name: str, hint: str) -> list[str]:
+def describe_or_none(model) -> dict | None:
+    """:func:`describe`, or None (logged: the run is then not compared on resume) for a model it cannot read (a
+    tensor it cannot sample, a patcher of another kind): describing never stops a run."""
+    try:
+        return describe(model)
+    except Exception as e:  # noqa: BLE001
+        logging.warning("TreeGRPO: could not describe the model in front (%s: %s); a resume will not compare it",
+                        type(e).__name__, e)
+        return None
+
+
+def check_resumed(folder: str, run_name: str, now: dict | None, hint: str, *, steps: bool = False) -> None:
+    """:func:`check_same_model` against the chain of the run in ``folder`` when it has a checkpoint to resume
+    (its ``run.json``), the console lines logged."""
+    from .. import checkpoint as ckpt
+
+    if now is None or not ckpt.checkpoint_paths(folder, run_name):
+        return
+    for line in check_same_model((ckpt.folder_owner(folder) or {}).get("model_chain"), now, run_name, hint,
+                                 steps=steps):
+        logging.warning(line)
+
+
+def check_same_model(saved: dict | None, now: dict | None, run_name: str, hint: str, *,
+                     steps: bool = False) -> list[str]:
     """Before a run continues: :class:`ValueError` when ``now`` is another model than the ``saved`` chain (the run's
     ``run.json``; None for a run recorded before chains were, which is not compared), naming what changed and
-    ``hint`` (the ways on); else the console lines for what changed without making it another model."""
-    if not saved:
+    ``hint`` (the ways on); else the console lines for what changed without making it another model. ``steps``:
+    the step nodes' run, whose settings may change between queued prompts: other values of the same patched weights
+    (a LoRA strength in front) are said, not refused. A changed schedule or sampling patch is said, as a changed
+    scheduler applies on resume."""
+    if not saved or not now:
         return []
     other, said = compare(saved, now)
+    if steps:
+        soft = [o for o in other if "the same" in o and "weights patched" in o]
+        other, said = [o for o in other if o not in soft], said + soft
     if other:
         raise ValueError(f"run {run_name!r} was trained on another model than the one in front of it now: "
                          f"{'; '.join(other)}. Its LoRA is a change on top of the model it was trained on: give it "
                          f"that model again, or {hint}; nothing has been trained yet")
-    return [f"TreeGRPO {run_name}: continues with {s} (the run began with the earlier one)" for s in said]
+    return [f"TreeGRPO {run_name}: continues with {s} (it last trained with the earlier one)" for s in said]

@@ -7,6 +7,10 @@ import os
 from ..prompts import PROMPT_FILE_TYPES, SHIPPED_DIR as SHIPPED, SHIPPED_PREFIX, PromptFileError, shipped_prompt_file
 
 
+#: folder levels below input/ the list looks into
+MAX_DEPTH = 6
+
+
 def _input_dir() -> str:
     import folder_paths
     return folder_paths.get_input_directory()
@@ -18,8 +22,9 @@ def prompt_file_choices() -> list[str]:
     root = _input_dir()
     for folder, dirs, files in os.walk(root, followlinks=True):    # a linked folder too, each folder once
         seen.add(os.path.realpath(folder))
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".")
-                         and os.path.realpath(os.path.join(folder, d)) not in seen)
+        deep = os.path.relpath(folder, root).count(os.sep) >= MAX_DEPTH - 1    # (a link to / or ~ is not walked whole)
+        dirs[:] = [] if deep else sorted(d for d in dirs if not d.startswith(".")
+                                         and os.path.realpath(os.path.join(folder, d)) not in seen)
         for f in files:
             if os.path.splitext(f)[1].lower() in PROMPT_FILE_TYPES:
                 found.append(os.path.relpath(os.path.join(folder, f), root).replace(os.sep, "/"))

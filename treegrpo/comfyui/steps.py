@@ -130,9 +130,9 @@ def sample_tree(model, positive, negative, latent: dict, tree_cfg: TreeConfig, *
     if trainer is not None and trainer.base_model_name != name:
         raise ValueError(f"run {run.run_name!r} trains a LoRA for {trainer.base_model_name}, but the sampler got "
                          f"{name}: use another run name for another base model")
-    chain = model_chain.describe(model)
+    chain = model_chain.describe_or_none(model)
     if trainer is not None:
-        for line in model_chain.check_same_model(trainer.model_chain, chain, run.run_name, STEP_HINT):
+        for line in model_chain.check_same_model(trainer.model_chain, chain, run.run_name, STEP_HINT, steps=True):
             logging.warning(line)
         trainer.model_chain = chain
     with torch.inference_mode(False):
@@ -150,10 +150,7 @@ def sample_tree(model, positive, negative, latent: dict, tree_cfg: TreeConfig, *
             trainer.model_chain = chain
             if run is not None:
                 check_continuable(run)
-                if ckpt.checkpoint_paths(run.folder, run.run_name):
-                    for line in model_chain.check_same_model((ckpt.folder_owner(run.folder) or {}).get("model_chain"),
-                                                             chain, run.run_name, STEP_HINT):
-                        logging.warning(line)
+                model_chain.check_resumed(run.folder, run.run_name, chain, STEP_HINT, steps=True)
                 trainer.begin(resume=True)
                 run.trainer = trainer       # only a run that began: a refused one is refused again at the next queue
         else:

@@ -235,12 +235,13 @@ def check_reward_prompts(tc: TrainConfig, prompts: list[str]) -> None:
 
 
 def check_lost_checkpoints(run_name: str, out: str, loras: str, hint: str) -> None:
-    """``existing_run`` resume where the run's LoRA folder holds its LoRAs but its run folder no checkpoint: it
-    trained with another output folder (ComfyUI started with another ``--output-directory``) or its run folder went.
-    Starting over there would be a silent fresh start of a run the user asked to continue: refused, nothing trained."""
+    """``existing_run`` resume where the run's LoRA folder holds its LoRAs but ComfyUI's output folder has no run
+    folder of it: it trained with another output folder (ComfyUI started with another ``--output-directory``) or its
+    run folder went. Starting over there would be a silent fresh start of a run the user asked to continue: refused,
+    nothing trained. (A run stopped before its first checkpoint keeps its run folder and starts afresh.)"""
     from .watch import lora_files
 
-    if ckpt.checkpoint_paths(out, run_name) or not lora_files(loras):
+    if ckpt.checkpoint_paths(out, run_name) or ckpt.folder_owner(out) is not None or not lora_files(loras):
         return
     raise ValueError(f"TreeGRPO Train: run {run_name!r} has LoRAs in {loras!r} but no checkpoint to resume from in "
                      f"{os.path.join(out, 'checkpoints')!r}. If it trained with another output folder (ComfyUI "
@@ -283,17 +284,14 @@ def train_full(model, vae, prompts: list[str], conds: list[tuple], rewards: dict
     # continued silently
     hint = ("set existing_run to 'new' (a fresh numbered run; this one stays) or 'overwrite' (its files are moved to "
             "previous-<time>/)")
-    chain = model_chain.describe(model)
+    chain = model_chain.describe_or_none(model)
     slow = runtime.slow_precision_note(vae)
     if slow:
         logging.warning(slow)
     if resume:
         ckpt.check_resume(out, dataclasses.replace(cfg, output_dir=out), required=False, override_hint=hint)
         check_lost_checkpoints(cfg.run_name, out, loras_folder(cfg.run_name), hint)
-        if ckpt.checkpoint_paths(out, cfg.run_name):
-            for line in model_chain.check_same_model((ckpt.folder_owner(out) or {}).get("model_chain"), chain,
-                                                     cfg.run_name, hint):
-                logging.warning(line)
+        model_chain.check_resumed(out, cfg.run_name, chain, hint)
     ckpt.check_run_folder(out, cfg.run_name, runtime.model_name(model),
                           fresh=not (resume and ckpt.checkpoint_paths(out, cfg.run_name)),
                           hint=hint[0].upper() + hint[1:])
