@@ -14,10 +14,15 @@ LORAS_ELSEWHERE = ("give ComfyUI a loras folder it can write first (extra_model_
                    "is_default: true)")
 
 
+def _relative(prefix: str) -> str:
+    """The prefix as a '/'-separated name relative to the loras folder (spaces around it and leading slashes off)."""
+    return prefix.strip().replace("\\", "/").lstrip("/")
+
+
 def prefix_error(prefix: str):
     """Why ``prefix`` cannot name a file inside models/loras, on any system the workflow may run on, or None (checked
     when the prompt is queued: the LoRA is saved after the training)."""
-    p = prefix.strip().replace("\\", "/").lstrip("/")
+    p = _relative(prefix)
     parts = p.split("/")
     if not p or ".." in parts or ":" in p:      # ':' a drive (C:/...) or a stream on Windows: outside models/loras
         return f"filename_prefix {prefix!r} must be a relative name inside models/loras, e.g. treegrpo/my_lora"
@@ -40,7 +45,7 @@ def loras_write_error(prefix: str):
     import folder_paths
 
     folder = os.path.join(folder_paths.get_folder_paths("loras")[0],
-                          os.path.dirname(prefix.strip().replace("\\", "/").lstrip("/")))
+                          os.path.dirname(_relative(prefix)))
     why = cannot_write(folder)
     return None if why is None else (f"filename_prefix {prefix!r}: cannot write in {folder!r} ({why}); make it "
                                      f"writable for the user ComfyUI runs as, or {LORAS_ELSEWHERE}")
@@ -57,7 +62,7 @@ def save_to_loras(lora: dict, prefix: str) -> str:
     root = folder_paths.get_folder_paths("loras")[0]
     if prefix_error(prefix):
         raise ValueError(prefix_error(prefix))
-    prefix = prefix.strip().replace("\\", "/").lstrip("/")
+    prefix = _relative(prefix)
     folder = os.path.join(root, os.path.dirname(prefix))
     again = ("; the trained LoRA is still the graph's output: queue the workflow again and ComfyUI runs only this "
              "node")

@@ -94,9 +94,10 @@ def describe(model) -> dict:
             "patches": sorted(names), "on_top": bool(patches or names or resampled)}
 
 
-def compare(saved: dict, now: dict) -> tuple[list[str], list[str]]:
+def compare(saved: dict, now: dict, *, strengths_said: bool = False) -> tuple[list[str], list[str]]:
     """(changes that make it another model, changes said on the console) from ``saved`` to ``now``: another
-    prediction type or other weights under the LoRA; another schedule or other sampling patches."""
+    prediction type or other weights under the LoRA; another schedule or other sampling patches. ``strengths_said``:
+    other values of the same patched weights (a LoRA's strength in front) go with the said."""
     other, said = [], []
     if saved.get("sampling") != now["sampling"]:
         other.append(f"its prediction {saved.get('sampling')} -> {now['sampling']} (a ModelSampling node added, "
@@ -104,7 +105,7 @@ def compare(saved: dict, now: dict) -> tuple[list[str], list[str]]:
     w0, w1 = saved.get("weights") or {}, now["weights"]
     n0, n1 = w0.get("patched", 0), w1["patched"]
     if n0 == n1 and w0.get("digest") != w1["digest"]:
-        other.append(f"the weights under the LoRA: a LoRA loaded in front is another one or at another strength (the "
+        (said if strengths_said else other).append(f"the weights under the LoRA: a LoRA loaded in front is another one or at another strength (the "
                      f"same {n1} weights patched, with other values)")
     elif n0 != n1:
         other.append(f"the weights under the LoRA: {n0} weights patched by the nodes in front (LoraLoader) -> {n1} "
@@ -154,10 +155,7 @@ def check_same_model(saved: dict | None, now: dict | None, run_name: str, hint: 
     scheduler applies on resume."""
     if not saved or not now:
         return []
-    other, said = compare(saved, now)
-    if steps:
-        soft = [o for o in other if "the same" in o and "weights patched" in o]
-        other, said = [o for o in other if o not in soft], said + soft
+    other, said = compare(saved, now, strengths_said=steps)
     if other:
         raise ValueError(f"run {run_name!r} was trained on another model than the one in front of it now: "
                          f"{'; '.join(other)}. Its LoRA is a change on top of the model it was trained on: give it "

@@ -20,13 +20,13 @@ from typing import Optional
 
 import torch
 
+from .. import checkpoint as ckpt
 from ..config import AdvantageConfig, LoraConfig, MemoryConfig, OptimConfig, TrainConfig, TreeConfig
 from ..progress import iteration_line
 from ..io import atomic_write
 from ..run import build_trainer
 from ..trainer import Trainer
 from ..tree import TreeBatch
-from .. import checkpoint as ckpt
 from . import model_chain, runtime
 from .policy import ComfyPolicy
 
