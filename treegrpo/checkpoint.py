@@ -140,12 +140,13 @@ def set_aside_best(path: str, after: int) -> Optional[str]:
 
 
 def run_files(output_dir: str, run_name: str) -> list[str]:
-    """What a run of ``run_name`` left in ``output_dir``: its LoRA files (the last, the PEFT copy, the best, those
+    """What a run of ``run_name`` left in ``output_dir``: its LoRA files (the last and the best, each with its diffusers copy, those
     the artist's checks did not prefer), and where the folder is that run's (``run.json``) its logs, summary,
     figures, evaluation grids (``evals/eval_<iteration>.png``), the Train node's sample grids
     (``previews/preview_*.png``) and the artist's answers with their pictures
     (``artist/``); then its checkpoints."""
-    names = (f"{run_name}.safetensors", f"{run_name}_diffusers.safetensors", f"{run_name}_best.safetensors")
+    names = (f"{run_name}.safetensors", f"{run_name}_diffusers.safetensors", f"{run_name}_best.safetensors",
+             f"{run_name}_best_diffusers.safetensors")
     names += tuple(sorted(os.path.basename(p) for pattern in ("-not-preferred-*", "_best-not-preferred-*")
                           for p in glob.glob(os.path.join(glob.escape(output_dir),
                                                           glob.escape(run_name) + pattern + ".safetensors"))))

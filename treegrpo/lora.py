@@ -340,6 +340,36 @@ def save_lora_file(path: str, tensors: dict[str, torch.Tensor], metadata: Option
     return atomic_write(path, write)
 
 
+def save_diffusers_lora_file(w: LoraWeights, path: str, pipeline_cls, component: str) -> str:
+    """Write ``w`` (module paths of the pipeline's ``component``, ``unet`` or ``transformer``) with diffusers' own
+    ``pipeline_cls.save_lora_weights``, so that ``pipe.load_lora_weights(path)`` reads it, alpha included as adapter
+    metadata; atomically (``treegrpo.io.atomic_write``), byte-identical for equal LoRAs (diffusers' header order
+    varies). One rank and one alpha for all modules (PEFT keeps one)."""
+    import tempfile
+
+    alphas = {w.alpha[n] for n in w.modules}
+    ranks = {w.down[n].shape[0] for n in w.modules}
+    if len(alphas) != 1 or len(ranks) != 1:
+        raise ValueError("diffusers export needs one rank and alpha for all modules")
+    # the layers by their whole paths: a suffix such as "proj" would also name layers the LoRA leaves alone, which
+    # PEFT then warns about when the file loads
+    meta = {"r": ranks.pop(), "lora_alpha": alphas.pop(), "target_modules": sorted(w.modules)}
+    folder = os.path.dirname(os.path.abspath(path))
+
+    def write(tmp: str) -> None:
+        with tempfile.TemporaryDirectory(prefix=".tmp-lora-", dir=folder) as d:
+            pipeline_cls.save_lora_weights(d, **{f"{component}_lora_layers": to_peft(w),
+                                                 f"{component}_lora_adapter_metadata": meta},
+                                           weight_name="lora.safetensors")
+            with open(os.path.join(d, "lora.safetensors"), "rb") as fh:
+                raw = fh.read()
+            with open(tmp, "wb") as fh:
+                fh.write(sorted_header(raw))
+
+    os.makedirs(folder, exist_ok=True)
+    return atomic_write(path, write)
+
+
 def read_lora_file(path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Tensors and metadata of a safetensors file, with a clear error when it is missing or corrupt."""
     from safetensors import safe_open

@@ -295,10 +295,34 @@ def test_the_sd15_workflow_on_a_single_file_checkpoint_as_a_user_runs_it(comfyui
     }
     _run(srv, graph)
     assert "lora key not loaded" not in srv.log_text()[before:], srv.log_text()[before:][-2000:]
+    # the same LoRA for diffusers in the run folder (not where LoraLoader lists it), every layer in the checkpoint's
+    # UNet as diffusers builds it
+    twin = folder / f"{run}_diffusers.safetensors"
+    assert twin.is_file() and (folder / f"{run}_best_diffusers.safetensors").is_file()
+    assert not [n for n in _lora_choices(srv) if "diffusers" in n]
+    assert f"for diffusers' load_lora_weights: {run}_diffusers.safetensors" in srv.log_text()
+    unet = _diffusers_unet_of_my_sd15()
+    import diffusers
+    pipe = diffusers.StableDiffusionPipeline(vae=None, text_encoder=None, tokenizer=None, unet=unet, scheduler=None,
+                                             safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+    pipe.load_lora_weights(str(twin))
+    adapted = [n for n, m in unet.named_modules() if hasattr(m, "lora_A") and len(m.lora_A)]
+    comfy_layers = {k.rsplit(".lora_up", 1)[0] for k in read_lora_file(str(loras / f"{run}.safetensors"))[0]
+                    if ".lora_up." in k}
+    assert len(adapted) == len(comfy_layers) > 0      # SD1.5 has no fused layers: one diffusers layer per ComfyUI one
     # a second run of the same workflow with a changed setting, as a new numbered run beside the first
     _run(srv, _sd15_workflow(comfyui_pack, learning_rate=1e-4, existing_run="new"))
     assert (base / "models" / "loras" / "treegrpo" / f"{run}-2" / f"{run}-2.safetensors").is_file()
     assert any(f"TreeGRPO {run}-2: it 2/2" in ln for ln in srv.log_text().splitlines())
+
+
+def _diffusers_unet_of_my_sd15():
+    """The diffusers UNet of ``real_checkpoints``' SD1.5 layout (one level of 320 channels, CLIP-L's 768, 8 heads)."""
+    import diffusers
+    return diffusers.UNet2DConditionModel(sample_size=8, block_out_channels=(320,), layers_per_block=1,
+                                          down_block_types=("CrossAttnDownBlock2D",),
+                                          up_block_types=("CrossAttnUpBlock2D",), cross_attention_dim=768,
+                                          attention_head_dim=8)
 
 
 def test_the_ocr_reward_trains_from_the_graph_and_refuses_prompts_without_text(comfyui_pack, user_comfyui):

@@ -16,7 +16,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import tempfile
 from typing import Any, Optional
 
 import numpy as np
@@ -24,8 +23,7 @@ import torch
 from torch import nn
 
 from ..config import PipelineConfig
-from ..io import atomic_write
-from ..lora import LoraWeights, peft_adapters_disabled, sorted_header, to_peft
+from ..lora import LoraWeights, peft_adapters_disabled, save_diffusers_lora_file
 from ..memory import module_bytes
 from ..policy import Policy, Prediction
 
@@ -392,28 +390,5 @@ class DiffusersPolicy(Policy):
         return to_comfy(w, prefix=self.comfy_prefix, name_map={n: n.replace(".", "_") for n in w.modules})
 
     def save_diffusers_lora(self, w: LoraWeights, path: str, metadata: Optional[dict] = None) -> str:
-        """Write the LoRA with ``pipe.save_lora_weights`` (so ``pipe.load_lora_weights`` reads it, alpha included
-        as adapter metadata), atomically (``treegrpo.io.atomic_write``)."""
-        _, attr, _ = FAMILIES[self.family]
-        alphas = {w.alpha[n] for n in w.modules}
-        ranks = {w.down[n].shape[0] for n in w.modules}
-        if len(alphas) != 1 or len(ranks) != 1:
-            raise ValueError("diffusers export needs one rank and alpha for all modules")
-        targets = sorted({n.rsplit(".", 1)[-1] if not n.endswith(".0") else ".".join(n.rsplit(".", 2)[-2:])
-                          for n in w.modules})
-        meta = {"r": ranks.pop(), "lora_alpha": alphas.pop(), "target_modules": targets}
-        folder = os.path.dirname(os.path.abspath(path))
-
-        def write(tmp: str) -> None:
-            with tempfile.TemporaryDirectory(prefix=".tmp-lora-", dir=folder) as d:
-                type(self.pipe).save_lora_weights(d, **{f"{attr}_lora_layers": to_peft(w),
-                                                        f"{attr}_lora_adapter_metadata": meta},
-                                                  weight_name="lora.safetensors")
-                with open(os.path.join(d, "lora.safetensors"), "rb") as fh:
-                    raw = fh.read()
-                with open(tmp, "wb") as fh:       # equal LoRAs, equal bytes (diffusers' header order varies)
-                    fh.write(sorted_header(raw))
-
-        os.makedirs(folder, exist_ok=True)
-        atomic_write(path, write)
-        return path
+        """Write the LoRA with ``pipe.save_lora_weights`` (:func:`treegrpo.lora.save_diffusers_lora_file`)."""
+        return save_diffusers_lora_file(w, path, type(self.pipe), FAMILIES[self.family][1])

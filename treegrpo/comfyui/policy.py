@@ -352,6 +352,13 @@ class ComfyPolicy(Policy):
     def denoiser_parameters(self) -> int:
         return sum(p.numel() for p in self.patcher.model.diffusion_model.parameters())
 
+    def save_diffusers_lora(self, w: LoraWeights, path: str, metadata: Optional[dict] = None) -> Optional[str]:
+        """``w`` in diffusers' keys for ``pipe.load_lora_weights`` (:mod:`treegrpo.comfyui.diffusers_lora`); None
+        for a family without a twin. Raises ``NoDiffusersLayout`` for a LoRA on a layer diffusers has no one
+        counterpart of."""
+        from . import diffusers_lora
+        return diffusers_lora.save(w, self.patcher.model, path)
+
     def memory_signature(self) -> dict:
         """The denoiser's and the VAE's shapes and dtypes, the LoRA's, the dtype ComfyUI computes in, its version and
         the attention it chose at start (its launch flags): what the fake probe's peaks depend on."""

@@ -235,6 +235,7 @@ class RunWatcher(TrainerCallback):
             return path
         t.save_lora(path)
         self.copy_best()
+        twins = self.diffusers_twins()
         from ..report import labelled_pair, signals_image, to_pil
         try:
             if t.evals:
@@ -257,13 +258,37 @@ class RunWatcher(TrainerCallback):
                      "iteration 0 scored above the base model" if ckpt.best_iteration(t.best_lora_path) == 0 else None)
         self.log(f"TreeGRPO {t.cfg.run_name}: done, iteration {t.iteration}/{self.total} after "
                  f"{format_duration(elapsed)}; LoRA {path} (LoraLoader lists it under treegrpo/{t.cfg.run_name}/); "
-                 f"checkpoints, logs and evaluation grids in {t.out}" + (f"; {base_best}" if base_best else ""))
+                 f"checkpoints, logs and evaluation grids in {t.out}"
+                 + (f"; for diffusers' load_lora_weights: {' and '.join(twins)} there" if twins else "")
+                 + (f"; {base_best}" if base_best else ""))
         # the node's last text: what the run delivered, and what its end said (a check that took the LoRA back)
         self.show_text("\n".join([f"done: iteration {t.iteration}/{self.total}",
                                   f"LoRA treegrpo/{t.cfg.run_name}/{os.path.basename(path)}",
                                   *([base_best] if base_best else []),
                                   *t.warnings[self._warnings_shown:]]))
         return path
+
+    def diffusers_twins(self) -> list[str]:
+        """The last and the best LoRA in diffusers' keys in the run folder (``<run_name>_diffusers.safetensors``,
+        ``<run_name>_best_diffusers.safetensors``) for the families diffusers' ``load_lora_weights`` does not read
+        ComfyUI's keys of (:mod:`treegrpo.comfyui.diffusers_lora`); the names written. A twin that cannot be made is
+        said, never ends the run."""
+        from ..lora import from_state_dict, read_lora_file
+        t, written = self.trainer, []
+        try:
+            for src, name in ((None, f"{t.cfg.run_name}_diffusers.safetensors"),
+                              (t.best_lora_path, f"{t.cfg.run_name}_best_diffusers.safetensors")):
+                if src is not None and not os.path.isfile(src):
+                    continue
+                w = t.lora_weights() if src is None else from_state_dict(*read_lora_file(src))
+                if t.policy.save_diffusers_lora(w, os.path.join(t.out, name)) is None:
+                    break
+                written.append(name)
+        except Exception as e:  # noqa: BLE001 - the ComfyUI LoRA is written; an interrupt still stops
+            _reraise_interrupt(e)
+            logging.warning("TreeGRPO %s: no copy of the LoRA in diffusers' keys (%s: %s); the ComfyUI LoRA is "
+                            "written", t.cfg.run_name, type(e).__name__, e)
+        return written
 
     def base_grid(self) -> torch.Tensor:
         """The base model's evaluation grid sampled again (the LoRA off, the evaluation's fixed noises: iteration 0's
