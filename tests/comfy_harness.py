@@ -163,7 +163,7 @@ def _requirements(comfy_dir: Path) -> list[str]:
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
-        name = re.split(r"[<>=!~;\[ ]", line, 1)[0].strip()
+        name = re.split(r"[<>=!~;\[ ]", line, maxsplit=1)[0].strip()
         if _canon(name) in {_canon(s) for s in SKIP_REQUIREMENTS}:
             continue
         reqs.append(line)
@@ -194,7 +194,7 @@ def _missing_requirements(reqs: Iterable[str]) -> list[str]:
             if req.specifier and not req.specifier.contains(have, prereleases=True):
                 missing.append(r)
         else:  # pragma: no cover
-            name = re.split(r"[<>=!~;\[ ]", r, 1)[0]
+            name = re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0]
             try:
                 importlib.metadata.version(name)
             except importlib.metadata.PackageNotFoundError:

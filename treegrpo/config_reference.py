@@ -6,6 +6,7 @@ default and its help text, so the page cannot drift from the code (tests/unit/te
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 
 from .config import ArtistConfig, TrainConfig, config_sections
@@ -59,6 +60,12 @@ def rows() -> list[tuple[str, str, str, str]]:
 _MISSING = object()
 
 
+def first_paragraph(klass) -> str:
+    """The first paragraph of a class's docstring on one line, single-spaced (the same text on every Python: 3.13
+    strips a docstring's indentation when it compiles it, earlier versions keep it)."""
+    return " ".join(inspect.cleandoc(klass.__doc__ or "").split("\n\n")[0].split())
+
+
 def markdown() -> str:
     sections = config_sections()
     head = ["| field | default | demo | what it does |", "|---|---|---|---|"]
@@ -66,11 +73,10 @@ def markdown() -> str:
     out += [f"| `{name}` | {_cell(default)} | {_cell(demo)} | {_cell(help_)} |" for name, default, demo, help_ in rows()
             if "." not in name]
     for sec, klass in sections.items():
-        doc = (klass.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
-        out += ["", f"## `{sec}`", "", doc, "", *head]
+        out += ["", f"## `{sec}`", "", first_paragraph(klass), "", *head]
         out += [f"| `{name}` | {_cell(default)} | {_cell(demo)} | {_cell(help_)} |" for name, default, demo, help_
                 in rows() if name.startswith(sec + ".")]
-    out += ["", "## The artist (ComfyUI only)", "", (ArtistConfig.__doc__ or "").strip().split("\n\n")[0] +
+    out += ["", "## The artist (ComfyUI only)", "", first_paragraph(ArtistConfig) +
             " The Train node's widget for a field is `artist_<field>`; the Artist Picks node has `mode`, `timeout_s`"
             " and `on_timeout`.", "", "| field | default | what it does |", "|---|---|---|"]
     out += [f"| `{f.name}` | {_cell(_show(_default(f)))} | {_cell(f.metadata.get('help', ''))} |"
