@@ -53,11 +53,11 @@ def layer_map(model) -> dict[str, list[tuple[str, Optional[tuple[int, int]]]]]:
     found = pipeline_of(model)
     if found is None:
         return {}
-    pipeline, _ = found
-    cfg = model.model_config.unet_config
-    raw = (comfy.utils.unet_to_diffusers(cfg) if pipeline.startswith("StableDiffusion") and pipeline != "StableDiffusion3Pipeline"
-           else comfy.utils.mmdit_to_diffusers(cfg) if pipeline == "StableDiffusion3Pipeline"
-           else comfy.utils.flux_to_diffusers(cfg))
+    pipeline, component = found
+    to_diffusers_map = (comfy.utils.unet_to_diffusers if component == "unet" else
+                        comfy.utils.mmdit_to_diffusers if pipeline == "StableDiffusion3Pipeline" else
+                        comfy.utils.flux_to_diffusers)
+    raw = to_diffusers_map(model.model_config.unet_config)
     other = OTHER_LAYOUTS.get(pipeline)
     layers: dict[str, list] = {}
     for name, target in raw.items():
